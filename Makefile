@@ -1,0 +1,62 @@
+# dtrain-tui — set-up, run and test. `make run` and `make test` work on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that this machine kind serves locally in seconds; override for CUDA, e.g.
+#   make TORCH_SPEC='torch==2.6.0' test
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test check lint types format install system-deps test-snapshot-update golden-update bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[all,dev]"
+	touch $(STAMP)
+
+# Programs the end-to-end tests drive for real: sshd (two or eight of them on 127.0.0.1) and tmux.
+system-deps:
+	@if ! command -v tmux >/dev/null || ! { command -v sshd >/dev/null || test -x /usr/sbin/sshd; }; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client tmux >/dev/null; \
+	  else \
+	    echo "system-deps: install openssh-server and tmux (tests that need them will be skipped)"; \
+	  fi; \
+	fi
+
+run: $(STAMP)
+	$(BIN)/dtrain-tui
+
+lint: $(STAMP)
+	$(BIN)/ruff check engine tui profiles tests benchmarks
+	$(BIN)/ruff format --check engine tui profiles tests benchmarks
+
+types: $(STAMP)
+	$(BIN)/mypy engine profiles
+
+format: $(STAMP)
+	$(BIN)/ruff format engine tui profiles tests benchmarks
+	$(BIN)/ruff check --fix engine tui profiles tests benchmarks
+
+test: $(STAMP) system-deps lint types
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+check: format test
+
+test-snapshot-update: $(STAMP)
+	$(BIN)/python -m pytest -q tests/tui --snapshot-update
+
+golden-update: $(STAMP)
+	DTRAIN_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/engine -k golden
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

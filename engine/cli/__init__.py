@@ -1,0 +1,78 @@
+"""``dtrain-tui``: the console entry point. With no subcommand it opens the wizard (Textual is
+imported only then); the headless subcommands (plan, write, launch, monitor, model, gpus,
+profiles) import only what they use, so ``plan --json`` starts fast and never loads torch.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``; errors a person can act
+on (:class:`engine.errors.DtrainError`, pydantic validation) print as one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.errors import DtrainError, one_line
+
+# Subcommand modules, each with register(subparsers); a missing one is skipped so the CLI
+# keeps working while a command is being built.
+_COMMANDS = (
+    "engine.cli.model_cmd",
+    "engine.cli.plan_cmd",
+    "engine.cli.write_cmd",
+    "engine.cli.launch_cmd",
+    "engine.cli.monitor_cmd",
+    "engine.cli.profiles_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dtrain-tui",
+        description="Plan, configure, launch and watch distributed training.",
+    )
+    parser.add_argument("--profile", metavar="NAME", help="open the wizard filled from a profile")
+    parser.add_argument("--config-dir", type=Path, metavar="DIR", help="profiles directory root")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for modname in _COMMANDS:
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name == modname:
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command is None:
+            from tui.app import run_app
+
+            return int(run_app(profile=args.profile, config_dir=args.config_dir))
+        code: int = args.func(args)
+        return code
+    except DtrainError as e:
+        print(f"dtrain-tui: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dtrain-tui: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # noqa: BLE001
+        from pydantic import ValidationError
+
+        if isinstance(e, ValidationError):
+            print(f"dtrain-tui: error: {one_line(e)}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

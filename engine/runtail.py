@@ -1,0 +1,292 @@
+"""Tail a run directory as an :class:`engine.events.EventSource`: what ``dtrain-tui monitor RUN_DIR``
+watches, for a run still going (files grow, ``run.json`` changes) or one long finished.
+
+Reads the run-directory contract the launch backends write: ``RUN/run.json`` (state, ranks with
+node_rank / host / exit_code, failed_rank / reason), ``RUN/logs/rank<R>.stdout.log``,
+``rank<R>.stderr.log`` and ``node<i>.log``. Lines come out as :class:`LineBatch` events (one per
+file read, in file order, so no line of a rank is lost or reordered); a rank's exit is reported
+only after its files have been drained, so its last lines come before its exit. Pure I/O on plain
+files: no threads of its own (the monitor polls it from its reader thread).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from engine.errors import DtrainError
+from engine.events import STDERR, STDOUT, Event, LineBatch, RankExit, RunStateChanged
+
+RUN_JSON = "run.json"
+LOGS = "logs"
+_FILE_RE = re.compile(r"^(?:rank(\d+)\.(stdout|stderr)|node(\d+))\.log$")
+FINAL_STATES = frozenset({"succeeded", "failed", "stopped"})
+
+
+@dataclass(slots=True)
+class _Tail:
+    path: Path
+    rank: int | None
+    node: int
+    stream: str
+    fh: BinaryIO | None = None
+    rest: bytes = b""
+    lines: int = 0
+
+
+@dataclass(slots=True)
+class _RunInfo:
+    state: str = "starting"
+    reason: str = ""
+    failed: tuple[int, ...] = ()
+    world_size: int = 0
+    nodes: int = 0
+    rank_node: dict[int, int] = field(default_factory=dict)
+    rank_host: dict[int, str] = field(default_factory=dict)
+    exits: dict[int, int | None] = field(default_factory=dict)
+    """Ranks whose exit is known (exit_code present in run.json, possibly null)."""
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    """``RUN/run.json`` as a dict; a missing or unreadable one is a one-line error."""
+    path = Path(run_dir) / RUN_JSON
+    if not Path(run_dir).is_dir():
+        raise DtrainError(f"{run_dir} is not a directory; pass a run directory", field="RUN_DIR")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DtrainError(
+            f"{path} not found; pass a run directory written by `dtrain-tui launch`",
+            field="RUN_DIR",
+        ) from None
+    except (OSError, ValueError) as e:
+        raise DtrainError(f"{path} is unreadable ({e})", field="RUN_DIR") from None
+    if not isinstance(data, dict):
+        raise DtrainError(f"{path} is not a JSON object", field="RUN_DIR")
+    return data
+
+
+def _run_info(data: dict[str, Any]) -> _RunInfo:
+    info = _RunInfo(raw=data)
+    info.state = str(data.get("state") or "running")
+    info.reason = str(data.get("reason") or data.get("failed_reason") or "")
+    failed = data.get("failed_rank")
+    if isinstance(failed, int):
+        info.failed = (failed,)
+    elif isinstance(failed, list):
+        info.failed = tuple(r for r in failed if isinstance(r, int))
+    ranks = data.get("ranks") or []
+    for entry in ranks if isinstance(ranks, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int):
+            continue
+        r = int(entry["rank"])
+        node = entry.get("node_rank", entry.get("node", 0))
+        info.rank_node[r] = int(node) if isinstance(node, int) else 0
+        info.rank_host[r] = str(entry.get("host") or "")
+        if "exit_code" in entry and (
+            entry["exit_code"] is not None or info.state in FINAL_STATES
+        ):
+            code = entry["exit_code"]
+            info.exits[r] = int(code) if isinstance(code, int) else None
+    ws = data.get("world_size")
+    info.world_size = int(ws) if isinstance(ws, int) else len(info.rank_node)
+    nodes = data.get("nodes")
+    if isinstance(nodes, int):
+        info.nodes = nodes
+    elif isinstance(nodes, list):
+        info.nodes = len(nodes)
+    return info
+
+
+class RunDirSource:
+    """An EventSource over a run directory. ``chunk_bytes`` bounds what one file contributes to
+    one poll, so a huge finished log streams in steps instead of stalling the reader."""
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        *,
+        chunk_bytes: int = 1 << 20,
+        rescan_s: float = 0.25,
+        idle_sleep_s: float = 0.02,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.chunk_bytes = chunk_bytes
+        self.rescan_s = rescan_s
+        self.idle_sleep_s = idle_sleep_s
+        self._tails: dict[str, _Tail] = {}
+        self._info = _RunInfo()
+        self._run_mtime: int = -1
+        self._last_scan = 0.0
+        self._reported_exits: set[int] = set()
+        self._reported_state = ""
+        self._done = False
+        self._stopped = False
+        self._started = False
+
+    # ---- EventSource ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        data = read_run_json(self.run_dir)
+        self._info = _run_info(data)
+        self._run_mtime = self._mtime()
+        self._started = True
+        self._scan()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def world_size(self) -> int:
+        return self._info.world_size
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The last ``run.json`` read."""
+        return self._info.raw
+
+    def rank_nodes(self) -> dict[int, int]:
+        return dict(self._info.rank_node)
+
+    def stop(self) -> None:
+        """Stop tailing (the run itself belongs to its launcher); idempotent."""
+        self._stopped = True
+        self._done = True
+        for t in self._tails.values():
+            if t.fh is not None:
+                t.fh.close()
+                t.fh = None
+
+    def poll(self, timeout: float) -> list[Event]:
+        if not self._started:
+            self.start()
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self._done:
+            final = self._refresh_run_json()
+            events = self._drain()
+            drained = not events
+            if final and drained:
+                events += self._flush_rests()
+            events += self._exits(drained)
+            if final and drained:
+                events += self._state_event()
+                self._done = True
+                self.stop()
+                return events
+            events += self._state_event(only_live=True)
+            if events:
+                return events
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(min(self.idle_sleep_s, max(0.0, deadline - time.monotonic())))
+        return []
+
+    # ---- internals -----------------------------------------------------------------------
+
+    def _mtime(self) -> int:
+        try:
+            return os.stat(self.run_dir / RUN_JSON).st_mtime_ns
+        except OSError:
+            return -1
+
+    def _refresh_run_json(self) -> bool:
+        """Re-read run.json when it changed; True once the run is over."""
+        m = self._mtime()
+        if m != self._run_mtime:
+            self._run_mtime = m
+            try:
+                self._info = _run_info(read_run_json(self.run_dir))
+            except DtrainError:
+                pass  # mid-rename or removed: keep what we knew
+        return self._info.state in FINAL_STATES
+
+    def _scan(self) -> None:
+        self._last_scan = time.monotonic()
+        logs = self.run_dir / LOGS
+        try:
+            names = sorted(os.listdir(logs))
+        except OSError:
+            return
+        for name in names:
+            if name in self._tails:
+                continue
+            m = _FILE_RE.match(name)
+            if m is None:
+                continue
+            if m[1] is not None:
+                rank = int(m[1])
+                node = self._info.rank_node.get(rank, 0)
+                stream = STDERR if m[2] == "stderr" else STDOUT
+                self._tails[name] = _Tail(logs / name, rank, node, stream)
+            else:
+                self._tails[name] = _Tail(logs / name, None, int(m[3]), STDOUT)
+
+    def _drain(self) -> list[Event]:
+        if time.monotonic() - self._last_scan >= self.rescan_s:
+            self._scan()
+        events: list[Event] = []
+        now = time.time()
+        for t in self._tails.values():
+            if t.fh is None:
+                try:
+                    t.fh = open(t.path, "rb")  # kept open while tailing
+                except OSError:
+                    continue
+            data = t.fh.read(self.chunk_bytes)
+            if not data:
+                continue
+            buf = t.rest + data if t.rest else data
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                t.rest = buf
+                continue
+            t.rest = buf[cut + 1 :]
+            lines = buf[:cut].decode("utf-8", "replace").split("\n")
+            if t.rank is not None:
+                t.node = self._info.rank_node.get(t.rank, t.node)
+            host = self._info.rank_host.get(t.rank, "") if t.rank is not None else ""
+            t.lines += len(lines)
+            events.append(LineBatch(t.node, t.rank, t.stream, tuple(lines), now, host))
+        return events
+
+    def _flush_rests(self) -> list[Event]:
+        """At the end, a last line without its newline is still a line."""
+        events: list[Event] = []
+        for t in self._tails.values():
+            if t.rest:
+                text = t.rest.decode("utf-8", "replace")
+                t.rest = b""
+                t.lines += 1
+                events.append(LineBatch(t.node, t.rank, t.stream, (text,), time.time()))
+        return events
+
+    def _exits(self, drained: bool) -> list[Event]:
+        if not drained:
+            return []
+        out: list[Event] = []
+        for r, code in sorted(self._info.exits.items()):
+            if r in self._reported_exits:
+                continue
+            self._reported_exits.add(r)
+            reason = self._info.reason if r in self._info.failed else ""
+            node = self._info.rank_node.get(r, 0)
+            out.append(RankExit(node, r, code, time.time(), self._info.rank_host.get(r, ""), reason))
+        return out
+
+    def _state_event(self, *, only_live: bool = False) -> list[Event]:
+        state = self._info.state
+        if state == self._reported_state or (only_live and state in FINAL_STATES):
+            return []
+        self._reported_state = state
+        return [RunStateChanged(state, self._info.reason, time.time(), self._info.failed)]
+
+    def lines_read(self) -> dict[str, int]:
+        """Lines delivered per file name (for tests and benchmarks)."""
+        return {name: t.lines for name, t in self._tails.items()}

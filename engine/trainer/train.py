@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""dtrain-tui's example trainer: a small GPT-style model trained on generated tokens.
+
+Shipped inside every bundle as ``train.py`` and started by torchrun (one process per rank). It is
+the smoke test a user runs on a new cluster before their own script: it exercises the same
+process group, sharding and collectives their job will use.
+
+Self-contained on purpose: it needs torch only (and deepspeed for DeepSpeed bundles), never
+dtrain-tui itself, so it runs on nodes where only torch is installed.
+
+What it reads, from the bundle directory (``--bundle DIR``, default: the directory holding this
+file):
+
+- ``plan.json``: ``model`` (layers, hidden, heads, kv_heads, vocab, ffn, gated_mlp,
+  tie_embeddings), the layout (``recommended`` or ``layout``: framework, zero_stage, micro_batch,
+  grad_accum, precision, recompute), and ``training`` (or ``spec.training``: seq_len, steps, lr,
+  grad_clip);
+- ``ds_config.json`` for DeepSpeed plans (ZeRO 1/2/3, offload, precision, clipping);
+- ``fsdp.json`` for FSDP plans (``fsdp_version`` 1 or 2, ``sharding_strategy``,
+  ``mixed_precision``, ``activation_checkpointing``, ``cpu_offload``, ``reshard_after_forward``).
+
+Every command-line option overrides the bundle. On CUDA it uses NCCL and one GPU per local rank;
+without CUDA it runs on CPU over gloo. Every rank prints one line per optimizer step, exactly::
+
+    [dtrain] step=<n>/<total> loss=<float> tokens_per_s=<float> step_time_s=<float> mem_gb=<float>
+
+(``tokens_per_s`` is this rank's tokens per second; ``mem_gb`` the peak GPU memory allocated, or
+the process's peak RSS on CPU) and at the end ``[dtrain] done steps=<n> time_s=<float>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+PREFIX = "[dtrain]"
+
+
+def log(msg: str) -> None:
+    print(f"{PREFIX} {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"{PREFIX} error: cannot read {path}: {e}")
+    return data if isinstance(data, dict) else {}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="dtrain-tui example trainer (small GPT on generated tokens)")
+    p.add_argument("--bundle", type=Path, default=Path(__file__).resolve().parent)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds to sleep each step (fault tests)")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--micro-batch", type=int)
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--framework", choices=["ddp", "fsdp", "deepspeed"])
+    p.add_argument("--layers", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--fail-at-step", type=int, help="raise at this step on --fail-rank (fault tests)")
+    p.add_argument("--fail-rank", type=int, default=0)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        # Launchers (deepspeed's) add their own flags, e.g. --local_rank; never die on them.
+        print(f"{PREFIX} ignoring unknown arguments: {' '.join(unknown)}", file=sys.stderr, flush=True)
+    return args
+
+
+class Config:
+    """Everything one run needs, from plan.json then command-line overrides."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        bundle = Path(args.bundle)
+        plan = _read_json(bundle / "plan.json")
+        model = plan.get("model") or {}
+        layout = plan.get("recommended") or plan.get("layout") or {}
+        training = plan.get("training") or (plan.get("spec") or {}).get("training") or {}
+
+        def pick(cli: Any, *vals: Any, default: Any) -> Any:
+            if cli is not None:
+                return cli
+            for v in vals:
+                if v is not None:
+                    return v
+            return default
+
+        self.bundle = bundle
+        self.layers = int(pick(args.layers, model.get("layers"), default=2))
+        self.hidden = int(pick(args.hidden, model.get("hidden"), default=128))
+        self.heads = int(pick(args.heads, model.get("heads"), default=4))
+        kv = model.get("kv_heads") or self.heads
+        self.kv_heads = int(kv) if self.heads % int(kv) == 0 else self.heads
+        self.vocab = int(pick(args.vocab, model.get("vocab"), default=512))
+        gated = bool(model.get("gated_mlp", False))
+        self.gated = gated
+        self.ffn = int(model.get("ffn") or 4 * self.hidden)
+        if args.hidden is not None and args.hidden != model.get("hidden"):
+            self.ffn = 4 * self.hidden
+        self.tie = bool(model.get("tie_embeddings", False))
+        self.seq_len = int(pick(args.seq_len, training.get("seq_len"), default=64))
+        self.micro_batch = int(pick(args.micro_batch, layout.get("micro_batch"), training.get("micro_batch"), default=1))
+        self.grad_accum = int(pick(args.grad_accum, layout.get("grad_accum"), default=1))
+        self.steps = int(pick(args.steps, training.get("steps"), default=20))
+        self.lr = float(pick(args.lr, training.get("lr"), default=3e-3))
+        self.grad_clip = float(training.get("grad_clip", 1.0) or 0.0)
+        self.precision = str(pick(args.precision, layout.get("precision"), training.get("precision"), default="fp32"))
+        fw = pick(args.framework, layout.get("framework"), plan.get("framework"), default=None)
+        if fw is None:
+            fw = "deepspeed" if (bundle / "ds_config.json").exists() else (
+                "fsdp" if (bundle / "fsdp.json").exists() else "ddp"
+            )
+        if fw == "megatron":
+            print(f"{PREFIX} megatron layouts run here as DDP (the example trainer has no TP/PP)", flush=True)
+            fw = "ddp"
+        self.framework = str(fw)
+        self.recompute = str(layout.get("recompute") or "none")
+        self.sleep = float(args.sleep_per_step)
+        self.seed = int(args.seed)
+        self.device_pref = args.device
+        self.fail_at_step = args.fail_at_step
+        self.fail_rank = int(args.fail_rank)
+        self.ds_config = _read_json(bundle / "ds_config.json") if self.framework == "deepspeed" else {}
+        self.fsdp = _read_json(bundle / "fsdp.json") if self.framework == "fsdp" else {}
+
+
+# --------------------------------------------------------------------------- model
+
+
+class Block(nn.Module):
+    def __init__(self, c: Config) -> None:
+        super().__init__()
+        self.heads, self.kv_heads = c.heads, c.kv_heads
+        self.head_dim = c.hidden // c.heads
+        self.ln1 = nn.LayerNorm(c.hidden)
+        self.q = nn.Linear(c.hidden, c.heads * self.head_dim, bias=False)
+        self.kv = nn.Linear(c.hidden, 2 * c.kv_heads * self.head_dim, bias=False)
+        self.proj = nn.Linear(c.heads * self.head_dim, c.hidden, bias=False)
+        self.ln2 = nn.LayerNorm(c.hidden)
+        self.gated = c.gated
+        self.up = nn.Linear(c.hidden, (2 if c.gated else 1) * c.ffn, bias=False)
+        self.down = nn.Linear(c.ffn, c.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.ln1(x)
+        q = self.q(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(h).view(b, t, 2, self.kv_heads, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
+        h = self.up(self.ln2(x))
+        if self.gated:
+            g, u = h.chunk(2, dim=-1)
+            h = F.silu(g) * u
+        else:
+            h = F.gelu(h)
+        return x + self.down(h)
+
+
+class GPT(nn.Module):
+    def __init__(self, c: Config) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(c.vocab, c.hidden)
+        self.pos = nn.Embedding(c.seq_len, c.hidden)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
+        self.ln_f = nn.LayerNorm(c.hidden)
+        self.head = nn.Linear(c.hidden, c.vocab, bias=False)
+        if c.tie:
+            self.head.weight = self.embed.weight
+        self.recompute = c.recompute == "full"
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.embed(idx) + self.pos(pos)
+        for blk in self.blocks:
+            if self.recompute and self.training:
+                from torch.utils.checkpoint import checkpoint
+
+                x = checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+def batch(c: Config, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generated tokens with a learnable rule (x[t+1] = 7*x[t] + 3 mod vocab): loss must fall."""
+    g = torch.Generator().manual_seed(c.seed + 1000 * step + rank)
+    start = torch.randint(0, c.vocab, (c.micro_batch, 1), generator=g)
+    mult = torch.tensor(7, dtype=torch.long)
+    seq = torch.empty(c.micro_batch, c.seq_len + 1, dtype=torch.long)
+    seq[:, :1] = start
+    for t in range(1, c.seq_len + 1):
+        seq[:, t] = (seq[:, t - 1] * mult + 3) % c.vocab
+    seq = seq.to(device)
+    return seq[:, :-1], seq[:, 1:]
+
+
+# --------------------------------------------------------------------------- distributed set-up
+
+
+def pick_device(c: Config, local_rank: int) -> tuple[torch.device, str]:
+    use_cuda = torch.cuda.is_available() and c.device_pref != "cpu"
+    if c.device_pref == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"{PREFIX} error: --device cuda but torch sees no GPU")
+    if use_cuda:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device()), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def dtype_of(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp16" and device.type == "cuda":
+        return torch.float16
+    return torch.float32
+
+
+def peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB on Linux
+
+
+# --------------------------------------------------------------------------- frameworks
+
+
+def wrap_ddp(model: nn.Module, device: torch.device, world: int) -> nn.Module:
+    if world == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
+    cfg = c.fsdp
+    version = int(cfg.get("fsdp_version", cfg.get("version", 2)) or 2)
+    mp = cfg.get("mixed_precision", c.precision)
+    if isinstance(mp, dict):
+        mp = mp.get("param_dtype", c.precision)
+    mp_dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                "float16": torch.float16}.get(str(mp).lower())
+    if mp_dtype is torch.float16 and device.type != "cuda":
+        mp_dtype = None
+    strategy = str(cfg.get("sharding_strategy", "FULL_SHARD")).upper()
+    if cfg.get("activation_checkpointing"):
+        model.recompute = True
+    if version == 2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        reshard = cfg.get("reshard_after_forward")
+        if reshard is None:
+            reshard = strategy not in ("SHARD_GRAD_OP", "NO_SHARD")
+        kw: dict[str, Any] = {"reshard_after_forward": bool(reshard)}
+        if mp_dtype is not None:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
+        if cfg.get("cpu_offload") and device.type == "cuda":
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kw["offload_policy"] = CPUOffloadPolicy()
+        for blk in model.blocks:
+            fully_shard(blk, **kw)
+        fully_shard(model, **kw)
+        return model
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: N817
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    ss = getattr(ShardingStrategy, strategy, ShardingStrategy.FULL_SHARD)
+    if ss in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2) and device.type != "cuda":
+        ss = ShardingStrategy.FULL_SHARD  # hybrid needs a per-node mesh; on CPU shard fully
+    return FSDP(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        sharding_strategy=ss,
+        mixed_precision=MixedPrecision(param_dtype=mp_dtype, reduce_dtype=torch.float32, buffer_dtype=mp_dtype)
+        if mp_dtype is not None
+        else None,
+        cpu_offload=CPUOffload(offload_params=True) if cfg.get("cpu_offload") and device.type == "cuda" else None,
+        device_id=device if device.type == "cuda" else None,
+        use_orig_params=True,
+    )
+
+
+def init_deepspeed(model: nn.Module, c: Config, device: torch.device, world: int) -> Any:
+    import deepspeed
+
+    ds = json.loads(json.dumps(c.ds_config))
+    ds.pop("train_batch_size", None)  # recomputed by DeepSpeed from micro x accum x dp
+    ds["train_micro_batch_size_per_gpu"] = c.micro_batch
+    ds["gradient_accumulation_steps"] = c.grad_accum
+    ds.setdefault("steps_per_print", 10**9)
+    ds.setdefault("wall_clock_breakdown", False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = None
+    if device.type != "cuda":
+        # DeepSpeed's fused optimizers need compiled CUDA/CPU ops: train with torch's AdamW on CPU.
+        ds.pop("optimizer", None)
+        ds.pop("scheduler", None)
+        ds["zero_allow_untested_optimizer"] = True
+        if ds.get("fp16", {}).get("enabled"):
+            ds["fp16"] = {"enabled": False}
+        zo = ds.get("zero_optimization", {})
+        for key in ("offload_optimizer", "offload_param"):
+            zo.pop(key, None)
+        optimizer = torch.optim.AdamW(params, lr=c.lr)
+    elif "optimizer" not in ds:
+        optimizer = torch.optim.AdamW(params, lr=c.lr)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
+    return engine
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    c = Config(args)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device, backend = pick_device(c, local_rank)
+    if c.framework == "deepspeed" and device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if world > 1 or "MASTER_ADDR" in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                                device_id=device if device.type == "cuda" else None)
+    torch.manual_seed(c.seed)
+    if rank == 0:
+        log(
+            f"start framework={c.framework} world_size={world} backend={backend} device={device.type} "
+            f"layers={c.layers} hidden={c.hidden} heads={c.heads} vocab={c.vocab} seq_len={c.seq_len} "
+            f"micro_batch={c.micro_batch} grad_accum={c.grad_accum} precision={c.precision} steps={c.steps}"
+        )
+    model = GPT(c).to(device)
+    amp_dtype = dtype_of(c.precision, device)
+    ds_engine = None
+    if c.framework == "deepspeed":
+        ds_engine = init_deepspeed(model, c, device, world)
+        optimizer = None
+    else:
+        if c.framework == "fsdp" and world > 1:
+            model = wrap_fsdp(model, c, device)  # type: ignore[assignment]
+            amp_dtype = torch.float32  # FSDP's own mixed-precision policy casts
+        else:
+            model = wrap_ddp(model, device, world)  # type: ignore[assignment]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr)
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
+    tokens_per_step = c.micro_batch * c.grad_accum * c.seq_len
+    t_start = time.perf_counter()
+    for step in range(1, c.steps + 1):
+        t0 = time.perf_counter()
+        if c.fail_at_step == step and rank == c.fail_rank:
+            raise RuntimeError(f"injected failure at step {step} on rank {rank} (--fail-at-step)")
+        total = 0.0
+        for micro in range(c.grad_accum):
+            x, y = batch(c, step * c.grad_accum + micro, rank, device)
+            if ds_engine is not None:
+                logits = ds_engine(x)
+                loss = F.cross_entropy(logits.float().view(-1, c.vocab), y.reshape(-1))
+                ds_engine.backward(loss)
+                ds_engine.step()
+            else:
+                ctx = (
+                    torch.autocast(device.type, dtype=amp_dtype)
+                    if amp_dtype is not torch.float32
+                    else contextlib.nullcontext()
+                )
+                sync = (
+                    model.no_sync()  # type: ignore[operator]
+                    if hasattr(model, "no_sync") and micro < c.grad_accum - 1 and c.framework == "ddp"
+                    else contextlib.nullcontext()
+                )
+                with sync, ctx:
+                    logits = model(x)
+                    loss = F.cross_entropy(logits.float().view(-1, c.vocab), y.reshape(-1)) / c.grad_accum
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+                loss = loss * c.grad_accum
+            total += float(loss.detach())
+        if optimizer is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            if c.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if c.sleep > 0:
+            time.sleep(c.sleep)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        avg = total / c.grad_accum
+        if not math.isfinite(avg):
+            print(f"{PREFIX} warning: loss is {avg} at step {step}", file=sys.stderr, flush=True)
+        log(
+            f"step={step}/{c.steps} loss={avg:.4f} tokens_per_s={tokens_per_step / max(dt, 1e-9):.1f} "
+            f"step_time_s={dt:.4f} mem_gb={peak_mem_gb(device):.3f}"
+        )
+    log(f"done steps={c.steps} time_s={time.perf_counter() - t_start:.3f}")
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

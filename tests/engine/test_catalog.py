@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from engine.catalog import get_gpu, get_network, list_gpus, resolve_gpu_key
+from engine.specs import HardwareSpec, NetworkTier, Precision
+
+REQUIRED = {
+    "v100-32gb",
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "b200",
+    "mi300x",
+    "l40s",
+    "a10g",
+    "l4",
+    "cpu",
+}
+
+
+def test_catalog_has_the_required_keys() -> None:
+    assert REQUIRED <= {g.key for g in list_gpus()}
+
+
+@pytest.mark.parametrize(
+    "typed,key",
+    [
+        ("H100", "h100-sxm"),
+        ("A100 80GB", "a100-80gb"),
+        ("a100-40GB", "a100-40gb"),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("V100", "v100-32gb"),
+        ("MI300X", "mi300x"),
+        ("cpu", "cpu"),
+    ],
+)
+def test_aliases(typed: str, key: str) -> None:
+    assert resolve_gpu_key(typed) == key
+    assert HardwareSpec(gpu=typed).gpu == key
+
+
+def test_unknown_gpu_names_the_field_and_choices() -> None:
+    with pytest.raises(ValidationError) as e:
+        HardwareSpec(gpu="tpu-v5")
+    assert "gpu" in str(e.value) and "h100-sxm" in str(e.value)
+
+
+def test_precision_facts() -> None:
+    assert not get_gpu("v100-32gb").has_bf16
+    assert get_gpu("v100-32gb").default_precision() == Precision.FP16
+    assert get_gpu("cpu").default_precision() == Precision.FP32
+    assert get_gpu("cpu").dist_backend == "gloo"
+    assert get_gpu("h100-sxm").peak_tflops(Precision.BF16) == 989.0
+
+
+def test_networks_ordered_by_speed() -> None:
+    assert get_network(NetworkTier.IB_NDR).bytes_per_s > get_network(NetworkTier.IB_HDR).bytes_per_s
+    assert get_network(NetworkTier.IB_HDR).bytes_per_s > get_network(NetworkTier.TCP).bytes_per_s

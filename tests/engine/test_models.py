@@ -1,0 +1,114 @@
+"""Parameter counts are exact: against the models' published counts and against the models' own
+definitions in transformers (instantiated on the meta device, so no weights are allocated)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.errors import SpecError
+from engine.models import list_presets, load_hf_config, resolve_model
+from engine.specs import ModelSpec
+
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+
+# Counts as published on the models' Hugging Face pages / papers (sum of parameter numel).
+PUBLISHED = {
+    "gpt2": 124_439_808,
+    "pythia-160m": 162_322_944,
+    "llama-2-7b": 6_738_415_616,
+    "llama-3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2-7b": 7_615_616_512,
+    "gemma-2b": 2_506_172_416,
+    "gemma2-9b": 9_241_705_984,
+    "phi3-mini": 3_821_079_552,
+    "falcon-7b": 6_921_720_704,
+    "llama-3.2-1b": 1_235_814_400,
+}
+
+
+def _config_files() -> list[Path]:
+    files = sorted(CONFIGS.glob("*.json"))
+    assert len(files) >= 10
+    return files
+
+
+@pytest.mark.parametrize("name,count", sorted(PUBLISHED.items()))
+def test_published_counts(name: str, count: int) -> None:
+    assert load_hf_config(CONFIGS / f"{name}.json").params_total == count
+
+
+def test_counts_equal_the_models_own_definitions() -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    for path in _config_files():
+        cfg = json.loads(path.read_text())
+        hf_cfg = transformers.AutoConfig.for_model(**cfg)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+        real = sum(p.numel() for p in model.parameters())
+        assert load_hf_config(path).params_total == real, path.name
+
+
+def test_moe_active_parameters() -> None:
+    d = load_hf_config(CONFIGS / "mixtral-8x7b.json")
+    assert d.is_moe and d.num_experts == 8 and d.experts_per_token == 2
+    # Active = everything but 6 of the 8 experts' MLPs in each of the 32 layers.
+    per_expert = 3 * 4096 * 14336
+    assert d.params_active == d.params_total - 32 * 6 * per_expert
+    assert d.params_active == 12_879_925_248
+
+
+def test_every_preset_resolves() -> None:
+    for name in list_presets():
+        d = resolve_model(ModelSpec(preset=name))
+        assert d.params_total >= d.params_active > 0
+
+
+def test_directory_holding_config_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text((CONFIGS / "gpt2.json").read_text())
+    assert resolve_model(ModelSpec(config_path=tmp_path)).params_total == PUBLISHED["gpt2"]
+
+
+def test_unsupported_model_type_says_what_to_pass(tmp_path: Path) -> None:
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"model_type": "bert", "hidden_size": 768}))
+    with pytest.raises(SpecError) as e:
+        load_hf_config(f)
+    msg = str(e.value)
+    assert "bert" in msg and "--layers" in msg and "model.config_path" in msg
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("{bad", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"model_type": "llama"}', "hidden_size"),
+    ],
+)
+def test_malformed_config(tmp_path: Path, text: str, needle: str) -> None:
+    f = tmp_path / "config.json"
+    f.write_text(text)
+    with pytest.raises(SpecError, match=needle):
+        load_hf_config(f)
+
+
+def test_dimensions_and_bare_count() -> None:
+    d = resolve_model(ModelSpec(layers=4, hidden=256, heads=4, vocab=1024))
+    # 4 blocks of (4h² attention + 8h² MLP + 2 norms) + untied embedding and head + final norm.
+    h = 256
+    assert d.params_total == 4 * (4 * h * h + 8 * h * h + 2 * h) + 2 * 1024 * h + h
+    n = resolve_model(ModelSpec(params="7B"))
+    assert n.params_total == 7_000_000_000 and n.layers == 32 and n.hidden == 4096
+    with pytest.raises(SpecError, match="--heads"):
+        resolve_model(ModelSpec(layers=4, hidden=256))
+
+
+def test_unknown_preset_suggests() -> None:
+    with pytest.raises(SpecError, match="llama"):
+        resolve_model(ModelSpec(preset="llama-9-1b"))

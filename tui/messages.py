@@ -1,0 +1,84 @@
+"""Messages of the wizard, each named for a fact. Workers post them from threads
+(``post_message`` is thread-safe); screens and the app react to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual.message import Message
+
+from engine.plan import Plan
+
+
+@dataclass
+class SpecEdited(Message):
+    """A step changed its part of the spec (``section`` is a Spec field name)."""
+
+    section: str
+
+
+@dataclass
+class StepValidated(Message):
+    """A step re-checked its fields; ``errors`` is empty when the step is valid."""
+
+    step: str
+    errors: list[str]
+
+
+@dataclass
+class PlanStarted(Message):
+    """The planner started on the current spec (generation ``generation``)."""
+
+    generation: int
+
+
+@dataclass
+class PlanComputed(Message):
+    """The planner returned ``plan`` for spec generation ``generation``."""
+
+    plan: Plan
+    generation: int
+    elapsed_s: float
+
+
+@dataclass
+class PlanFailed(Message):
+    """The planner refused the spec; ``message`` is its one-line reason."""
+
+    message: str
+    generation: int
+
+
+@dataclass
+class BundleRendered(Message):
+    """The writers rendered the bundle for the current plan."""
+
+    files: dict[str, str]
+    generation: int
+
+
+@dataclass
+class BundleRenderFailed(Message):
+    message: str
+    generation: int
+
+
+@dataclass
+class BundleWritten(Message):
+    """The bundle was written into ``out_dir``; ``summary`` is the line shown to the user."""
+
+    out_dir: Path
+    summary: str
+
+
+@dataclass
+class BundleWriteFailed(Message):
+    message: str
+
+
+@dataclass
+class StepChanged(Message):
+    """The wizard moved to step ``step``."""
+
+    step: str

@@ -1,0 +1,262 @@
+"""Step 1, the model: a preset from a searchable list, a local ``config.json`` (path completion),
+explicit dimensions, or a bare parameter count. The parameter count (total, and active per token
+for MoE) updates as you type, from ``engine.models.resolve_model``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import events, on
+from textual.app import ComposeResult
+from textual.widget import Widget
+from textual.widgets import Input, OptionList, Static, TabbedContent, TabPane, Tabs
+from textual.widgets.option_list import Option
+
+from engine.errors import DtrainError, one_line
+from engine.specs import ModelDims, ModelSpec
+from tui import services
+from tui.format import count
+from tui.screens.step import StepPane
+from tui.suggesters import PathSuggester
+from tui.widgets.field_row import FieldRow
+
+_DIMS = {
+    "layers": "int",
+    "hidden": "int",
+    "heads": "int",
+    "kv_heads": "int",
+    "vocab": "int",
+    "ffn": "int",
+    "num_experts": "int",
+    "experts_per_token": "int",
+}
+_DIM_LABELS = {
+    "layers": "Layers",
+    "hidden": "Hidden size",
+    "heads": "Attention heads",
+    "kv_heads": "KV heads (GQA)",
+    "vocab": "Vocabulary",
+    "ffn": "MLP size",
+    "num_experts": "Experts (MoE)",
+    "experts_per_token": "Experts per token",
+}
+
+
+def summarize(dims: ModelDims) -> str:
+    head = f"{dims.name} ({dims.arch}) · {count(dims.params_total)} parameters"
+    if dims.is_moe:
+        head += (
+            f" · {count(dims.params_active)} active per token"
+            f" · {dims.num_experts} experts, top-{dims.experts_per_token}"
+        )
+    shape = (
+        f"{dims.layers} layers · hidden {dims.hidden} · {dims.heads} heads"
+        f" ({dims.kv_heads} kv) · MLP {dims.ffn}{' gated' if dims.gated_mlp else ''}"
+        f" · vocab {dims.vocab}"
+    )
+    return f"{head}\n{shape}"
+
+
+class ModelStep(StepPane):
+    STEP = "model"
+    TITLE = "Model"
+    SECTION = "model"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.presets: list[tuple[str, str]] = []
+        self.preset_error = ""
+        self.selected_preset: str | None = None
+        self.dims: ModelDims | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("Model", classes="step-title")
+        yield Static("", id="model-summary", classes="summary", markup=False)
+        with TabbedContent(id="model-source", initial="src-preset"):
+            with TabPane("Preset", id="src-preset"):
+                yield FieldRow("preset", "Search presets", placeholder="type to filter, ⏎ picks")
+                yield OptionList(id="preset-list", compact=True)
+            with TabPane("config.json", id="src-config"):
+                yield FieldRow(
+                    "config_path",
+                    "config.json path",
+                    placeholder="path/to/config.json (→ completes)",
+                    suggester=PathSuggester(),
+                )
+            with TabPane("Dimensions", id="src-dims"):
+                for name, label in _DIM_LABELS.items():
+                    yield FieldRow(name, label, placeholder="" if name in ("layers", "hidden", "heads", "vocab") else "optional")
+            with TabPane("Param count", id="src-count"):
+                yield FieldRow("params", "Parameters", placeholder="e.g. 7B, 350M or 1.3e9")
+
+    # --- loading ------------------------------------------------------------------------------
+    def load(self) -> None:
+        try:
+            self.presets = services.presets()
+        except Exception as e:  # noqa: BLE001 - presets are optional decoration
+            self.presets = []
+            self.preset_error = one_line(e) or type(e).__name__
+        m = self.dtrain.spec.model
+        rows = self.rows()
+        source = "src-dims"
+        if m.config_path:
+            rows["config_path"].value = str(m.config_path)
+            source = "src-config"
+        elif m.preset:
+            self.selected_preset = m.preset
+            rows["preset"].value = m.preset
+            source = "src-preset"
+        elif m.layers and m.hidden:
+            source = "src-dims"
+        elif m.params:
+            rows["params"].value = f"{m.params:g}"
+            source = "src-count"
+        for name in _DIMS:
+            value = getattr(m, name)
+            if value is not None:
+                rows[name].value = str(value)
+        self._fill_presets(rows["preset"].value)
+        self.query_one(TabbedContent).active = source
+
+    def _fill_presets(self, query: str) -> None:
+        ol = self.query_one("#preset-list", OptionList)
+        q = query.strip().lower()
+        ol.clear_options()
+        if self.preset_error:
+            ol.add_option(Option(Text(self.preset_error, style="italic"), disabled=True))
+            return
+        matches = [(n, d) for n, d in self.presets if q in n.lower() or q in d.lower()]
+        for name, desc in matches:
+            label = Text(name, style="bold")
+            if desc:
+                label.append(f"  {desc}", style="dim")
+            ol.add_option(Option(label, id=name))
+        if not matches:
+            ol.add_option(Option(Text(f"no preset matches {query!r}", style="italic"), disabled=True))
+            return
+        names = [n for n, _ in matches]
+        if self.selected_preset in names:
+            ol.highlighted = names.index(self.selected_preset)
+        else:
+            ol.highlighted = 0
+
+    # --- events -------------------------------------------------------------------------------
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "f-preset" and not self._loading:
+            text = event.value.strip().lower()
+            names = {n.lower(): n for n, _ in self.presets}
+            self.selected_preset = names.get(text)
+            self._fill_presets(event.value)
+        super().on_input_changed(event)
+
+    @on(Input.Submitted, "#f-preset")
+    def _pick_highlighted(self, event: Input.Submitted) -> None:
+        event.stop()
+        ol = self.query_one("#preset-list", OptionList)
+        if ol.highlighted is not None:
+            opt = ol.get_option_at_index(ol.highlighted)
+            if opt.id:
+                self._pick(opt.id)
+
+    @on(OptionList.OptionSelected, "#preset-list")
+    def _picked(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if event.option.id:
+            self._pick(event.option.id)
+
+    def _pick(self, name: str) -> None:
+        self.selected_preset = name
+        row = self.rows()["preset"]
+        with row.input.prevent(Input.Changed):
+            row.value = name
+        self._fill_presets(name)
+        self.revalidate()
+
+    @on(TabbedContent.TabActivated)
+    def _source_changed(self, event: TabbedContent.TabActivated) -> None:
+        event.stop()
+        if not self._loading:
+            self.revalidate()
+
+    def on_key(self, event: events.Key) -> None:
+        """↓/↑ in the preset search move the highlight in the list below it."""
+        focused = self.app.focused
+        if isinstance(focused, Input) and focused.id == "f-preset" and event.key in ("down", "up"):
+            ol = self.query_one("#preset-list", OptionList)
+            if event.key == "down":
+                ol.action_cursor_down()
+            else:
+                ol.action_cursor_up()
+            event.stop()
+            event.prevent_default()
+
+    # --- validation ---------------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        return self.query_one(TabbedContent).active or "src-preset"
+
+    def check(self) -> list[str]:
+        source = self.source
+        data: dict[str, Any]
+        errs: dict[str, str] = {}
+        if source == "src-preset":
+            if not self.selected_preset:
+                text = self.rows()["preset"].value.strip()
+                errs["preset"] = (
+                    f"no preset named {text!r}; pick one from the list (⏎ picks the highlighted)"
+                    if text
+                    else "pick a preset from the list (type to filter, ⏎ picks)"
+                )
+            data = {"preset": self.selected_preset}
+        elif source == "src-config":
+            data, errs = self.read_fields({"config_path": "str"})
+            if "config_path" not in data and not errs:
+                errs["config_path"] = "type the path of a Hugging Face config.json (or its directory)"
+        elif source == "src-count":
+            data, errs = self.read_fields({"params": "count"})
+            if "params" not in data and not errs:
+                errs["params"] = "type a parameter count such as 7B, 350M or 1.3e9"
+        else:
+            data, errs = self.read_fields(_DIMS)
+        for row in self.rows().values():
+            row.set_error(None)
+        model, problems = self.build(ModelSpec, data, errs)
+        summary = self.query_one("#model-summary", Static)
+        self.dims = None
+        if model is None:
+            summary.update("")
+            return problems
+        assert isinstance(model, ModelSpec)
+        try:
+            self.dims = services.resolve_model(model)
+        except DtrainError as e:
+            name = e.field.rsplit(".", 1)[-1] if e.field else ""
+            rows = self.rows()
+            if name in rows and rows[name].display:
+                rows[name].set_error(e.message)
+            summary.update(f"✗ {e}")
+            return [str(e)]
+        except services.Unavailable as e:
+            summary.update(f"{e}; the planner resolves the model later")
+        except Exception as e:  # noqa: BLE001 - odd input must not crash the wizard
+            msg = one_line(e) or type(e).__name__
+            summary.update(f"✗ {msg}")
+            return [msg]
+        else:
+            summary.update(summarize(self.dims))
+        self.dtrain.set_section("model", model)
+        return []
+
+    def first_focus(self) -> Widget | None:
+        source = self.source
+        if source == "src-preset":
+            return self.query_one("#f-preset", Input)
+        if source == "src-config":
+            return self.query_one("#f-config_path", Input)
+        if source == "src-count":
+            return self.query_one("#f-params", Input)
+        return self.query_one("#f-layers", Input)
+
+    def focus_tabs(self) -> None:
+        self.query_one(Tabs).focus()

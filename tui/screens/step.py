@@ -1,0 +1,187 @@
+"""The base of every wizard step: a scrolling pane that edits one part of the spec.
+
+A step reads its fields, builds its sub-spec with the engine's own validation (pydantic models in
+``engine.specs``), shows each message next to its field, and hands a valid sub-spec to the app.
+Parsing here only turns text into numbers; every rule lives in the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+from pydantic import BaseModel, ValidationError
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Input, Select
+
+from engine.errors import DtrainError, one_line
+from tui.messages import StepValidated
+from tui.widgets.field_row import FieldRow
+
+if TYPE_CHECKING:
+    from tui.app import DtrainApp
+
+AUTO = "auto"
+"""The Select value meaning "let the planner choose" (the spec field stays None)."""
+
+_FIELD_PREFIX = re.compile(r"^(?:[a-z_]+\.)?([a-z_]+): ")
+
+
+class StepPane(VerticalScroll):
+    """One wizard step. Subclasses set ``STEP``/``TITLE`` and implement ``load`` and ``check``."""
+
+    STEP: ClassVar[str] = ""
+    TITLE: ClassVar[str] = ""
+    SECTION: ClassVar[str | None] = None
+    """The Spec field this step edits (None for steps that edit no spec section)."""
+
+    def __init__(self) -> None:
+        super().__init__(id=f"step-{self.STEP}", classes="step")
+        self.errors: list[str] = []
+        self._loading = False
+
+    @property
+    def dtrain(self) -> DtrainApp:
+        return cast("DtrainApp", self.app)
+
+    # --- to implement -------------------------------------------------------------------------
+    def load(self) -> None:
+        """Fill the fields from ``self.dtrain.spec``."""
+
+    def check(self) -> list[str]:
+        """Validate the fields, show messages, push a valid sub-spec to the app; return errors."""
+        return []
+
+    def first_focus(self) -> Widget | None:
+        for w in self.query("Input, Select, OptionList, Button, Tabs"):
+            if w.focusable:
+                return w
+        return None
+
+    # --- shared machinery ---------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._loading = True
+        try:
+            self.load()
+        finally:
+            self._loading = False
+        self.revalidate()
+
+    def revalidate(self) -> None:
+        try:
+            errors = self.check()
+        except Exception as e:  # noqa: BLE001 - odd input must never crash the wizard
+            errors = [one_line(e) or type(e).__name__]
+        self.errors = errors
+        self.post_message(StepValidated(self.STEP, list(errors)))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        if not self._loading:
+            self.revalidate()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        if not self._loading:
+            self.revalidate()
+
+    def rows(self) -> dict[str, FieldRow]:
+        return {r.field_name: r for r in self.query(FieldRow)}
+
+    def select_value(self, name: str) -> str | None:
+        """A Select's value, None for auto or blank."""
+        value = self.query_one(f"#f-{name}", Select).value
+        if value is Select.BLANK or value == AUTO:
+            return None
+        return str(value)
+
+    def read_fields(self, kinds: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+        """Parse each field's text by kind (int, float, count, str); empty means unset."""
+        rows = self.rows()
+        data: dict[str, Any] = {}
+        errs: dict[str, str] = {}
+        for name, kind in kinds.items():
+            row = rows.get(name)
+            if row is None:
+                continue
+            text = row.value.strip()
+            if not text:
+                continue
+            try:
+                data[name] = parse_value(text, kind)
+            except ValueError as e:
+                errs[name] = str(e)
+        return data, errs
+
+    def build(
+        self, cls: type[BaseModel], data: dict[str, Any], errs: dict[str, str]
+    ) -> tuple[BaseModel | None, list[str]]:
+        """Validate ``data`` as ``cls``; show one message per field; return (model, errors)."""
+        model: BaseModel | None = None
+        general: list[str] = []
+        if not errs:
+            try:
+                model = cls.model_validate(data)
+            except ValidationError as e:
+                for err in e.errors():
+                    loc = [str(p) for p in err.get("loc", ())]
+                    msg = clean_message(str(err.get("msg", "invalid")))
+                    name = loc[0] if loc else field_of(msg)
+                    msg = _FIELD_PREFIX.sub("", msg)
+                    if name:
+                        errs.setdefault(name, msg)
+                    else:
+                        general.append(msg)
+            except DtrainError as e:
+                name = e.field.rsplit(".", 1)[-1] if e.field else ""
+                if name:
+                    errs[name] = e.message
+                else:
+                    general.append(e.message)
+        rows = self.rows()
+        for name, row in rows.items():
+            row.set_error(errs.get(name))
+        for name, msg in errs.items():
+            if name not in rows:
+                general.append(f"{name}: {msg}")
+        problems = [f"{n}: {m}" for n, m in errs.items() if n in rows] + general
+        return (model if not problems else None), problems
+
+
+def clean_message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
+
+
+def field_of(msg: str) -> str:
+    """The field a model-level message names (``model.kv_heads: …`` -> ``kv_heads``)."""
+    m = _FIELD_PREFIX.match(msg)
+    return m.group(1) if m else ""
+
+
+def parse_value(text: str, kind: str) -> Any:
+    """Text to a value of ``kind``; raises ValueError with a message a person can act on."""
+    compact = text.replace("_", "").replace(",", "").replace(" ", "")
+    if kind == "int":
+        try:
+            return int(compact)
+        except ValueError:
+            try:
+                f = float(compact)
+            except ValueError:
+                f = math.nan
+            if math.isfinite(f) and f.is_integer():
+                return int(f)
+            raise ValueError(f"{text[:40]!r} is not a whole number; type digits, e.g. 8") from None
+    if kind == "float":
+        try:
+            f = float(compact)
+        except ValueError:
+            raise ValueError(f"{text[:40]!r} is not a number; type e.g. 3.5 or 1e-4") from None
+        if not math.isfinite(f):
+            raise ValueError("must be a finite number")
+        return f
+    if kind == "count":
+        return compact
+    return text

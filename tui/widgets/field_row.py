@@ -1,0 +1,84 @@
+"""One labelled input with the engine's message for it shown right below, as typed."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.suggester import Suggester
+from textual.widget import Widget
+from textual.widgets import Input, Label, Static
+
+
+class FieldRow(Widget):
+    """``label  [input]`` plus an error line (shown only when invalid) and an optional hint.
+
+    The input's id is ``f-<name>``, so a step finds its fields by spec field name."""
+
+    DEFAULT_CSS = """
+    FieldRow { height: auto; layout: vertical; margin-bottom: 0; }
+    FieldRow > Horizontal { height: auto; }
+    FieldRow .field-label { width: 20; padding-right: 1; color: $text-muted; }
+    FieldRow Input { width: 1fr; }
+    FieldRow .field-error { color: $text-error; padding-left: 20; height: auto; display: none; }
+    FieldRow.-invalid .field-error { display: block; }
+    FieldRow.-invalid .field-label { color: $text-error; }
+    FieldRow .field-hint { color: $text-muted; padding-left: 20; height: auto; display: none; }
+    FieldRow.-hinted .field-hint { display: block; }
+    """
+
+    def __init__(
+        self,
+        name: str,
+        label: str,
+        value: str = "",
+        *,
+        placeholder: str = "",
+        suggester: Suggester | None = None,
+        max_length: int = 4096,
+    ) -> None:
+        super().__init__(id=f"row-{name}")
+        self.field_name = name
+        self._label = label
+        self._value = value
+        self._placeholder = placeholder
+        self._suggester = suggester
+        self._max_length = max_length
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield Label(self._label, classes="field-label")
+            yield Input(
+                self._value,
+                placeholder=self._placeholder,
+                id=f"f-{self.field_name}",
+                compact=True,
+                suggester=self._suggester,
+                max_length=self._max_length,
+                select_on_focus=False,
+            )
+        yield Static("", classes="field-error", markup=False)
+        yield Static("", classes="field-hint", markup=False)
+
+    @property
+    def input(self) -> Input:
+        return self.query_one(Input)
+
+    @property
+    def value(self) -> str:
+        return self.input.value
+
+    @value.setter
+    def value(self, text: str) -> None:
+        self.input.value = text
+
+    def set_error(self, message: str | None) -> None:
+        self.set_class(bool(message), "-invalid")
+        self.query_one(".field-error", Static).update(f"✗ {message}" if message else "")
+
+    @property
+    def error(self) -> str:
+        return str(self.query_one(".field-error", Static).content) if self.has_class("-invalid") else ""
+
+    def set_hint(self, text: str | None) -> None:
+        self.set_class(bool(text), "-hinted")
+        self.query_one(".field-hint", Static).update(text or "")
