@@ -369,6 +369,15 @@ _NCCL_VERSION_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:\+(\S+))?")
 _NETWORK_RE = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 _INIT_COMPLETE_RE = re.compile(r"comm (0x[0-9a-f]+) rank (\d+) nranks (\d+).*Init COMPLETE")
 _CHANNEL_VIA_RE = re.compile(r"via ((?:NET|P2P|SHM)/[\w /-]*?\w)\s*$")
+_SUMMARY_PHRASES = (
+    "NCCL WARN",
+    "NCCL version",
+    "Using network",
+    "Init COMPLETE",
+    "No device found",
+    "bus bandwidth",
+    "NCCL INFO Bootstrap",
+)
 _INDEX_SEGMENT_RE = re.compile(r"/\d+(?=/|$)")
 _BUSBW_RE = re.compile(r"Avg bus bandwidth\s*:\s*([\d.]+)")
 
@@ -388,6 +397,8 @@ class NcclSummary:
     warnings: int = 0
     ib_no_device: bool = False
     avg_busbw_gbps: float | None = None
+    _via_budget: int = 4096
+    """Channel lines still looked at in :meth:`feed_batch` (transports are set up at init)."""
 
     @property
     def gdrdma(self) -> bool:
@@ -427,8 +438,28 @@ class NcclSummary:
             if m is not None:
                 self.avg_busbw_gbps = float(m[1])
 
+    def feed_batch(self, lines: Sequence[str]) -> None:
+        """Account for a batch of prefix-free lines; cheap for a firehose of plain INFO lines
+        (one substring scan of the joined batch per fact, channel lines sampled)."""
+        joined = "\n".join(lines)
+        if "NCCL" not in joined and "bus bandwidth" not in joined:
+            return
+        phrases = [p for p in _SUMMARY_PHRASES if p in joined]
+        if " via " in joined and self._via_budget > 0:
+            phrases.append(" via ")
+        if not phrases:
+            return
+        for line in lines:
+            if any(p in line for p in phrases):
+                if " via " in line:
+                    if self._via_budget <= 0:
+                        continue
+                    self._via_budget -= 1
+                self.feed(line)
+
     def headline(self) -> str:
-        """One line for the NCCL pane's title: ``NCCL 2.21.5 · IB+GDRDMA · 16 init``."""
+        """One line for the NCCL pane's title: ``NCCL 2.21.5 · IB/GDRDMA · 16 init`` (empty
+        before NCCL said anything)."""
         parts: list[str] = []
         if self.versions:
             parts.append("NCCL " + ",".join(sorted(self.versions)))
@@ -439,7 +470,7 @@ class NcclSummary:
             parts.append(f"{self.init_complete} init")
         if self.warnings:
             parts.append(f"{self.warnings} WARN")
-        return " · ".join(parts) if parts else "NCCL"
+        return " · ".join(parts)
 
 
 def summarize_nccl(lines: Iterable[str]) -> NcclSummary:

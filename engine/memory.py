@@ -48,9 +48,8 @@ from engine.specs import (
 GIB = 1024**3
 
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
-# allgather_bucket_size are 5e8 elements; ZeRO-3 prefetches 5e7 elements ahead.
+# allgather_bucket_size are 5e8 elements.
 DS_BUCKET_ELEMENTS = 500_000_000
-DS_PREFETCH_ELEMENTS = 50_000_000
 # torch DDP buckets gradients 25 MiB at a time (bucket_cap_mb=25); two are in flight.
 DDP_BUCKET_BYTES = 2 * 25 * 1024**2
 # Fraction of an accelerator's memory a plan may use: the CUDA context, NCCL's buffers and the
@@ -182,9 +181,12 @@ def model_states(
             if offload != Offload.NONE:
                 # ZeRO-Offload: 16-bit params stay; grads are reduced straight into pinned CPU memory.
                 return States(pb * psi, 0.0, 0.0, cpu=(fp32_grad + k) * psi / nd, buffers=bucket)
-            grads = pb * psi + fp32_grad * psi / nd if zero_stage == 1 else (pb + fp32_grad) * psi / nd
+            grads = (
+                pb * psi + fp32_grad * psi / nd if zero_stage == 1 else (pb + fp32_grad) * psi / nd
+            )
             return States(pb * psi, grads, k * psi / nd, buffers=2 * bucket)
-        gathered = 4 * largest_layer + min(DS_PREFETCH_ELEMENTS, psi) * pb
+        # DeepSpeed's allowance for the gathered layer (16-bit params + grads of the largest one).
+        gathered = 4 * largest_layer
         if offload == Offload.OPTIMIZER_PARAMS:
             return States(0.0, 0.0, 0.0, cpu=(pb + fp32_grad + k) * psi / nd, buffers=gathered)
         if offload == Offload.OPTIMIZER:
@@ -206,7 +208,14 @@ def model_states(
 
 
 def korthikanti_layer_bytes(
-    s: int, b: int, h: int, a: int, *, t: int = 1, sp: bool = False, recompute: Recompute = Recompute.NONE
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    *,
+    t: int = 1,
+    sp: bool = False,
+    recompute: Recompute = Recompute.NONE,
 ) -> float:
     """Activation bytes of one transformer layer as printed by Korthikanti et al. 2022 (Table 2):
     16-bit activations, MHA, a 4h non-gated MLP, dropout. ``t`` is the TP degree, ``sp`` sequence
@@ -351,8 +360,14 @@ def estimate_memory(
     bpv = 2 if is_mixed(d.precision) else 4
     s_local = max(1, seq_len // d.cp)
     per_layer = layer_activation_bytes(
-        dims, s_local, d.micro_batch, t=d.tp, sp=d.sequence_parallel, recompute=d.recompute,
-        flash=flash, bytes_per_value=bpv,
+        dims,
+        s_local,
+        d.micro_batch,
+        t=d.tp,
+        sp=d.sequence_parallel,
+        recompute=d.recompute,
+        flash=flash,
+        bytes_per_value=bpv,
     )
     layers = math.ceil(dims.layers / d.pp)
     held = pipeline_in_flight(d.pp, d.grad_accum, d.pp_schedule, d.virtual_stages)
@@ -360,8 +375,13 @@ def estimate_memory(
     if d.recompute == Recompute.FULL:
         # Recomputing one layer in backward materialises that layer's full activations again.
         acts += layer_activation_bytes(
-            dims, s_local, d.micro_batch, t=d.tp, sp=d.sequence_parallel,
-            recompute=Recompute.SELECTIVE if flash else Recompute.NONE, flash=flash,
+            dims,
+            s_local,
+            d.micro_batch,
+            t=d.tp,
+            sp=d.sequence_parallel,
+            recompute=Recompute.SELECTIVE if flash else Recompute.NONE,
+            flash=flash,
             bytes_per_value=bpv,
         )
     buffers = st_dense.buffers + st_exp.buffers

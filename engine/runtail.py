@@ -133,6 +133,8 @@ class RunDirSource:
     # ---- EventSource ---------------------------------------------------------------------
 
     def start(self) -> None:
+        if self._started:
+            return
         data = read_run_json(self.run_dir)
         self._info = _run_info(data)
         self._run_mtime = self._mtime()
@@ -290,3 +292,30 @@ class RunDirSource:
     def lines_read(self) -> dict[str, int]:
         """Lines delivered per file name (for tests and benchmarks)."""
         return {name: t.lines for name, t in self._tails.items()}
+
+
+class ListSource:
+    """A canned EventSource: hands out ``events`` in ``batches`` (lists), one per poll. For tests,
+    demos and snapshots, where the same events must give the same screen."""
+
+    def __init__(self, batches: list[list[Event]]) -> None:
+        self._batches = list(batches)
+        self._i = 0
+        self._stopped = False
+
+    def start(self) -> None:
+        return None
+
+    def poll(self, timeout: float) -> list[Event]:
+        if self._i >= len(self._batches) or self._stopped:
+            return []
+        batch = self._batches[self._i]
+        self._i += 1
+        return batch
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    @property
+    def done(self) -> bool:
+        return self._stopped or self._i >= len(self._batches)

@@ -221,7 +221,10 @@ _VALUE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----"), "private key material"),
     (re.compile(r"PuTTY-User-Key-File"), "private key material"),
     (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), "a Hugging Face token"),
-    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})\b"), "a GitHub token"),
+    (
+        re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})\b"),
+        "a GitHub token",
+    ),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}\b"), "an API key"),
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key"),
     (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b"), "a Slack token"),
@@ -278,6 +281,19 @@ def _walk(data: Any, path: str) -> Iterator[tuple[str, str | None, Any]]:
 
 def find_secret(data: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first (dotted path, what) in ``data`` that looks like a secret, or None."""
+    launch = data.get("launch")
+    args = launch.get("script_args") if isinstance(launch, Mapping) else None
+    if isinstance(args, list):
+        for i, arg in enumerate(args):
+            if not isinstance(arg, str) or not arg.startswith("-"):
+                continue
+            flag, eq, val = arg.partition("=")
+            has_value = bool(eq and val) or (
+                i + 1 < len(args) and not str(args[i + 1]).startswith("-")
+            )
+            value = val if eq else (str(args[i + 1]) if i + 1 < len(args) else "")
+            if is_secret_name(flag) and has_value and not _is_reference(value):
+                return f"launch.script_args[{i}]", f"a secret passed as {flag}"
     for path, key, value in _walk(data, ""):
         if key is not None:
             in_env = path.startswith("launch.env.")
@@ -295,18 +311,6 @@ def find_secret(data: Mapping[str, Any]) -> tuple[str, str] | None:
         for m in _ASSIGN_RE.finditer(value):
             if is_secret_name(m.group(1), env=True) and not _is_reference(m.group(3)):
                 return path, f"a secret assigned to {m.group(1)}"
-    args = data.get("launch", {}).get("script_args", []) if isinstance(data, Mapping) else []
-    if isinstance(args, list):
-        for i, arg in enumerate(args):
-            if not isinstance(arg, str) or not arg.startswith("-"):
-                continue
-            flag, eq, val = arg.partition("=")
-            has_value = bool(eq and val) or (
-                i + 1 < len(args) and not str(args[i + 1]).startswith("-")
-            )
-            value = val if eq else (str(args[i + 1]) if i + 1 < len(args) else "")
-            if is_secret_name(flag) and has_value and not _is_reference(value):
-                return f"launch.script_args[{i}]", f"a secret passed as {flag}"
     return None
 
 

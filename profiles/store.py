@@ -34,6 +34,7 @@ from tomlkit.toml_document import TOMLDocument
 
 from engine.errors import validation_messages
 from engine.fsio import atomic_write_text
+from engine.specs import Spec
 from profiles.schema import (
     SCHEMA_VERSION,
     SPEC_SECTIONS,
@@ -116,7 +117,9 @@ def _read_doc(path: Path) -> TOMLDocument:
             field=_where(path),
         ) from None
     if not text.strip():
-        raise ProfileError("the file is empty (truncated?); fix it or delete it", field=_where(path))
+        raise ProfileError(
+            "the file is empty (truncated?); fix it or delete it", field=_where(path)
+        )
     try:
         return tomlkit.parse(text)
     except TOMLKitError as e:
@@ -196,24 +199,28 @@ def _apply(doc: TOMLDocument, prof: Profile, old: Profile | None) -> None:
         if "schema_version" in doc:
             doc["schema_version"] = SCHEMA_VERSION
         else:
-            doc.body.insert(0, (tomlkit.key("schema_version"), tomlkit.item(SCHEMA_VERSION)))
-    meta_new = prof.profile.model_dump(exclude_none=True)
-    meta_old = old.profile.model_dump(exclude_none=True) if old else {}
+            doc.add("schema_version", SCHEMA_VERSION)  # tomlkit puts it before the tables
     cur_meta = doc.get("profile")
+    meta_new = {
+        k: v
+        for k, v in prof.profile.model_dump(exclude_none=True).items()
+        if k == "name" or v != "" or (isinstance(cur_meta, Mapping) and k in cur_meta)
+    }
+    meta_old = old.profile.model_dump(exclude_none=True) if old else {}
     if isinstance(cur_meta, MutableMapping):
         _merge(cur_meta, meta_new, meta_old)
     else:
         _set_table(doc, "profile", meta_new)
     for section in SPEC_SECTIONS:
         cur = doc.get(section)
-        present = cur if isinstance(cur, Mapping) else None
+        present = cur if isinstance(cur, MutableMapping) else None
         data = _section_data(prof, section, present)
         if present is None:
             if data:
                 _set_table(doc, section, data)
             continue
         prev = getattr(old, section).model_dump(mode="json", exclude_none=True) if old else {}
-        _merge(cur, data, prev)
+        _merge(present, data, prev)
 
 
 def _new_doc() -> TOMLDocument:
@@ -431,6 +438,33 @@ class ProfileStore:
         atomic_write_text(path, text, mode=FILE_MODE)
         return path
 
+    def save_spec(
+        self,
+        name: str,
+        spec: Spec,
+        *,
+        description: str | None = None,
+        overwrite: bool = True,
+    ) -> Path:
+        """Save ``spec`` as profile ``name`` (what the wizard's save and save-as call). An
+        existing profile of that name keeps its description, creation time and last use."""
+        check_name(name)
+        base: Profile | None = None
+        if self.is_user(name) and overwrite:
+            try:
+                base = self.load(name)
+            except ProfileError:
+                base = None
+        if base is not None:
+            prof = base.model_copy(
+                update={s: getattr(spec, s).model_copy(deep=True) for s in SPEC_SECTIONS}
+            )
+            if description is not None:
+                prof.profile.description = description
+        else:
+            prof = Profile.from_spec(name, spec, description=description or "")
+        return self.save(prof, name=name, overwrite=overwrite)
+
     def delete(self, name: str) -> Path:
         """Delete the user's profile ``name`` (a broken one too). Built-ins cannot be deleted."""
         path = self.user_path(name)
@@ -536,6 +570,7 @@ class ProfileStore:
                 doc = _read_doc(path)
                 if file_version(doc, _where(path)) != SCHEMA_VERSION:
                     return
+                _validate(_unwrap(doc), path, name)  # never touch a broken file
                 meta = doc.get("profile")
                 if isinstance(meta, MutableMapping):
                     meta["last_used"] = when

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from textual.message import Message
 
+from engine.monitor_state import Snapshot as MonitorSnapshot
 from engine.plan import Plan
 
 
@@ -82,3 +83,27 @@ class StepChanged(Message):
     """The wizard moved to step ``step``."""
 
     step: str
+
+
+# ---- monitor (owned by the monitor screen; posted from its reader thread) -------------------
+
+
+@dataclass
+class RankLinesReceived(Message):
+    """A batch of output arrived: ``lines`` per rank, ``node_items`` (rank, line) per node in
+    arrival order, ``nccl`` the (rank, line) pairs for the NCCL pane, and the rank states after
+    the batch. One message per 50-250 ms, never one per line."""
+
+    lines: dict[int, list[str]]
+    node_items: dict[int, list[tuple[int | None, str]]]
+    nccl: list[tuple[int | None, str]]
+    snapshot: MonitorSnapshot
+    count: int
+
+
+@dataclass
+class RunFinished(Message):
+    """The watched source will send nothing more (``state``: succeeded, failed, stopped…)."""
+
+    state: str
+    message: str

@@ -9,6 +9,8 @@ available"), never as a traceback.
 from __future__ import annotations
 
 import importlib
+import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -81,15 +83,29 @@ def make_plan(spec: Spec) -> Plan:
     return result
 
 
+def _writers() -> ModuleType:
+    try:
+        return _module("engine.writers", "config writers")
+    except Unavailable:
+        return _module("engine.writers.bundle", "config writers")
+
+
 def render_bundle(plan: Plan) -> dict[str, str]:
     """File name -> text of every bundle file, as the writers would write them."""
-    files: Mapping[str, str] = _func("engine.writers", "render_bundle", "config writers")(plan)
-    return dict(files)
+    fn = getattr(_writers(), "render_bundle", None)
+    if fn is None:
+        raise Unavailable("config writers not available (render_bundle is missing)")
+    files: Mapping[str, Any] = fn(plan)
+    return {name: f if isinstance(f, str) else str(f.text) for name, f in files.items()}
 
 
-def write_bundle(plan: Plan, out: Path) -> Any:
-    """Write the bundle atomically into ``out``; returns whatever the writers report."""
-    return _func("engine.writers", "write_bundle", "config writers")(plan, out)
+def write_bundle(plan: Plan, out: Path, *, force: bool = False) -> Any:
+    """Write the bundle atomically into ``out``; returns the writers' report. Refuses (one
+    line) to replace files the user edited unless ``force`` (then they are backed up)."""
+    fn = getattr(_writers(), "write_bundle", None)
+    if fn is None:
+        raise Unavailable("config writers not available (write_bundle is missing)")
+    return fn(plan, out, force=force)
 
 
 def load_profile_spec(name: str, config_dir: Path | None) -> Spec:
@@ -97,3 +113,39 @@ def load_profile_spec(name: str, config_dir: Path | None) -> Spec:
     store_cls = _func("profiles.store", "ProfileStore", "profiles")
     spec: Spec = store_cls(config_dir).load(name).spec
     return spec
+
+
+def start_run(spec: Spec, bundle_dir: Path, run_root: Path | None) -> tuple[Any, Path]:
+    """A launch backend for the bundle in ``bundle_dir``, not started yet (the monitor starts
+    it and watches it), and its run directory under ``run_root`` (None: the engine's default)."""
+    launch = _module("engine.launch", "launch backends")
+    base = _module("engine.launch.base", "launch backends")
+    from engine.bundle import read_manifest
+
+    sl = spec.launch
+    options = base.LaunchOptions(
+        hosts=sl.parsed_hosts(),
+        identity_file=sl.identity_file,
+        known_hosts=sl.known_hosts,
+        remote_workdir=sl.remote_workdir,
+        remote_setup=sl.remote_setup,
+        hang_timeout_s=sl.hang_timeout_s,
+        nccl_debug=sl.nccl_debug,
+        nccl_debug_subsys=sl.nccl_debug_subsys,
+        env=dict(sl.env),
+        sky_cluster=sl.sky_cluster,
+        sky_cloud=sl.sky_cloud,
+        sky_down=sl.sky_down,
+        sky_autostop_min=sl.sky_autostop_min,
+    )
+    run_dir: Path | None = None
+    if run_root is not None:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", read_manifest(bundle_dir).name).strip("-.") or "run"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = run_root / f"{stamp}-{name}"
+        n = 1
+        while run_dir.exists():
+            n += 1
+            run_dir = run_root / f"{stamp}-{name}-{n}"
+    backend = launch.make_backend(sl.backend.value, bundle_dir, run_dir, options)
+    return backend, Path(backend.run.path)

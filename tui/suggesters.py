@@ -30,7 +30,11 @@ def complete_path(value: str) -> str | None:
     except (OSError, ValueError):
         return None
     for name in names:
-        if name.startswith(tail) and name != tail and (tail.startswith(".") or not name.startswith(".")):
+        if (
+            name.startswith(tail)
+            and name != tail
+            and (tail.startswith(".") or not name.startswith("."))
+        ):
             suffix = name[len(tail) :]
             if (directory / name).is_dir():
                 suffix += "/"

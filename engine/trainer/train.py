@@ -275,6 +275,11 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
     strategy = str(cfg.get("sharding_strategy", "FULL_SHARD")).upper()
     if cfg.get("activation_checkpointing"):
         model.recompute = True
+    if version == 1 and device.type != "cuda":
+        # FSDP1 refuses to run without an accelerator; FSDP2 (fully_shard) shards the same way on CPU.
+        if dist.get_rank() == 0:
+            log("FSDP1 needs a GPU: running FSDP2 (fully_shard) with the same sharding on CPU")
+        version = 2
     if version == 2:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -437,8 +442,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     log(f"done steps={c.steps} time_s={time.perf_counter() - t_start:.3f}")
     if dist.is_initialized():
-        with contextlib.suppress(Exception):
-            dist.barrier()
         dist.destroy_process_group()
     return 0
 

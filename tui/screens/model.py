@@ -17,7 +17,7 @@ from engine.errors import DtrainError, one_line
 from engine.specs import ModelDims, ModelSpec
 from tui import services
 from tui.format import count
-from tui.screens.step import StepPane
+from tui.screens.step import StepPane, set_text
 from tui.suggesters import PathSuggester
 from tui.widgets.field_row import FieldRow
 
@@ -86,7 +86,13 @@ class ModelStep(StepPane):
                 )
             with TabPane("Dimensions", id="src-dims"):
                 for name, label in _DIM_LABELS.items():
-                    yield FieldRow(name, label, placeholder="" if name in ("layers", "hidden", "heads", "vocab") else "optional")
+                    yield FieldRow(
+                        name,
+                        label,
+                        placeholder=""
+                        if name in ("layers", "hidden", "heads", "vocab")
+                        else "optional",
+                    )
             with TabPane("Param count", id="src-count"):
                 yield FieldRow("params", "Parameters", placeholder="e.g. 7B, 350M or 1.3e9")
 
@@ -133,7 +139,9 @@ class ModelStep(StepPane):
                 label.append(f"  {desc}", style="dim")
             ol.add_option(Option(label, id=name))
         if not matches:
-            ol.add_option(Option(Text(f"no preset matches {query!r}", style="italic"), disabled=True))
+            ol.add_option(
+                Option(Text(f"no preset matches {query!r}", style="italic"), disabled=True)
+            )
             return
         names = [n for n, _ in matches]
         if self.selected_preset in names:
@@ -212,7 +220,9 @@ class ModelStep(StepPane):
         elif source == "src-config":
             data, errs = self.read_fields({"config_path": "str"})
             if "config_path" not in data and not errs:
-                errs["config_path"] = "type the path of a Hugging Face config.json (or its directory)"
+                errs["config_path"] = (
+                    "type the path of a Hugging Face config.json (or its directory)"
+                )
         elif source == "src-count":
             data, errs = self.read_fields({"params": "count"})
             if "params" not in data and not errs:
@@ -225,7 +235,7 @@ class ModelStep(StepPane):
         summary = self.query_one("#model-summary", Static)
         self.dims = None
         if model is None:
-            summary.update("")
+            set_text(summary, "")
             return problems
         assert isinstance(model, ModelSpec)
         try:
@@ -235,16 +245,16 @@ class ModelStep(StepPane):
             rows = self.rows()
             if name in rows and rows[name].display:
                 rows[name].set_error(e.message)
-            summary.update(f"✗ {e}")
+            set_text(summary, f"✗ {e}")
             return [str(e)]
         except services.Unavailable as e:
-            summary.update(f"{e}; the planner resolves the model later")
+            set_text(summary, f"{e}; the planner resolves the model later")
         except Exception as e:  # noqa: BLE001 - odd input must not crash the wizard
             msg = one_line(e) or type(e).__name__
-            summary.update(f"✗ {msg}")
+            set_text(summary, f"✗ {msg}")
             return [msg]
         else:
-            summary.update(summarize(self.dims))
+            set_text(summary, summarize(self.dims))
         self.dtrain.set_section("model", model)
         return []
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from pydantic import BaseModel, ValidationError
 from textual.containers import VerticalScroll
 from textual.widget import Widget
-from textual.widgets import Input, Select
+from textual.widgets import Input, Select, Static
 
 from engine.errors import DtrainError, one_line
 from tui.messages import StepValidated
@@ -62,6 +62,10 @@ class StepPane(VerticalScroll):
 
     # --- shared machinery ---------------------------------------------------------------------
     def on_mount(self) -> None:
+        self.reload()
+
+    def reload(self) -> None:
+        """Refill the fields from the app's spec and validate them."""
         self._loading = True
         try:
             self.load()
@@ -148,6 +152,14 @@ class StepPane(VerticalScroll):
                 general.append(f"{name}: {msg}")
         problems = [f"{n}: {m}" for n, m in errs.items() if n in rows] + general
         return (model if not problems else None), problems
+
+
+def set_text(widget: Static, text: str) -> None:
+    """Update a Static only when its text changes: an update re-lays out the screen, and
+    steps re-validate on every key."""
+    if getattr(widget, "_dtrain_text", None) != text:
+        widget._dtrain_text = text  # type: ignore[attr-defined]
+        widget.update(text)
 
 
 def clean_message(msg: str) -> str:

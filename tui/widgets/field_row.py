@@ -10,7 +10,7 @@ from textual.widgets import Input, Label, Static
 
 
 class FieldRow(Widget):
-    """``label  [input]`` plus an error line (shown only when invalid) and an optional hint.
+    """``label  [input]`` plus an error line, shown only when the value is invalid.
 
     The input's id is ``f-<name>``, so a step finds its fields by spec field name."""
 
@@ -22,8 +22,6 @@ class FieldRow(Widget):
     FieldRow .field-error { color: $text-error; padding-left: 20; height: auto; display: none; }
     FieldRow.-invalid .field-error { display: block; }
     FieldRow.-invalid .field-label { color: $text-error; }
-    FieldRow .field-hint { color: $text-muted; padding-left: 20; height: auto; display: none; }
-    FieldRow.-hinted .field-hint { display: block; }
     """
 
     def __init__(
@@ -43,6 +41,7 @@ class FieldRow(Widget):
         self._placeholder = placeholder
         self._suggester = suggester
         self._max_length = max_length
+        self._error: str | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -57,7 +56,6 @@ class FieldRow(Widget):
                 select_on_focus=False,
             )
         yield Static("", classes="field-error", markup=False)
-        yield Static("", classes="field-hint", markup=False)
 
     @property
     def input(self) -> Input:
@@ -72,13 +70,14 @@ class FieldRow(Widget):
         self.input.value = text
 
     def set_error(self, message: str | None) -> None:
+        message = message or None
+        if message == self._error:
+            return  # typing re-validates on every key: touch the DOM only on a change
+        self._error = message
         self.set_class(bool(message), "-invalid")
         self.query_one(".field-error", Static).update(f"✗ {message}" if message else "")
 
     @property
     def error(self) -> str:
-        return str(self.query_one(".field-error", Static).content) if self.has_class("-invalid") else ""
-
-    def set_hint(self, text: str | None) -> None:
-        self.set_class(bool(text), "-hinted")
-        self.query_one(".field-hint", Static).update(text or "")
+        """The message shown under the field ("" when valid)."""
+        return self._error or ""

@@ -68,7 +68,9 @@ class FlowChart(Widget):
                 style = "dim"
             chart.append(text, style=style.strip())
             if on_path and is_outcome:
-                chart.append(f"  ◀ {lay.strategy.value}", style=f"bold {v.get('success', '')}".strip())
+                chart.append(
+                    f"  ◀ {lay.strategy.value}", style=f"bold {v.get('success', '')}".strip()
+                )
             chart.append("\n")
         extras = [
             ("MoE model? → expert parallel (EP)", lay.ep > 1, f"ep={lay.ep}"),

@@ -51,7 +51,9 @@ class MemoryBars(Widget):
         width = max(self.size.width, _LABEL_W + _VALUE_W + 6)
         bar_w = max(width - _LABEL_W - _VALUE_W - 1, 4)
         scale = max(self.gpu_memory, mem.total, 1)
-        colours = [v.get(k, "") for k in ("primary", "secondary", "accent", "warning", "foreground")]
+        colours = [
+            v.get(k, "") for k in ("primary", "secondary", "accent", "warning", "foreground")
+        ]
         out = Text(no_wrap=True, overflow="ellipsis")
         out.append(describe(lay) + "\n", style="dim")
         for part, colour in zip(_PARTS, colours, strict=True):

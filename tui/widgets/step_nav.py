@@ -32,6 +32,8 @@ class StepNav(Widget):
         self.pending: set[str] = set()
 
     def set_state(self, current: str, invalid: dict[str, bool], pending: set[str]) -> None:
+        if (current, invalid, pending) == (self.current, self.invalid, self.pending):
+            return
         self.current = current
         self.invalid = dict(invalid)
         self.pending = set(pending)

@@ -1,0 +1,86 @@
+"""``dtrain-tui write``: plan the spec and write the run bundle (configs, node scripts, env,
+SkyPilot task, README) to ``--out DIR``, printing one line per file.
+
+A file in DIR that the user changed (or that dtrain-tui never wrote) is never replaced silently:
+without ``--force`` the command writes nothing and names the files; with ``--force`` each is
+kept as ``NAME.bak-<UTC time>`` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from engine.cli.spec_options import add_spec_options, spec_from_args
+from engine.errors import DtrainError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from engine.writers.ds_config import Scheduler
+
+    p = sub.add_parser(
+        "write",
+        help="write the run bundle (configs, launch scripts, env, sky.yaml) for a spec",
+        description=(
+            "Plan the spec and write every file the run needs into --out DIR. Files you edited "
+            "are never replaced silently: without --force nothing is written and they are named."
+        ),
+    )
+    add_spec_options(p, launch=True)
+    g = p.add_argument_group("output")
+    g.add_argument("--out", type=Path, metavar="DIR", help="bundle directory (created if missing)")
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="replace files you changed, keeping each as NAME.bak-<UTC time>",
+    )
+    g.add_argument(
+        "--print",
+        dest="print_file",
+        metavar="FILE",
+        help="print one bundle file (e.g. ds_config.json, launch_node0.sh) and write nothing",
+    )
+    g.add_argument(
+        "--scheduler",
+        choices=[s.value for s in Scheduler],
+        default=Scheduler.NONE.value,
+        help="LR scheduler in ds_config.json (DeepSpeed plans): warmup or warmup-decay",
+    )
+    g.add_argument("--warmup-steps", type=int, metavar="N", help="scheduler warm-up steps")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.planner import plan
+    from engine.writers.bundle import WriteOptions, render_bundle, write_bundle
+    from engine.writers.common import plan_summary
+    from engine.writers.ds_config import Scheduler
+
+    if args.print_file is None and args.out is None:
+        raise DtrainError("say where to write: pass --out DIR (or --print FILE)", field="--out")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        raise DtrainError("must be 0 or more", field="--warmup-steps")
+    spec = spec_from_args(args)
+    the_plan = plan(spec)
+    options = WriteOptions(scheduler=Scheduler(args.scheduler), warmup_steps=args.warmup_steps)
+    if args.print_file is not None:
+        files = render_bundle(the_plan, options)
+        f = files.get(args.print_file)
+        if f is None:
+            raise DtrainError(
+                f"this bundle has no {args.print_file!r}; it has {', '.join(files)}",
+                field="--print",
+            )
+        sys.stdout.write(f.text)
+        return 0
+    out = Path(args.out)
+    report = write_bundle(the_plan, out, force=args.force, options=options)
+    print(f"plan: {plan_summary(the_plan)}")
+    for w in the_plan.warnings:
+        print(f"warning: {w}")
+    print(f"bundle: {out}")
+    for line in report.lines():
+        print(f"  {line}")
+    print(f"start it: dtrain-tui launch {out}   (or by hand: {out}/launch_node0.sh)")
+    return 0

@@ -1,0 +1,520 @@
+"""One interface for every way of starting a run (local torchrun, SSH, SkyPilot).
+
+:class:`Backend` implements :class:`engine.events.EventSource`. Its public ``start`` / ``poll`` /
+``stop`` add what every backend needs around the subclass's ``_start`` / ``_kill_node`` (as
+SkyPilot's own backends wrap ``_provision`` / ``_execute``): timing, turning any failure into one
+:class:`LaunchError` line, the run directory, splitting lines per rank, per-rank exit codes, the
+fault policy and the final state. Subclasses only start nodes and hand over their byte streams;
+they know nothing of widgets.
+
+Fault policy: the first rank that exits non-zero, a node whose connection drops, or a run silent
+for ``hang_timeout_s`` ends the run ``failed`` (naming rank, node and host) and every other node is
+stopped; ``stop()`` (Ctrl-C) ends it ``stopped``; it is ``succeeded`` only when every rank exited 0.
+
+Per-rank exit codes come from torchrun: when a node's torchrun exits 0 every local rank exited 0;
+otherwise torchrun's ``ChildFailedError`` table (``rank : R (local_rank: L)`` / ``exitcode : C``,
+printed on the node's stderr) gives each failed rank's code (negative for a signal), and the
+``Root Cause`` entry names the rank that failed first.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.bundle import BundleManifest, read_manifest
+from engine.errors import DtrainError
+from engine.events import STDERR, STDOUT, Event, LineEvent, RankExit, RunStateChanged
+from engine.launch.rundir import FINAL_STATES, RunDir, default_run_dir, iso
+from engine.specs import Host
+
+# torchrun --tee 3: "[default<local_rank>]:" before each line of a rank.
+_TEE_RE = re.compile(rb"^\[default(\d+)\]:")
+_TABLE_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_TABLE_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_TABLE_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
+# Seconds between SIGTERM and SIGKILL when stopping a node.
+STOP_GRACE_S = 5.0
+SUPERVISE_INTERVAL_S = 0.1
+
+
+class LaunchError(DtrainError):
+    """A launch could not start or went wrong; the message names node and host."""
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "unknown exit"
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class LaunchOptions:
+    """How to launch, besides the bundle: built from a LaunchSpec plus command-line flags.
+    Never holds a secret: key files by path."""
+
+    hosts: list[Host] = field(default_factory=list)
+    identity_file: Path | None = None
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
+    remote_workdir: str = "~/dtrain-runs"
+    remote_setup: str | None = None
+    hang_timeout_s: float = 300.0
+    nccl_debug: str | None = None
+    nccl_debug_subsys: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    master_port: int | None = None
+    """Rendezvous port; None: the bundle's (a free one for local runs)."""
+    script_args: list[str] = field(default_factory=list)
+    """Extra arguments appended to every node script (passed to the training script)."""
+    ssh_config: Path | None = None
+    """OpenSSH client config; None: ~/.ssh/config when it exists."""
+    connect_timeout_s: float = 15.0
+    sky_cluster: str | None = None
+    sky_down: bool = False
+    sky_autostop_min: int | None = None
+    sky_cloud: str | None = None
+
+
+@dataclass
+class NodeState:
+    node: int
+    host: str
+    exit_code: int | None = None
+    finished: bool = False
+    lost: str = ""
+    """Why the node was lost (connection dropped), or empty."""
+    open_streams: int = 0
+    table_rank: int | None = None
+    root_cause: bool = False
+    rank_exits: dict[int, int] = field(default_factory=dict)
+    root_rank: int | None = None
+
+
+class Backend(ABC):
+    """Abstract launch backend. Use: ``start()``, then ``poll()`` until ``done``; ``stop()``."""
+
+    name = "base"
+
+    def __init__(
+        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
+    ) -> None:
+        self.bundle_dir = Path(bundle_dir)
+        self.options = options or LaunchOptions()
+        self.manifest: BundleManifest = read_manifest(self.bundle_dir)
+        self.run = RunDir(run_dir or default_run_dir(self.manifest.name))
+        self.run_id = f"{self.run.path.name}-{int(time.time() * 1000) % 10**8}"
+        self._events: list[Event] = []
+        self._cond = threading.Condition()
+        self._nodes: list[NodeState] = []
+        self._state = "starting"
+        self._final = threading.Event()
+        self._stop_requested = False
+        self._failure: tuple[int | None, int | None, str] | None = None  # (rank, node, reason)
+        self._last_activity = time.monotonic()
+        self._supervisor: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self.start_time_s: float | None = None
+        """Seconds ``start()`` took (connect + upload + start on every node)."""
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def hosts(self) -> list[str]:
+        """Display name of each node's host, in node-rank order."""
+        return [str(h) for h in self.options.hosts] or ["localhost"] * self.manifest.nodes
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def done(self) -> bool:
+        with self._cond:
+            return self._final.is_set() and not self._events
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        m = self.manifest
+        hosts = self.hosts
+        if len(hosts) != m.nodes:
+            raise LaunchError(
+                f"{len(hosts)} host(s) given for a {m.nodes}-node bundle; pass one host per node",
+                field="--hosts",
+            )
+        self.run.create(self.bundle_dir)
+        self._nodes = [NodeState(node=i, host=hosts[i]) for i in range(m.nodes)]
+        ranks = [
+            {
+                "rank": n * m.gpus_per_node + lr,
+                "node_rank": n,
+                "local_rank": lr,
+                "host": hosts[n],
+                "exit_code": None,
+            }
+            for n in range(m.nodes)
+            for lr in range(m.gpus_per_node)
+        ]
+        now = time.time()
+        self.run.update(
+            name=m.name,
+            run_id=self.run_id,
+            backend=self.name,
+            state="starting",
+            started_at=iso(now),
+            ended_at=None,
+            nodes=m.nodes,
+            gpus_per_node=m.gpus_per_node,
+            world_size=m.world_size,
+            dist_backend=m.dist_backend,
+            framework=m.framework,
+            hosts=hosts,
+            ranks=ranks,
+            failed_rank=None,
+            failed_node=None,
+            reason="",
+        )
+        self._emit(RunStateChanged("starting", f"starting {m.world_size} ranks on {m.nodes} node(s)", time.time()))
+        try:
+            self._start()
+        except BaseException as e:
+            self._teardown_after_failed_start()
+            msg = str(e) if isinstance(e, DtrainError) else f"{type(e).__name__}: {e}"
+            self._finish("failed", msg)
+            if isinstance(e, LaunchError):
+                raise
+            if isinstance(e, DtrainError):
+                raise LaunchError(e.message, field=e.field) from None
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise LaunchError(msg) from None
+        self.start_time_s = time.monotonic() - t0
+        self._last_activity = time.monotonic()
+        self.run.update(state="running")
+        self._state = "running"
+        self._emit(RunStateChanged("running", f"started in {self.start_time_s:.2f}s", time.time()))
+        self._supervisor = threading.Thread(target=self._supervise, name="dtrain-supervise", daemon=True)
+        self._supervisor.start()
+
+    def poll(self, timeout: float) -> list[Event]:
+        with self._cond:
+            if not self._events and not self._final.is_set():
+                self._cond.wait(timeout)
+            out, self._events = self._events, []
+            return out
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM to each process group, SIGKILL after a grace period) and end
+        the run ``stopped`` unless it already ended. Idempotent."""
+        if self._final.is_set() or not self._nodes:
+            return
+        self._stop_requested = True
+        self._kill_all("stopped by the user")
+        self._final.wait(STOP_GRACE_S + 10)
+        if not self._final.is_set():
+            self._finish("stopped", "stopped by the user")
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the run ends; returns the final state."""
+        self._final.wait(timeout)
+        return self._state
+
+    def exit_code(self) -> int:
+        """0 only when every rank exited 0."""
+        return 0 if self._state == "succeeded" else 1
+
+    # ------------------------------------------------------------------ for subclasses
+
+    @abstractmethod
+    def _start(self) -> None:
+        """Start every node (all or nothing); call :meth:`_add_stream` for each output stream."""
+
+    @abstractmethod
+    def _kill_node(self, node: int, reason: str) -> None:
+        """Stop everything of the run on ``node`` (process group, then leftovers). Idempotent."""
+
+    @abstractmethod
+    def _node_exit(self, node: int) -> tuple[bool, int | None]:
+        """(finished, exit code) of the node's launch script."""
+
+    def _teardown_after_failed_start(self) -> None:
+        """Undo a half-done start (kill what was started, close connections)."""
+
+    def _control_line(self, node: int, stream: str, line: bytes) -> bool:
+        """Hook: consume a backend control line (not logged); True when consumed."""
+        return False
+
+    def _close(self) -> None:
+        """Release resources (connections) after the run ended."""
+
+    def _node_lost(self, node: int, reason: str) -> None:
+        """A subclass reports a node it can no longer reach."""
+        st = self._nodes[node]
+        if not st.lost:
+            st.lost = reason
+
+    # ------------------------------------------------------------------ stream handling
+
+    def _add_stream(self, node: int, stream: str, read: Callable[[], bytes]) -> None:
+        """Pump ``read()`` (bytes, b"" at EOF) on a thread: split lines, attribute ranks, write the
+        run dir, then queue the events."""
+        self._nodes[node].open_streams += 1
+        t = threading.Thread(
+            target=self._pump, args=(node, stream, read), name=f"dtrain-n{node}-{stream}", daemon=True
+        )
+        self._threads.append(t)
+        t.start()
+
+    def _pump(self, node: int, stream: str, read: Callable[[], bytes]) -> None:
+        tail = b""
+        try:
+            while True:
+                try:
+                    chunk = read()
+                except Exception as e:  # noqa: BLE001 - a dropped connection ends this stream
+                    self._node_lost(node, f"connection lost: {e}")
+                    chunk = b""
+                if not chunk:
+                    if tail:
+                        self._ingest(node, stream, [tail])
+                    break
+                data = tail + chunk
+                parts = data.split(b"\n")
+                tail = parts.pop()
+                if parts:
+                    self._ingest(node, stream, parts)
+        finally:
+            with self._cond:
+                self._nodes[node].open_streams -= 1
+
+    def _ingest(self, node: int, stream: str, lines: list[bytes]) -> None:
+        m = self.manifest
+        host = self._nodes[node].host
+        ts = time.time()
+        per_target: dict[int | None, list[bytes]] = {}
+        events: list[Event] = []
+        base = node * m.gpus_per_node
+        for raw in lines:
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if self._control_line(node, stream, raw):
+                continue
+            mt = _TEE_RE.match(raw)
+            if mt:
+                rank: int | None = base + int(mt.group(1))
+                body = raw[mt.end() :]
+            else:
+                rank = None
+                body = raw
+                self._scan_table(node, body)
+            per_target.setdefault(rank, []).append(body + b"\n")
+            events.append(
+                LineEvent(node, rank, stream, body.decode("utf-8", "replace"), ts, host)
+            )
+        for rank, chunks in per_target.items():
+            self.run.append(node, rank, stream, b"".join(chunks))
+        self._last_activity = time.monotonic()
+        self._emit_many(events)
+
+    def _scan_table(self, node: int, body: bytes) -> None:
+        """Follow torchrun's ChildFailedError table in a node's unattributed lines."""
+        if b"rank" not in body and b"exitcode" not in body and b"Root Cause" not in body and b"Failures:" not in body:
+            return
+        st = self._nodes[node]
+        text = body.decode("utf-8", "replace")
+        if "Root Cause" in text:
+            st.root_cause = True
+            return
+        if text.startswith("Failures:"):
+            st.root_cause = False
+            return
+        mr = _TABLE_RANK_RE.match(text)
+        if mr:
+            st.table_rank = int(mr.group(1))
+            if st.root_cause:
+                st.root_rank = st.table_rank
+            return
+        me = _TABLE_EXIT_RE.match(text)
+        if me and st.table_rank is not None:
+            st.rank_exits[st.table_rank] = int(me.group(1))
+            st.table_rank = None
+
+    def _emit(self, ev: Event) -> None:
+        self._emit_many([ev])
+
+    def _emit_many(self, evs: list[Event]) -> None:
+        if not evs:
+            return
+        with self._cond:
+            self._events.extend(evs)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ supervision
+
+    def _supervise(self) -> None:
+        try:
+            while not self._final.is_set():
+                self._check_nodes()
+                if self._final.is_set():
+                    break
+                time.sleep(SUPERVISE_INTERVAL_S)
+        except Exception as e:  # noqa: BLE001 - never leave a run without a final state
+            self._fail(None, None, f"internal error while supervising: {type(e).__name__}: {e}")
+            self._finish("failed", str(e))
+
+    def _check_nodes(self) -> None:
+        m = self.manifest
+        all_done = True
+        for st in self._nodes:
+            if st.finished:
+                continue
+            finished, code = self._node_exit(st.node)
+            with self._cond:
+                streams_open = st.open_streams
+            if st.lost and not finished:
+                self._fail(None, st.node, f"node {st.node} ({st.host}): {st.lost}")
+                finished, code = True, None
+            if not finished or (streams_open > 0 and not st.lost):
+                all_done = False
+                continue
+            st.finished, st.exit_code = True, code
+            self._node_finished(st)
+        if not all_done and self._failure is None and not self._stop_requested:
+            silent = time.monotonic() - self._last_activity
+            if silent > self.options.hang_timeout_s:
+                self._fail(
+                    None,
+                    None,
+                    f"hang: no output from any rank for {silent:.0f}s "
+                    f"(--hang-timeout {self.options.hang_timeout_s:g})",
+                )
+        if all_done:
+            if self._stop_requested and self._failure is None:
+                self._finish("stopped", "stopped by the user")
+            elif self._failure is not None:
+                self._finish("failed", self._failure[2])
+            else:
+                bad = [r for r in self.run.info.get("ranks", []) if r["exit_code"] != 0]
+                if bad:
+                    r = bad[0]
+                    self._failure = (r["rank"], r["node_rank"], f"rank {r['rank']} exited with {describe_exit(r['exit_code'])}")
+                    self.run.update(failed_rank=r["rank"], failed_node=r["node_rank"])
+                    self._finish("failed", self._failure[2])
+                else:
+                    self._finish("succeeded", f"all {m.world_size} ranks exited 0")
+
+    def _node_finished(self, st: NodeState) -> None:
+        m = self.manifest
+        base = st.node * m.gpus_per_node
+        killed_by_us = self._stop_requested or (self._failure is not None and self._failure[1] != st.node)
+        for lr in range(m.gpus_per_node):
+            rank = base + lr
+            reason = ""
+            if st.exit_code == 0:
+                code: int | None = 0
+            elif rank in st.rank_exits:
+                code = st.rank_exits[rank]
+            elif st.lost:
+                code, reason = None, st.lost
+            else:
+                code = None
+                reason = "stopped" if killed_by_us else f"node exited with {describe_exit(st.exit_code)}"
+            self.run.set_rank_exit(rank, code, reason)
+            self._emit(RankExit(st.node, rank, code, time.time(), st.host, reason))
+        if st.exit_code != 0 and not killed_by_us and self._failure is None:
+            root = st.root_rank
+            if root is None:
+                nonzero = [r for r, c in sorted(st.rank_exits.items()) if c != 0]
+                root = nonzero[0] if nonzero else None
+            if root is not None:
+                code = st.rank_exits.get(root)
+                self._fail(
+                    root,
+                    st.node,
+                    f"rank {root} on node {st.node} ({st.host}) exited with {describe_exit(code)}",
+                )
+            else:
+                self._fail(
+                    None,
+                    st.node,
+                    f"node {st.node} ({st.host}) launch script exited with {describe_exit(st.exit_code)}",
+                )
+
+    def _fail(self, rank: int | None, node: int | None, reason: str) -> None:
+        if self._failure is not None or self._final.is_set():
+            return
+        self._failure = (rank, node, reason)
+        self.run.update(failed_rank=rank, failed_node=node, reason=reason)
+        self._emit(
+            LineEvent(node if node is not None else 0, None, STDERR, f"[dtrain-tui] {reason}; stopping the other ranks", time.time())
+        )
+        self._kill_all(reason)
+
+    def _kill_all(self, reason: str) -> None:
+        threads = [
+            threading.Thread(target=self._safe_kill, args=(st.node, reason), daemon=True)
+            for st in self._nodes
+            if not st.finished
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(STOP_GRACE_S + 10)
+
+    def _safe_kill(self, node: int, reason: str) -> None:
+        try:
+            self._kill_node(node, reason)
+        except Exception as e:  # noqa: BLE001 - report, keep stopping the others
+            self._emit(LineEvent(node, None, STDERR, f"[dtrain-tui] could not stop node {node}: {e}", time.time()))
+
+    def _finish(self, state: str, message: str) -> None:
+        with self._cond:
+            if self._final.is_set():
+                return
+            self._state = state
+        for t in self._threads:
+            t.join(2.0)
+        fr = self._failure
+        fields: dict[str, Any] = {"state": state, "ended_at": iso(time.time()), "reason": message}
+        if fr is not None:
+            fields.update(failed_rank=fr[0], failed_node=fr[1])
+        self.run.update(**fields)
+        self.run.close()
+        try:
+            self._close()
+        finally:
+            failed = (fr[0],) if fr is not None and fr[0] is not None else ()
+            self._emit(RunStateChanged(state, message, time.time(), failed))
+            self._final.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------------ helpers
+
+    def node_env(self) -> dict[str, str]:
+        """Environment every node's script gets (besides the bundle's nccl.env)."""
+        env = dict(self.options.env)
+        env["DTRAIN_RUN_ID"] = self.run_id
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.options.nccl_debug:
+            env["NCCL_DEBUG"] = self.options.nccl_debug
+        if self.options.nccl_debug_subsys:
+            env["NCCL_DEBUG_SUBSYS"] = self.options.nccl_debug_subsys
+        if self.options.master_port:
+            env["MASTER_PORT"] = str(self.options.master_port)
+        return env
+
+
+STREAMS = (STDOUT, STDERR)

@@ -1,0 +1,178 @@
+"""Local backend: run every node's launch script on this machine (a multi-node bundle becomes a
+local multi-node simulation over 127.0.0.1).
+
+Each node script runs from the run directory's copy of the bundle, in its own session
+(``start_new_session``) so ``stop`` can signal the whole tree. torchrun starts its ranks in
+sessions of their own, so stopping is: SIGTERM to the script's process group (torchrun forwards
+it to its ranks), SIGKILL after a grace period, then SIGKILL to any process still carrying this
+run's ``DTRAIN_RUN_ID`` in its environment (found through /proc): nothing of the run survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.events import STDERR, STDOUT
+from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (bind port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_torchrun() -> str:
+    """torchrun next to this Python (the venv's), else on PATH."""
+    cand = Path(sys.executable).with_name("torchrun")
+    if cand.exists():
+        return str(cand)
+    return shutil.which("torchrun") or "torchrun"
+
+
+def pids_with_env(key: str, value: str) -> list[int]:
+    """Processes of this user whose environment holds ``key=value`` (Linux /proc)."""
+    needle = f"{key}={value}".encode()
+    out: list[int] = []
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            out.append(int(entry.name))
+    return out
+
+
+def kill_run_processes(run_id: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal every process tagged with ``DTRAIN_RUN_ID=run_id``; returns their pids."""
+    pids = pids_with_env("DTRAIN_RUN_ID", run_id)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return pids
+
+
+class LocalBackend(Backend):
+    """torchrun on this machine, one launch script per node."""
+
+    name = "local"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def hosts(self) -> list[str]:
+        return ["localhost"] * self.manifest.nodes
+
+    def _start(self) -> None:
+        m = self.manifest
+        env = os.environ.copy()
+        env.update(self.node_env())
+        env.setdefault("TORCHRUN", find_torchrun())
+        if "TORCHRUN" in os.environ:
+            env["TORCHRUN"] = os.environ["TORCHRUN"]
+        env["MASTER_ADDR"] = "127.0.0.1"
+        if not self.options.master_port:
+            env["MASTER_PORT"] = str(free_port())
+        # The venv's bin first so `python`/`torchrun` in a script are this installation's.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        shown = {k: env[k] for k in sorted(set(self.node_env()) | {"MASTER_ADDR", "MASTER_PORT", "TORCHRUN"})}
+        for i, script in enumerate(m.node_scripts):
+            path = self.run.bundle / script
+            if not path.is_file():
+                raise LaunchError(f"node {i}: {script} is missing from the bundle", field="bundle")
+            argv = ["bash", script]
+            self.run.write_command(
+                i,
+                f"cd {shlex.quote(str(self.run.bundle))} && env "
+                + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+                + " "
+                + shlex.join(argv),
+            )
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.run.bundle,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            self._procs.append(proc)
+            assert proc.stdout is not None and proc.stderr is not None
+            for stream, pipe in ((STDOUT, proc.stdout), (STDERR, proc.stderr)):
+                fd = pipe.fileno()
+                self._add_stream(i, stream, lambda fd=fd: os.read(fd, 65536))
+
+    def _node_exit(self, node: int) -> tuple[bool, int | None]:
+        code = self._procs[node].poll()
+        return code is not None, code
+
+    def _kill_node(self, node: int, reason: str) -> None:
+        proc = self._procs[node]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        # Ranks live in sessions of their own: catch anything of this run still alive.
+        self._sweep_node(node)
+
+    def _sweep_node(self, node: int) -> None:
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            left = [p for p in pids_with_env("DTRAIN_RUN_ID", self.run_id) if _node_of(p) in (node, None)]
+            if not left:
+                return
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+            time.sleep(0.2)
+        for pid in pids_with_env("DTRAIN_RUN_ID", self.run_id):
+            if _node_of(pid) in (node, None):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def _teardown_after_failed_start(self) -> None:
+        for i in range(len(self._procs)):
+            self._kill_node(i, "start failed")
+
+    def _close(self) -> None:
+        for p in self._procs:
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(1)
+        kill_run_processes(self.run_id)
+
+
+def _node_of(pid: int) -> int | None:
+    """GROUP_RANK (torchrun's node rank) from a process's environment, if it has one."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"GROUP_RANK="):
+                    return int(item[11:])
+    except (OSError, ValueError):
+        return None
+    return None

@@ -1,0 +1,186 @@
+"""Local backend, for real: torchrun over gloo on CPU with the shipped example trainer.
+
+Each run is a few seconds of torch start-up, so cases are combined: one test per bundle kind
+checks tagging, run directory, run.json and the CLI's output together."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.events import LineEvent, RankExit, RunStateChanged
+from engine.launch import LaunchOptions
+from engine.launch.local import LocalBackend
+from engine.launch.rundir import read_run
+from tests.e2e.launch_util import collect, make_bundle, rank_pid, wait_no_pids, write_bundle
+
+pytestmark = pytest.mark.slow
+
+STEP_RE = re.compile(r"^\[dtrain\] step=(\d+)/(\d+) loss=\S+ tokens_per_s=\S+ step_time_s=\S+ mem_gb=\S+$")
+
+
+def _steps(lines: list[str]) -> list[int]:
+    return [int(m.group(1)) for line in lines if (m := STEP_RE.match(line))]
+
+
+def _torchrun_own_log(run: Path, local_rank: int) -> list[str]:
+    """torchrun's own per-rank copy (--log-dir): ground truth for which rank printed what."""
+    files = sorted((run / "bundle" / "logs").glob(f"*/attempt_0/{local_rank}/stdout.log"))
+    assert len(files) == 1, files
+    return files[0].read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("kind", "args", "marker"),
+    [
+        ("deepspeed", ["--framework", "deepspeed", "--strategy", "zero2"], "framework=deepspeed"),
+        ("fsdp", ["--framework", "fsdp", "--strategy", "fsdp-full"], "framework=fsdp"),
+    ],
+)
+def test_local_launch_tags_every_line_with_its_rank(
+    tmp_path: Path, kind: str, args: list[str], marker: str
+) -> None:
+    bundle = write_bundle(tmp_path / "b", *args, steps=3)
+    run = tmp_path / "run"
+    backend = LocalBackend(bundle, run, LaunchOptions(hang_timeout_s=120))
+    backend.start()
+    events = collect(backend)
+
+    assert backend.state == "succeeded", read_run(run)
+    assert backend.exit_code() == 0
+    lines = {r: [e.line for e in events if isinstance(e, LineEvent) and e.rank == r and e.stream == "stdout"] for r in (0, 1)}
+    for r in (0, 1):
+        assert _steps(lines[r]) == [1, 2, 3], lines[r]
+        # Our attribution equals torchrun's own per-rank log.
+        own = [ln for ln in _torchrun_own_log(run, r) if ln.startswith("[dtrain]")]
+        ours = [ln for ln in lines[r] if ln.startswith("[dtrain]")]
+        assert ours == own
+        # Every line shown is in the run directory, in order.
+        on_disk = (run / "logs" / f"rank{r}.stdout.log").read_text().splitlines()
+        assert on_disk == lines[r]
+    assert any(marker in ln for ln in lines[0])  # only rank 0 prints the start line
+    assert not any(ln.startswith("[dtrain] start") for ln in lines[1])
+    assert not any(isinstance(e, LineEvent) and e.rank is not None and e.rank > 1 for e in events)
+
+    info = read_run(run)
+    assert info["state"] == "succeeded"
+    assert [(r["rank"], r["node_rank"], r["local_rank"], r["exit_code"]) for r in info["ranks"]] == [
+        (0, 0, 0, 0),
+        (1, 0, 1, 0),
+    ]
+    assert info["started_at"] and info["ended_at"]
+    assert (run / "plan.json").is_file() and (run / "bundle" / "bundle.json").is_file()
+    assert "launch_node0.sh" in (run / "commands" / "node0.txt").read_text()
+    exits = [e for e in events if isinstance(e, RankExit)]
+    assert sorted((e.rank, e.exit_code) for e in exits) == [(0, 0), (1, 0)]
+    states = [e.state for e in events if isinstance(e, RunStateChanged)]
+    assert states[0] == "starting" and states[-1] == "succeeded"
+    assert wait_no_pids(backend.run_id) == []
+
+
+def test_sigkill_one_rank_fails_the_run_naming_it_and_leaves_no_process(tmp_path: Path) -> None:
+    bundle = make_bundle(
+        tmp_path / "b", steps=200, script_args=["--bundle", ".", "--sleep-per-step", "0.2"]
+    )
+    run = tmp_path / "run"
+    backend = LocalBackend(bundle, run, LaunchOptions(hang_timeout_s=120))
+    backend.start()
+    events: list[object] = []
+    deadline = time.monotonic() + 120
+    while not any(isinstance(e, LineEvent) and e.rank == 1 and "step=2/" in e.line for e in events):
+        assert time.monotonic() < deadline and not backend.done, "rank 1 never reached step 2"
+        events.extend(backend.poll(0.2))
+    pid = rank_pid(backend.run_id, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    events.extend(collect(backend, timeout=60))
+
+    assert backend.state == "failed"
+    assert backend.exit_code() == 1
+    info = read_run(run)
+    assert info["state"] == "failed"
+    assert info["failed_rank"] == 1 and info["failed_node"] == 0
+    assert "rank 1 on node 0 (localhost)" in info["reason"] and "SIGKILL" in info["reason"]
+    codes = {r["rank"]: r["exit_code"] for r in info["ranks"]}
+    assert codes[1] == -9
+    assert codes[0] != 0  # stopped by torchrun after rank 1 died
+    final = [e for e in events if isinstance(e, RunStateChanged)][-1]
+    assert final.state == "failed" and final.failed_ranks == (1,)
+    assert wait_no_pids(backend.run_id) == []
+
+
+def _fake_bundle(tmp_path: Path, body: str) -> Path:
+    """A bundle whose node script is plain bash (no torch): cheap fault cases."""
+    b = make_bundle(tmp_path / "fake", steps=1)
+    (b / "launch_node0.sh").write_text("#!/usr/bin/env bash\nset -u\n" + body)
+    return b
+
+
+def test_hang_is_detected_and_stop_kills_processes_in_other_sessions(tmp_path: Path) -> None:
+    # A rank that prints once, then hangs; a grandchild in a session of its own (as torchrun's
+    # ranks are) must not survive.
+    body = (
+        "echo '[default0]:[dtrain] step=1/9 loss=1 tokens_per_s=1 step_time_s=1 mem_gb=0'\n"
+        "setsid sleep 300 &\n"
+        "sleep 300\n"
+    )
+    b = _fake_bundle(tmp_path, body)
+    backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=1.5))
+    backend.start()
+    collect(backend, timeout=60)
+    info = read_run(tmp_path / "run")
+    assert info["state"] == "failed"
+    assert "hang" in info["reason"] and "1.5" in info["reason"]
+    assert wait_no_pids(backend.run_id) == []
+
+
+def test_stop_ends_stopped_and_kills_everything(tmp_path: Path) -> None:
+    b = _fake_bundle(tmp_path, "echo '[default1]:hello'\nsetsid sleep 300 &\nsleep 300\n")
+    backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=600))
+    backend.start()
+    got: list[object] = []
+    while not any(isinstance(e, LineEvent) and e.rank == 1 for e in got):
+        got.extend(backend.poll(0.2))
+    backend.stop()
+    collect(backend, timeout=30)
+    assert backend.state == "stopped"
+    assert read_run(tmp_path / "run")["state"] == "stopped"
+    assert wait_no_pids(backend.run_id) == []
+    assert (tmp_path / "run" / "logs" / "rank1.stdout.log").read_text() == "hello\n"
+
+
+def test_cli_write_then_launch_trains_and_exits_0(tmp_path: Path) -> None:
+    """The issue's own commands, as a user types them (tiny step count to stay fast)."""
+    exe = [sys.executable, "-m", "engine"]
+    b, r = tmp_path / "B", tmp_path / "R"
+    w = subprocess.run(
+        [*exe, "write", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024",
+         "--gpu", "cpu", "--gpus-per-node", "2", "--nodes", "1", "--seq-len", "64",
+         "--global-batch", "8", "--steps", "2", "--out", str(b)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert w.returncode == 0, w.stderr
+    p = subprocess.run(
+        [*exe, "launch", str(b), "--backend", "local", "--run-dir", str(r)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout.splitlines()
+    assert any(ln.startswith("[rank 0] [dtrain] step=2/2 ") for ln in out)
+    assert any(ln.startswith("[rank 1] [dtrain] done steps=2 ") for ln in out)
+    assert json.loads((r / "run.json").read_text())["state"] == "succeeded"
+    # A bad bundle directory is one clear line, exit 2.
+    bad = subprocess.run(
+        [*exe, "launch", str(tmp_path / "nope"), "--run-dir", str(tmp_path / "R2")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "is not a bundle" in bad.stderr

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# dtrain-tui launch script for run llama-2-70b-3d-4x8: node 0 of 4 on ubuntu@10.0.0.1, global ranks 0-7.
+# Plan: llama-2-70b (68.98B params) on 4 x 8 NVIDIA H100 SXM5 80GB; 3d via megatron; tp=8 pp=2 dp=2; bf16.
+# Effective batch: micro_batch 1 x grad_accum 32 x dp 2 = 64 sequences = 262,144 tokens per optimizer step (seq_len 4096).
+# LR: none given; configs use 0.0003. If you tuned an LR at batch B, scale it by 64/B (linear rule; sqrt(64/B) is the safer start for Adam) and warm up.
+# Start launch_node0.sh .. launch_node3.sh, one per node, in any order; node 0 hosts the rendezvous.
+# Environment overrides: MASTER_ADDR, MASTER_PORT, TORCHRUN (e.g. 'python -m torch.distributed.run').
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+set -a
+# shellcheck source=nccl.env
+source ./nccl.env
+set +a
+if [[ -z "${MASTER_ADDR:-}" ]]; then MASTER_ADDR=10.0.0.1; fi
+if [[ -z "${MASTER_PORT:-}" ]]; then MASTER_PORT=29500; fi
+export MASTER_ADDR MASTER_PORT
+# Megatron-LM arguments for this plan (one flag and its value per line).
+MEGATRON_ARGS=()
+while read -r -a words; do
+  [[ ${#words[@]} -eq 0 || ${words[0]} == \#* ]] && continue
+  MEGATRON_ARGS+=("${words[@]}")
+done < megatron_args.txt
+mkdir -p logs
+exec ${TORCHRUN:-torchrun} \
+  --nnodes 4 \
+  --nproc-per-node 8 \
+  --node-rank 0 \
+  --master-addr "$MASTER_ADDR" \
+  --master-port "$MASTER_PORT" \
+  --max-restarts 0 \
+  --log-dir logs \
+  --tee 3 \
+  /opt/Megatron-LM/pretrain_gpt.py "${MEGATRON_ARGS[@]}"

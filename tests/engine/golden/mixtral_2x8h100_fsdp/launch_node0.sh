@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# dtrain-tui launch script for run mixtral-8x7b-fsdp-hybrid-2x8: node 0 of 2, global ranks 0-7.
+# Plan: mixtral-8x7b (46.70B params) on 2 x 8 NVIDIA H100 SXM5 80GB; fsdp-hybrid via fsdp; tp=1 pp=1 dp=16; bf16.
+# Effective batch: micro_batch 1 x grad_accum 4 x dp 16 = 64 sequences = 262,144 tokens per optimizer step (seq_len 4096).
+# LR: none given; configs use 0.0003. If you tuned an LR at batch B, scale it by 64/B (linear rule; sqrt(64/B) is the safer start for Adam) and warm up.
+# Start launch_node0.sh .. launch_node1.sh, one per node, in any order; node 0 hosts the rendezvous.
+# Environment overrides: MASTER_ADDR, MASTER_PORT, TORCHRUN (e.g. 'python -m torch.distributed.run').
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+set -a
+# shellcheck source=nccl.env
+source ./nccl.env
+set +a
+: "${MASTER_ADDR:?set MASTER_ADDR to node 0's address (no hosts in the spec)}"
+if [[ -z "${MASTER_PORT:-}" ]]; then MASTER_PORT=29500; fi
+export MASTER_ADDR MASTER_PORT
+mkdir -p logs
+exec ${TORCHRUN:-torchrun} \
+  --nnodes 2 \
+  --nproc-per-node 8 \
+  --node-rank 0 \
+  --master-addr "$MASTER_ADDR" \
+  --master-port "$MASTER_PORT" \
+  --max-restarts 0 \
+  --log-dir logs \
+  --tee 3 \
+  train.py --bundle .

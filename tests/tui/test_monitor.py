@@ -1,0 +1,286 @@
+"""The monitor screen driven by a canned event source: panes per rank, lines in the right pane,
+NCCL pane, states on exit and failure, focus / zoom / pages / node view / filter / next error,
+tail pause on scroll-up; SVG snapshots at 80x24 and 160x48 (fixed clock, canned source)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from engine.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
+from engine.runtail import ListSource
+from tui.screens.monitor import MonitorApp, MonitorScreen, grid_shape
+from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane
+
+CLOCK = 1_700_000_000.0
+
+
+def sync(fn: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+    """Run an async Pilot test with asyncio (no async pytest plugin in this project)."""
+
+    @functools.wraps(fn)
+    def run() -> None:
+        asyncio.run(fn())  # type: ignore[arg-type]
+
+    return run
+
+
+def step(r: int, n: int, t: float = 0.5) -> str:
+    return (
+        f"[dtrain] step={n}/20 loss={3.0 - 0.1 * n + 0.01 * r:.4f} "
+        f"tokens_per_s={4096 / t:.1f} step_time_s={t} mem_gb=1.25"
+    )
+
+
+def nccl(r: int, text: str) -> str:
+    return f"node{r // 2}:{100 + r}:{100 + r} [{r % 2}] NCCL INFO {text}"
+
+
+def canned(world: int = 4, steps: int = 6, fail: bool = True) -> list[list[Event]]:
+    """A 2-node run: NCCL init, steps (rank 2 slower), then rank 3 hits CUDA OOM and fails."""
+    batches: list[list[Event]] = [[RunStateChanged("running", "started", CLOCK)]]
+    batches.append(
+        [
+            LineBatch(r // 2, r, "stdout", (
+                nccl(r, "Bootstrap : Using lo:127.0.0.1<0>"),
+                "NCCL version 2.21.5+cuda12.4" if r == 0 else nccl(r, "cudaDriverVersion 12080"),
+                nccl(r, "Using network Socket"),
+                nccl(r, f"comm 0x1 rank {r} nranks {world} cudaDev {r % 2} busId 1000 - Init COMPLETE"),
+            ))
+            for r in range(world)
+        ]
+    )
+    batches.append([LineBatch(0, None, "stdout", ("launcher: all nodes up",))])
+    for n in range(1, steps + 1):
+        batches.append(
+            [LineEvent(r // 2, r, "stdout", step(r, n, 1.5 if r == 2 else 0.5)) for r in range(world)]
+        )
+    if fail:
+        batches.append(
+            [
+                LineBatch(1, 3, "stderr", (
+                    "Traceback (most recent call last):",
+                    '  File "train.py", line 80, in <module>',
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                )),
+                RankExit(1, 3, 1, reason="rank 3 exited 1"),
+                RankExit(0, 0, 0),
+                RankExit(0, 1, -15),
+                RankExit(1, 2, -15),
+                RunStateChanged("failed", "rank 3 exited 1", CLOCK, (3,)),
+            ]
+        )
+    return batches
+
+
+def app_for(batches: list[list[Event]], world: int = 4, **kw: Any) -> MonitorApp:
+    return MonitorApp(ListSource(batches), world_size=world, clock=lambda: CLOCK, **kw)
+
+
+async def settle(pilot: Pilot[Any]) -> MonitorScreen:
+    app = pilot.app
+    assert isinstance(app, MonitorApp)
+    for _ in range(200):
+        await pilot.pause(0.02)
+        if app.monitor is not None and app.monitor.finished is not None:
+            break
+    await pilot.pause(0.05)
+    assert app.monitor is not None and app.monitor.finished is not None
+    return app.monitor
+
+
+def keys(m: MonitorScreen) -> list[str]:
+    return [p.key for p in m._grid_panes()]
+
+
+@sync
+async def test_panes_lines_nccl_and_states() -> None:
+    app = app_for(canned())
+    async with app.run_test(size=(160, 48)) as pilot:
+        m = await settle(pilot)
+        assert keys(m) == ["r0", "r1", "r2", "r3"]
+        for r in range(4):
+            lines = m.pane_lines(f"r{r}")
+            assert lines[-6:] == [step(r, n, 1.5 if r == 2 else 0.5) for n in range(1, 7)] or r == 3
+            assert all(f"[{r % 2}] NCCL" in x for x in lines[:4] if "NCCL INFO" in x)
+        assert m.pane_lines("r3")[-1].startswith("torch.OutOfMemoryError")
+        nccl_pane = m.pane_lines("nccl")
+        assert len(nccl_pane) == 16 and nccl_pane[0].startswith("r0: ")
+        assert any(x.startswith("r3: ") and "Init COMPLETE" in x for x in nccl_pane)
+        assert m.pane_lines("n0")[-1] == "None: launcher: all nodes up" or any(
+            "launcher" in x for x in m.pane_lines("n0")
+        )
+        snap = m.snapshot
+        labels = {r: st.label(CLOCK) for r, st in snap.ranks.items()}
+        assert labels == {0: "exited 0", 1: "failed SIGTERM", 2: "failed SIGTERM", 3: "failed 1"}
+        assert snap.ranks[3].errors == 2 and snap.ranks[0].step == 6
+        assert m.finished == "failed"
+        p3 = m.pane("r3")
+        assert p3 is not None and p3.has_class("-failed") and "failed 1" in str(p3.border_title)
+        assert "Socket" in str(m.query_one("#nccl-pane", RankPane).border_title)
+
+
+@sync
+async def test_straggler_flag_shows_while_running() -> None:
+    app = app_for(canned(fail=False))
+    async with app.run_test(size=(160, 48)) as pilot:
+        m = await settle(pilot)
+        assert m.snapshot.ranks[2].straggler and not m.snapshot.ranks[0].straggler
+        p2 = m.pane("r2")
+        assert p2 is not None and "SLOW" in str(p2.border_title) and p2.has_class("-flagged")
+
+
+@sync
+async def test_focus_cycle_zoom_filter_and_next_error() -> None:
+    app = app_for(canned())
+    async with app.run_test(size=(160, 48)) as pilot:
+        m = await settle(pilot)
+        await pilot.press("tab")
+        assert isinstance(app.focused, RankPane) and app.focused.key == "r0"
+        await pilot.press("tab", "tab")
+        assert app.focused.key == "r2"
+        await pilot.press("z")
+        await pilot.pause(0.05)
+        assert keys(m) == ["r2"] and m.zoomed == "r2"
+        await pilot.press("tab")
+        await pilot.pause(0.05)
+        assert keys(m) == ["r3"]
+        await pilot.press("escape")
+        await pilot.pause(0.05)
+        assert keys(m) == ["r0", "r1", "r2", "r3"]
+        # filter across panes
+        await pilot.press("slash", *"step=6/", "enter")
+        await pilot.pause(0.05)
+        for r in range(4):
+            pane = m.pane(f"r{r}")
+            assert pane is not None
+            assert [x for x in pane.lines] == [step(r, 6, 1.5 if r == 2 else 0.5)]
+        nccl_pane = m.query_one("#nccl-pane", RankPane)
+        assert len(nccl_pane.lines) == 0
+        await pilot.press("escape")
+        pane0 = m.pane("r0")
+        assert pane0 is not None and len(pane0.lines) > 1 and m.pattern is None
+        # regex filter, and a bad regex is a message, not a crash
+        await pilot.press("slash", *"re:Init COMPLETE|version", "enter")
+        await pilot.pause(0.05)
+        assert len(m.query_one("#nccl-pane", RankPane).lines) == 5
+        await pilot.press("slash", "ctrl+u", *"re:([", "enter")
+        await pilot.pause(0.05)
+        assert m.pattern is not None and m.pattern.text == "re:Init COMPLETE|version"
+        await pilot.press("escape", "escape")
+        # next error: rank 3's traceback, its pane focused and scrolled to it
+        await pilot.press("e")
+        await pilot.pause(0.1)
+        assert isinstance(app.focused, RankPane) and app.focused.key == "r3"
+        assert app.focused._highlight_row is not None
+        assert "Traceback" in str(app.focused.lines[app.focused._highlight_row])
+        await pilot.press("e")
+        await pilot.pause(0.1)
+        assert "OutOfMemoryError" in str(app.focused.lines[app.focused._highlight_row])
+
+
+@sync
+async def test_pages_and_node_view_with_many_ranks() -> None:
+    world = 64
+    batches: list[list[Event]] = [
+        [LineBatch(r // 8, r, "stdout", (f"hello from {r}", nccl(r, "Init COMPLETE"))) for r in range(world)]
+    ]
+    app = app_for(batches, world=world)
+    async with app.run_test(size=(80, 24)) as pilot:
+        m = await settle(pilot)
+        first = keys(m)
+        assert 1 < len(first) < world and m.pages == -(-world // len(first))
+        assert first[0] == "r0"
+        await pilot.press("right_square_bracket")
+        await pilot.pause(0.05)
+        assert keys(m)[0] == f"r{len(first)}"
+        # cycling focus walks across pages
+        await pilot.press("left_square_bracket")
+        await pilot.pause(0.05)
+        for _ in range(len(first) + 1):
+            await pilot.press("tab")
+        await pilot.pause(0.05)
+        assert isinstance(app.focused, RankPane) and app.focused.key == f"r{len(first)}"
+        assert m.page == 1
+        await pilot.press("v")
+        await pilot.pause(0.05)
+        assert m.view == "node"
+        assert keys(m)[0] == "n0" and sum(m.pages for _ in [0]) >= 1
+        assert m.pane_lines("n0")[0] == "r0: hello from 0"
+        assert len(m.pane_lines("n7")) == 16
+
+
+@sync
+async def test_scroll_up_pauses_tail_and_counts_new_lines() -> None:
+    buf = PaneBuffer(1000)
+
+    class Host(MonitorApp):
+        pass
+
+    app = app_for([[]], world=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        pane = RankPane(buf, "x")
+        await app.screen.mount(pane)
+        pane.write_lines([f"line {i}" for i in range(200)])
+        await pilot.pause(0.05)
+        assert pane.follow and pane.scroll_y == pane.max_scroll_y > 0
+        pane.focus()
+        await pilot.press("pageup")
+        await pilot.pause(0.05)
+        assert not pane.follow
+        y = pane.scroll_y
+        pane.write_lines([f"more {i}" for i in range(37)])
+        await pilot.pause(0.05)
+        assert pane.scroll_y == y and pane.waiting == 37
+        assert "37 new lines" in str(pane.border_subtitle)
+        # past the cap, old lines fall off and the view stays on what the reader looks at
+        row_text = pane.lines[int(pane.scroll_y)]
+        pane.write_lines([f"flood {i}" for i in range(900)])
+        await pilot.pause(0.05)
+        assert pane.lines[int(pane.scroll_y)] == row_text
+        assert len(pane.lines) == 1000
+        await pilot.press("end")
+        await pilot.pause(0.05)
+        assert pane.follow and pane.border_subtitle == ""
+        assert pane.scroll_y == pane.max_scroll_y
+
+
+def test_grid_shape_adapts_to_size_and_count() -> None:
+    assert grid_shape(1, 80, 15) == (1, 1)
+    assert grid_shape(2, 160, 30) == (2, 1)
+    assert grid_shape(4, 160, 30) == (2, 2)
+    c, r = grid_shape(64, 80, 15)
+    assert c * r < 64 and c == 2
+    c, r = grid_shape(8, 240, 60)
+    assert c * r >= 8 and c * r - 8 < c
+
+
+def test_line_pattern() -> None:
+    assert LinePattern("nccl warn").search("x NCCL WARN y")
+    assert not LinePattern("re:^a").search("ba")
+    assert LinePattern("re:b+").spans("abbc") == [(1, 3)]
+    with pytest.raises(Exception):  # noqa: B017, PT011 - re.error
+        LinePattern("re:(")
+
+
+# ---- snapshots ----------------------------------------------------------------------------------
+
+
+async def _settle_for_snapshot(pilot: Pilot[Any]) -> None:
+    await settle(pilot)
+    m = pilot.app.monitor  # type: ignore[attr-defined]
+    m.app.clear_notifications()
+
+
+def test_snapshot_80x24(snap_compare: Any) -> None:
+    assert snap_compare(app_for(canned()), terminal_size=(80, 24), run_before=_settle_for_snapshot)
+
+
+def test_snapshot_160x48(snap_compare: Any) -> None:
+    assert snap_compare(app_for(canned()), terminal_size=(160, 48), run_before=_settle_for_snapshot)

@@ -1,0 +1,134 @@
+"""The whole wizard driven by key presses, from the first step to a written bundle: a dense model
+and a MoE model, asserting what the screen shows and what lands on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from engine.specs import Strategy, demo_spec
+from tests.tui.wizard_support import focused_id, retype, settle, text_of
+from tui.app import DtrainApp
+
+
+async def _pick_preset(pilot, name: str) -> None:  # type: ignore[no-untyped-def]
+    app = pilot.app
+    # The demo spec opens on the Dimensions tab; Shift+Tab reaches the source tabs.
+    assert focused_id(app) == "f-layers"
+    await pilot.press("shift+tab")
+    await pilot.press("left", "left")  # Dimensions -> config.json -> Preset
+    await pilot.press("tab")
+    assert focused_id(app) == "f-preset"
+    await retype(pilot, name[:-1])
+    await pilot.press(name[-1], "enter")
+
+
+async def _hardware(pilot, gpu: str, per_node: int, nodes: int) -> None:  # type: ignore[no-untyped-def]
+    app = pilot.app
+    assert focused_id(app) == "f-gpu"
+    await retype(pilot, gpu)
+    await pilot.press("tab", "tab")  # past the catalog list
+    assert focused_id(app) == "f-gpus_per_node"
+    await retype(pilot, str(per_node))
+    await pilot.press("tab")
+    await retype(pilot, str(nodes))
+
+
+def test_dense_model_to_written_bundle(tmp_path: Path) -> None:
+    asyncio.run(_dense(tmp_path))
+
+
+async def _dense(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    app = DtrainApp(demo_spec(), out_dir=out, plan_delay_s=0.25)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await _pick_preset(pilot, "llama-3-8b")
+        summary = text_of(app, "#model-summary")
+        assert "llama-3-8b" in summary and "8.03 B parameters" in summary
+        await pilot.press("ctrl+n")
+        assert app.wizard.current == "hardware"
+        await _hardware(pilot, "h100-sxm", 8, 2)
+        assert "H100" in text_of(app, "#hardware-summary")
+        assert "world size 16" in text_of(app, "#hardware-summary")
+        await pilot.press("ctrl+n")
+        assert app.wizard.current == "network"
+        # Network tier: open the select, move up from tcp to ib-ndr, pick it.
+        assert focused_id(app) == "f-tier"
+        await pilot.press("enter", "up", "up", "up", "enter")
+        await pilot.pause()
+        assert app.spec.network.tier.value == "ib-ndr"
+        assert "Gbit/s per node" in text_of(app, "#network-summary")
+        assert "NDR" in text_of(app, "#network-summary")
+        await pilot.press("ctrl+n")
+        assert focused_id(app) == "f-seq_len"
+        await retype(pilot, "4096")
+        await pilot.press("tab")
+        await retype(pilot, "512")
+        await pilot.press("ctrl+n")
+        assert app.wizard.current == "decision"
+        await settle(pilot)
+        plan = app.plan
+        assert plan is not None and plan.model.name == "llama-3-8b" and plan.world_size == 16
+        assert plan.spec.training.seq_len == 4096 and plan.spec.training.global_batch == 512
+        status = text_of(app, "#plan-status")
+        assert plan.recommended.strategy.value in status and "tokens/s" in status
+        chart = text_of(app, "#flowchart")
+        assert "Does the model fit on one GPU?" in chart and f"◀ {plan.recommended.strategy.value}" in chart
+        assert plan.path[0].reason.split()[0] in chart  # the planner's own reasons are listed
+        cards = app.screen.query("MemoryBars")
+        assert len(cards) == 1 + min(len(plan.alternatives), 3)
+        assert "step time" in text_of(app, "#metrics")
+        await pilot.press("ctrl+n")
+        assert app.wizard.current == "configs"
+        files = app.bundle
+        assert {"plan.json", "bundle.json", "launch_node0.sh", "launch_node1.sh"} <= set(files) - {"bundle.json"} | {"bundle.json"}
+        assert "new file" in text_of(app, "#preview-body")
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        result = text_of(app, "#write-result")
+        assert result.startswith("✓ wrote") and str(out.resolve()) in result
+    written = json.loads((out / "plan.json").read_text())
+    assert written["model"]["name"] == "llama-3-8b"
+    assert (out / "launch_node1.sh").exists() and (out / "bundle.json").exists()
+
+
+def test_moe_model_to_written_bundle_and_forced_layout(tmp_path: Path) -> None:
+    asyncio.run(_moe(tmp_path))
+
+
+async def _moe(tmp_path: Path) -> None:
+    out = tmp_path / "moe"
+    app = DtrainApp(demo_spec(), out_dir=out, plan_delay_s=0.25)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        await _pick_preset(pilot, "mixtral-8x7b")
+        summary = text_of(app, "#model-summary")
+        assert "active per token" in summary and "8 experts, top-2" in summary
+        await pilot.press("ctrl+n")
+        await _hardware(pilot, "h100-sxm", 8, 2)
+        await pilot.press("ctrl+n", "ctrl+n")
+        assert app.wizard.current == "training"
+        await pilot.press("ctrl+n")
+        await settle(pilot)
+        plan = app.plan
+        assert plan is not None and plan.model.is_moe and not plan.forced
+        # Force ZeRO-3 from the decision step: it re-plans at once.
+        await pilot.press("tab")  # from the strategy select's neighbourhood the focus starts on it
+        app.set_focus(app.screen.query_one("#f-strategy"))
+        await pilot.press("enter", *["down"] * (list(Strategy).index(Strategy.ZERO3) + 1), "enter")
+        await settle(pilot)
+        assert app.spec.layout.strategy == Strategy.ZERO3
+        assert app.plan is not None and app.plan.forced
+        assert app.plan.recommended.strategy == Strategy.ZERO3
+        assert "(forced)" in text_of(app, "#plan-status")
+        await pilot.press("ctrl+n")
+        assert app.wizard.current == "configs"
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert text_of(app, "#write-result").startswith("✓ wrote")
+    plan_json = json.loads((out / "plan.json").read_text())
+    assert plan_json["model"]["num_experts"] == 8
+    assert plan_json["recommended"]["strategy"] == "zero3"
+    assert (out / "ds_config.json").exists() or (out / "fsdp.json").exists()

@@ -1,0 +1,47 @@
+"""Helpers shared by the wizard's Pilot tests: wait for planning and writing, type into fields."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.text import Text
+from textual.pilot import Pilot
+from textual.widgets import Input, Static
+
+from tui.app import DtrainApp
+
+
+async def settle(pilot: Pilot[int], rounds: int = 200) -> None:
+    """Wait until no plan is pending and no worker (plan, write) is running."""
+    app = pilot.app
+    assert isinstance(app, DtrainApp)
+    for _ in range(rounds):
+        await pilot.pause(0.02)
+        if app.idle and not any(w.is_running for w in app.workers):
+            await pilot.pause()
+            return
+    raise AssertionError("the wizard did not settle (planning or writing never finished)")
+
+
+async def retype(pilot: Pilot[int], text: str) -> None:
+    """Clear the focused input (Ctrl+A, Ctrl+K) and type ``text``."""
+    assert isinstance(pilot.app.focused, Input), f"focus is on {pilot.app.focused!r}"
+    await pilot.press("ctrl+a", "ctrl+k", *list(text))
+
+
+def text_of(app: DtrainApp, selector: str) -> str:
+    """The plain text a widget shows (its renderable drawn at its own width)."""
+    widget = app.screen.query_one(selector)
+    renderable = widget.content if isinstance(widget, Static) else widget.render()
+    if isinstance(renderable, str):
+        return renderable
+    if isinstance(renderable, Text):
+        return renderable.plain
+    console = Console(file=io.StringIO(), width=max(widget.size.width, 40), color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def focused_id(app: DtrainApp) -> str | None:
+    return app.focused.id if app.focused is not None else None

@@ -1,0 +1,57 @@
+"""The command palette (Ctrl+P): the wizard's main actions by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, cast
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+if TYPE_CHECKING:
+    from tui.app import DtrainApp
+
+
+class WizardCommands(Provider):
+    """Go to a step, write, launch, re-plan, profiles, theme, help."""
+
+    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
+        from tui.screens.wizard import STEP_TITLES
+
+        app = cast("DtrainApp", self.app)
+        cmds: list[tuple[str, str, Callable[[], object]]] = [
+            (f"Go to step {i}: {title}", f"Open the {title.lower()} step", partial(app.goto, key))
+            for i, (key, title) in enumerate(STEP_TITLES, 1)
+        ]
+        cmds += [
+            (
+                "Write bundle",
+                "Write every config file to the output directory",
+                app.action_write_bundle,
+            ),
+            ("Start run", "Write the bundle, launch it and open the monitor", app.action_launch),
+            ("Re-plan", "Run the planner again on the current spec", app.action_replan),
+            (
+                "Profiles: save or load",
+                "Save the whole spec as a profile, or load one",
+                app.action_profiles,
+            ),
+            (
+                "Toggle light/dark theme",
+                "Switch between Textual's dark and light themes",
+                app.action_toggle_dark,
+            ),
+            ("Help: keys and steps", "Show every key binding", app.action_help),
+        ]
+        return cmds
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, callback in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)

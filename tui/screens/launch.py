@@ -1,0 +1,101 @@
+"""Step 7, launch: choose the backend (local by default), the hosts for SSH, the run directory,
+and start; the monitor screen then shows every rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Button, Select, Static
+
+from engine.specs import Backend, LaunchSpec
+from tui.screens.step import StepPane
+from tui.widgets.field_row import FieldRow
+
+
+class LaunchStep(StepPane):
+    STEP = "launch"
+    TITLE = "Launch"
+    SECTION = "launch"
+
+    def compose(self) -> ComposeResult:
+        yield Static("Launch", classes="step-title")
+        yield Static("", id="launch-summary", classes="summary", markup=False)
+        yield Static("Backend", classes="select-label")
+        yield Select(
+            [
+                ("local: ranks on this machine", Backend.LOCAL.value),
+                ("ssh: one node per host", Backend.SSH.value),
+                ("skypilot: a cluster from the cloud", Backend.SKYPILOT.value),
+            ],
+            value=Backend.LOCAL.value,
+            allow_blank=False,
+            compact=True,
+            id="f-backend",
+        )
+        yield FieldRow(
+            "hosts", "Hosts (ssh)", placeholder="user@host[:port], one per node, comma-separated"
+        )
+        yield FieldRow(
+            "identity_file", "SSH key file", placeholder="path to a private key (never stored)"
+        )
+        yield FieldRow(
+            "run_root", "Runs directory", placeholder="empty: ~/.local/share/dtrain-tui/runs"
+        )
+        yield Static("", id="launch-result", classes="summary", markup=False)
+        with Horizontal(classes="buttons"):
+            yield Button("Start run  ^l", id="start", variant="success", compact=True)
+
+    def load(self) -> None:
+        la = self.dtrain.spec.launch
+        self.query_one("#f-backend", Select).value = la.backend.value
+        rows = self.rows()
+        rows["hosts"].value = ", ".join(la.hosts)
+        rows["identity_file"].value = str(la.identity_file) if la.identity_file else ""
+        rows["run_root"].value = str(self.dtrain.run_root) if self.dtrain.run_root else ""
+
+    def check(self) -> list[str]:
+        data, errs = self.read_fields({"hosts": "str", "identity_file": "str"})
+        backend = self.select_value("backend") or Backend.LOCAL.value
+        data["backend"] = backend
+        if "hosts" in data:
+            data["hosts"] = [h.strip() for h in str(data["hosts"]).split(",") if h.strip()]
+        nodes = self.dtrain.spec.hardware.nodes
+        if (
+            backend == Backend.SSH.value
+            and len(data.get("hosts", [])) != nodes
+            and "hosts" not in errs
+        ):
+            errs["hosts"] = f"ssh needs one host per node: {nodes} host(s), in node-rank order"
+        old = self.dtrain.spec.launch.model_dump(exclude={"backend", "hosts", "identity_file"})
+        old.update(data)
+        model, problems = self.build(LaunchSpec, old, errs)
+        run_root = self.rows()["run_root"].value.strip()
+        if "\0" in run_root:
+            self.rows()["run_root"].set_error("a path cannot contain NUL")
+            problems.append("run_root: invalid path")
+        if model is None or problems:
+            return problems
+        assert isinstance(model, LaunchSpec)
+        self.dtrain.run_root = Path(run_root).expanduser() if run_root else None
+        self.dtrain.set_section("launch", model)
+        where = (
+            "this machine" if backend == "local" else ", ".join(model.hosts) or "a SkyPilot cluster"
+        )
+        self.query_one("#launch-summary", Static).update(
+            f"{self.dtrain.spec.hardware.world_size} rank(s) on {where}; "
+            f"the bundle is written to {self.dtrain.out_dir} first."
+        )
+        return []
+
+    @on(Button.Pressed, "#start")
+    def _start(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dtrain.action_launch()
+
+    def show_result(self, message: str, *, ok: bool) -> None:
+        res = self.query_one("#launch-result", Static)
+        res.update(("✓ " if ok else "✗ ") + message)
+        res.set_class(not ok, "-error")

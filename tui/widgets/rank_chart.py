@@ -1,0 +1,34 @@
+"""A small chart of one rank's loss and tokens/s over its recent steps (two sparklines)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Label, Sparkline
+
+from engine.monitor_state import RankState
+
+
+class RankChart(Vertical):
+    DEFAULT_CSS = """
+    RankChart { height: auto; padding: 0 1; }
+    RankChart Label { width: 1fr; color: $text-muted; }
+    RankChart Sparkline { height: 2; margin-bottom: 0; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Label("loss", id="chart-loss-label")
+        yield Sparkline([], id="chart-loss")
+        yield Label("tokens/s", id="chart-tps-label")
+        yield Sparkline([], id="chart-tps")
+
+    def show(self, st: RankState | None) -> None:
+        loss = list(st.loss_history) if st is not None else []
+        tps = list(st.tps_history) if st is not None else []
+        who = f"r{st.rank} " if st is not None else ""
+        last_loss = f" {loss[-1]:.4f}" if loss else " -"
+        last_tps = f" {tps[-1]:,.0f}" if tps else " -"
+        self.query_one("#chart-loss-label", Label).update(f"{who}loss{last_loss}")
+        self.query_one("#chart-tps-label", Label).update(f"{who}tokens/s{last_tps}")
+        self.query_one("#chart-loss", Sparkline).data = loss
+        self.query_one("#chart-tps", Sparkline).data = tps

@@ -1,0 +1,300 @@
+"""One pane of the monitor's grid: the capped tail of one rank's (or one node's) lines.
+
+The lines live in a :class:`PaneBuffer` owned by the monitor screen, not in the widget, so panes
+can be re-created on a page change, a zoom or a rank/node view switch without losing anything, and
+so lines of ranks on other pages are still kept. A batch costs one ``deque.extend`` (C speed);
+drawing uses Textual's Line API: only visible rows are rendered, from plain strings.
+
+Tailing: the pane follows the end until the user scrolls up; then it holds still and its
+subtitle says how many new lines wait (``end`` or ``f`` resumes). Lines that report an error are
+drawn in the error colour; with a filter set the pane shows only the matching lines, matches
+highlighted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from engine.logparse import classify_error
+
+Item = str | tuple[int | None, str]
+"""A plain line (rank panes) or ``(rank, line)`` (node and NCCL panes, drawn with a rank tag)."""
+
+DEFAULT_MAX_LINES = 5000
+"""Lines a pane keeps; the run directory keeps everything."""
+
+
+class PaneBuffer:
+    """The capped tail of one pane's lines, plus how many ever arrived."""
+
+    __slots__ = ("items", "total")
+
+    def __init__(self, max_lines: int = DEFAULT_MAX_LINES) -> None:
+        self.items: deque[Item] = deque(maxlen=max_lines)
+        self.total = 0
+
+    def extend(self, items: list[Item] | list[str] | tuple[str, ...]) -> None:
+        self.items.extend(items)
+        self.total += len(items)
+
+    @property
+    def first_index(self) -> int:
+        """Absolute index (0 = first line ever) of the oldest line still kept."""
+        return self.total - len(self.items)
+
+
+def item_text(item: Item) -> str:
+    return item if isinstance(item, str) else item[1]
+
+
+def item_line(item: Item) -> str:
+    if isinstance(item, str):
+        return item
+    rank, text = item
+    tag = "node" if rank is None else f"r{rank}"
+    return f"{tag:>4}│ {text}"
+
+
+class LinePattern:
+    """A filter: substring (case-insensitive) or, with a ``re:`` prefix, a regular expression."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        if text.startswith("re:"):
+            self.regex = re.compile(text[3:])
+        else:
+            self.regex = re.compile(re.escape(text), re.IGNORECASE)
+
+    def search(self, line: str) -> bool:
+        return self.regex.search(line) is not None
+
+    def spans(self, line: str) -> list[tuple[int, int]]:
+        return [m.span() for m in self.regex.finditer(line) if m.end() > m.start()]
+
+
+class RankPane(ScrollView, can_focus=True):
+    """A view onto a :class:`PaneBuffer`. ``key`` names what it shows (``r3``, ``n1``, ``nccl``)."""
+
+    DEFAULT_CSS = """
+    RankPane {
+        border: round $panel-lighten-2;
+        border-title-color: $text-muted;
+        border-subtitle-color: $warning;
+        background: $surface;
+        overflow-x: hidden;
+        overflow-y: auto;
+        scrollbar-size-vertical: 1;
+        height: 1fr;
+        width: 1fr;
+        min-height: 3;
+    }
+    RankPane:focus { border: round $accent; border-title-color: $text; }
+    RankPane.-failed { border: round $error; border-title-color: $error; }
+    RankPane.-exited { border-title-color: $success; }
+    RankPane.-flagged { border: round $warning; }
+    RankPane.-failed:focus { border: double $error; }
+    """
+
+    COMPONENT_CLASSES = {"rank-pane--error", "rank-pane--warn", "rank-pane--match", "rank-pane--tag"}
+    DEFAULT_CSS += """
+    RankPane > .rank-pane--error { color: $error; text-style: bold; }
+    RankPane > .rank-pane--warn { color: $warning; }
+    RankPane > .rank-pane--match { background: $accent 40%; }
+    RankPane > .rank-pane--tag { color: $text-muted; }
+    """
+
+    def __init__(self, buffer: PaneBuffer, key: str, title: str = "", *, id: str | None = None):  # noqa: A002
+        super().__init__(id=id)
+        self.buffer = buffer
+        self.key = key
+        self.border_title = title or key
+        self.follow = True
+        self.pattern: LinePattern | None = None
+        self._view: deque[Item] | None = None
+        """Matching items when a filter is set (None: the buffer itself)."""
+        self._filtered_upto = 0
+        self._seen_total = buffer.total
+        self._paused_at_total = 0
+        self._evicted_seen = buffer.first_index
+
+    # ---- data --------------------------------------------------------------------------
+
+    @property
+    def lines(self) -> deque[Item]:
+        return self._view if self._view is not None else self.buffer.items
+
+    def write_lines(self, lines: Iterable[str]) -> None:
+        """Append lines to this pane's buffer and show them (tests and simple callers)."""
+        self.buffer.extend(list(lines))
+        self.sync()
+
+    def set_pattern(self, pattern: LinePattern | None) -> None:
+        self.pattern = pattern
+        self._view = None
+        self._filtered_upto = 0
+        self.sync(force=True)
+        self._to_end()
+        self.follow = True
+
+    def _update_view(self) -> None:
+        if self.pattern is None:
+            self._view = None
+            return
+        buf = self.buffer
+        if self._view is None or self._view.maxlen != buf.items.maxlen:
+            self._view = deque(maxlen=buf.items.maxlen)
+            self._filtered_upto = buf.first_index
+        new = buf.total - max(self._filtered_upto, buf.first_index)
+        if new > 0:
+            search = self.pattern.regex.search
+            tail = list(buf.items)[-new:] if new < len(buf.items) else list(buf.items)
+            self._view.extend(it for it in tail if search(item_text(it)))
+        self._filtered_upto = buf.total
+
+    def sync(self, *, force: bool = False) -> None:
+        """Take in what arrived in the buffer since the last call: resize, follow or count."""
+        buf = self.buffer
+        if not force and buf.total == self._seen_total:
+            return
+        at_end = self.follow
+        evicted = buf.first_index - self._evicted_seen
+        self._evicted_seen = buf.first_index
+        self._seen_total = buf.total
+        self._update_view()
+        lines = self.lines
+        self.virtual_size = Size(self.size.width, len(lines))
+        if at_end:
+            self._to_end()
+        elif self.pattern is None and evicted > 0:
+            # Keep the rows under the reader still while old lines fall off the top.
+            self.scroll_to(y=max(0, self.scroll_y - evicted), animate=False, immediate=True)
+        self._update_subtitle()
+        self.refresh()
+
+    @property
+    def waiting(self) -> int:
+        """Lines that arrived since the user scrolled away from the end."""
+        return 0 if self.follow else max(0, self.buffer.total - self._paused_at_total)
+
+    def _update_subtitle(self) -> None:
+        if not self.follow and self.waiting:
+            self.border_subtitle = f"⏸ {self.waiting:,} new lines · end to follow"
+        elif not self.follow:
+            self.border_subtitle = "⏸ paused"
+        elif self.pattern is not None:
+            self.border_subtitle = f"{len(self.lines):,} match"
+        else:
+            self.border_subtitle = ""
+
+    def _to_end(self) -> None:
+        # After the layout has caught up with a new virtual size (as Textual's Log does).
+        # The check runs then, so a scroll-up in between wins.
+        def end() -> None:
+            if self.follow:
+                self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+        self.call_after_refresh(end)
+
+    def resume(self) -> None:
+        self.follow = True
+        self._to_end()
+        self._update_subtitle()
+
+    def pause(self) -> None:
+        if self.follow:
+            self.follow = False
+            self._paused_at_total = self.buffer.total
+            self._update_subtitle()
+
+    def scroll_to_index(self, absolute: int) -> bool:
+        """Show the line with absolute index ``absolute`` (pausing the tail); False if it is
+        no longer kept."""
+        row = absolute - self.buffer.first_index
+        if self.pattern is not None or row < 0 or row >= len(self.buffer.items):
+            return False
+        self.pause()
+        height = max(1, self.scrollable_content_region.height)
+        self.scroll_to(y=max(0, row - height // 2), animate=False, immediate=True)
+        self._highlight_row = row
+        self.refresh()
+        return True
+
+    def scroll_to_item(self, item: Item) -> bool:
+        """Show the most recent line equal to ``item``; False if none is kept."""
+        items = self.lines
+        for row in range(len(items) - 1, -1, -1):
+            if items[row] == item:
+                self.pause()
+                height = max(1, self.scrollable_content_region.height)
+                self.scroll_to(y=max(0, row - height // 2), animate=False, immediate=True)
+                self._highlight_row = row
+                self.refresh()
+                return True
+        return False
+
+    _highlight_row: int | None = None
+
+    # ---- scrolling ---------------------------------------------------------------------
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value < old_value and new_value < self.max_scroll_y:
+            self.pause()
+        elif not self.follow and new_value >= self.max_scroll_y and new_value > old_value:
+            self.follow = True
+            self._highlight_row = None
+            self._update_subtitle()
+
+    def action_scroll_end(self) -> None:
+        self.resume()
+
+    def on_resize(self) -> None:
+        self.virtual_size = Size(self.size.width, len(self.lines))
+        if self.follow:
+            self._to_end()
+
+    # ---- drawing -----------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        row = int(self.scroll_y) + y
+        lines = self.lines
+        if row >= len(lines) or width <= 0:
+            return Strip.blank(width, self.rich_style)
+        item = lines[row]
+        base = self.rich_style
+        segments: list[Segment] = []
+        if not isinstance(item, str):
+            rank, text = item
+            tag = "node" if rank is None else f"r{rank}"
+            segments.append(
+                Segment(f"{tag:>4}│ ", base + self.get_component_rich_style("rank-pane--tag"))
+            )
+        else:
+            text = item
+        text = text.expandtabs(4)
+        style = base
+        if classify_error(text) is not None:
+            style = base + self.get_component_rich_style("rank-pane--error")
+        if row == self._highlight_row:
+            style = style + Style(reverse=True)
+        if self.pattern is not None:
+            match_style = style + self.get_component_rich_style("rank-pane--match")
+            pos = 0
+            for start, end in self.pattern.spans(text):
+                if start > pos:
+                    segments.append(Segment(text[pos:start], style))
+                segments.append(Segment(text[start:end], match_style))
+                pos = end
+            segments.append(Segment(text[pos:], style))
+        else:
+            segments.append(Segment(text, style))
+        return Strip(segments).crop_extend(0, width, base)
