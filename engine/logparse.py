@@ -107,7 +107,10 @@ _TORCH_DIST_MARKERS = ("ProcessGroupNCCL", "c10d", "torch.distributed", "TCPStor
 
 # Ordered: the first matching pattern names the error (OOM before a generic exception line).
 _ERROR_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
-    (ErrorKind.CUDA_OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),
+    (
+        ErrorKind.CUDA_OOM,
+        re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
+    ),
     (ErrorKind.WATCHDOG_TIMEOUT, re.compile(r"Watchdog caught collective operation timeout")),
     (ErrorKind.COMM_ABORTED, re.compile(r"NCCL communicator was aborted")),
     (ErrorKind.NCCL_WARN, re.compile(r"NCCL WARN")),
@@ -363,6 +366,58 @@ def scan_done(lines: Sequence[str]) -> bool:
     return any("[dtrain] done" in line for line in lines)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchFacts:
+    """What the monitor needs from a batch of one rank's lines, found in one pass."""
+
+    nccl: list[str]
+    """Lines for the NCCL pane, in order."""
+    errors: list[tuple[int, ErrorKind]]
+    """``(index in the batch, kind)`` of each error line."""
+    steps: list[StepInfo]
+    done: bool
+
+
+def scan_batch(lines: Sequence[str]) -> BatchFacts:
+    """One pass over a batch: route NCCL lines, find errors, steps and the trainer's done line.
+
+    The hot path of the monitor. NCCL INFO lines (the bulk of a chatty run) are only routed:
+    they are never errors, steps or done lines, so the substring gates of the other checks run
+    over the joined remaining lines only.
+    """
+    nccl: list[str] = []
+    other: list[str] = []
+    other_idx: list[int] = []
+    for i, line in enumerate(lines):
+        if "NCCL" in line:
+            nccl.append(line)
+            if "NCCL INFO" in line:
+                continue
+        other.append(line)
+        other_idx.append(i)
+    errors: list[tuple[int, ErrorKind]] = []
+    steps: list[StepInfo] = []
+    done = False
+    if other:
+        joined = "\n".join(other)
+        if any(m in joined for m in _TORCH_DIST_MARKERS):
+            seen = set(nccl)
+            torch_lines = {j for j, x in enumerate(other) if x not in seen and is_nccl(x)}
+            if torch_lines:
+                # Keep batch order: rebuild the NCCL list from the original positions.
+                keep = {other_idx[j] for j in torch_lines}
+                nccl = [x for i, x in enumerate(lines) if "NCCL" in x or i in keep]
+        if any(g in joined for g in _ERROR_GATE):
+            for j, line in enumerate(other):
+                kind = classify_error(line)
+                if kind is not None:
+                    errors.append((other_idx[j], kind))
+        if "[dtrain]" in joined:
+            steps = scan_steps(other)
+            done = "[dtrain] done" in joined
+    return BatchFacts(nccl, errors, steps, done)
+
+
 # ---- NCCL facts from a whole log -----------------------------------------------------------
 
 _NCCL_VERSION_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:\+(\S+))?")
@@ -398,6 +453,9 @@ class NcclSummary:
     ib_no_device: bool = False
     avg_busbw_gbps: float | None = None
     _via_budget: int = 4096
+    _line_budget: int = 200_000
+    """NCCL lines fully looked at by :meth:`feed_batch`; version, network and transports are
+    printed at communicator set-up, so a firehose later on costs two substring scans a batch."""
     """Channel lines still looked at in :meth:`feed_batch` (transports are set up at init)."""
 
     @property
@@ -444,7 +502,12 @@ class NcclSummary:
         joined = "\n".join(lines)
         if "NCCL" not in joined and "bus bandwidth" not in joined:
             return
-        phrases = [p for p in _SUMMARY_PHRASES if p in joined]
+        if self._line_budget <= 0:
+            # Past start-up only the facts that keep changing are looked for.
+            phrases = [p for p in ("Init COMPLETE", "NCCL WARN") if p in joined]
+        else:
+            self._line_budget -= len(lines)
+            phrases = [p for p in _SUMMARY_PHRASES if p in joined]
         if " via " in joined and self._via_budget > 0:
             phrases.append(" via ")
         if not phrases:

@@ -129,13 +129,16 @@ def zero_model_states_bytes(psi: float, k: float, nd: int, stage: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class States:
-    """Model-state bytes on one GPU, and what offload moved to CPU memory."""
+    """Model-state bytes on one GPU, and what offload moved to CPU memory. ``buffers`` holds the
+    framework's own buffers for these states; ``gathered`` is the part of it DeepSpeed's ZeRO-3
+    estimator counts (4 bytes per parameter of the largest layer)."""
 
     params: float
     grads: float
     optimizer: float
     cpu: float = 0.0
     buffers: float = 0.0
+    gathered: float = 0.0
 
 
 def model_states(
@@ -149,14 +152,21 @@ def model_states(
     optimizer: Optimizer,
     offload: Offload = Offload.NONE,
     largest_layer: float = 0.0,
+    grad_accum: int = 1,
 ) -> States:
     """Params, grads and optimizer bytes for ``psi`` parameters held by one GPU (after TP/PP/EP
-    splits) and sharded ``nd`` ways by ZeRO / FSDP, in the framework's own convention:
+    splits) and sharded ``nd`` ways by ZeRO / FSDP, in the framework's own convention (checked
+    against a real run in tests/engine/test_real_memory.py):
 
     * ``ddp`` (torch DDP, autocast): fp32 params (the master copy) and fp32 grads, plus states.
-    * ``deepspeed``: 16-bit params, 16-bit grads and an fp32 gradient partition, fp32 master and
-      states. Stage 1: ``2Ψ + 2Ψ + (4+K)Ψ/N``; stage 2: ``2Ψ + (2+4+K)Ψ/N`` (DeepSpeed's
-      ``2Ψ + 18Ψ/N`` for Adam); stage 3: ``(2+4+K)Ψ/N + 4·largest_layer`` (its ``18Ψ/N``).
+    * ``deepspeed``: 16-bit params, a 16-bit gradient partition and the fp32 gradient partition
+      ``step()`` makes from it (both alive during the conversion), fp32 master and states.
+      Stage 2: ``2Ψ + (2+4+K)Ψ/N`` (DeepSpeed's ``2Ψ + 18Ψ/N`` for Adam). Stage 1 is the same
+      when every step is an accumulation boundary; with gradient accumulation it keeps the full
+      16-bit grads between boundaries (``2Ψ + 4Ψ/N``). Stage 3: ``(2+4+K)Ψ/N`` with the fp32
+      gradient partition as grads (DeepSpeed's ``18Ψ/N``), plus buffers: ``4·largest_layer`` for
+      the gathered layer (``gathered``) and the persistent 16-bit reduce-scatter target
+      ``grad_partitions_flat_buffer`` (``2Ψ/N``), which the estimator leaves out.
       Offload (ZeRO-Offload): the fp32 grads, master and states live in CPU memory; with
       ``optimizer+params`` (ZeRO-Infinity to CPU, stage 3) the 16-bit params too.
     * ``fsdp``: sharded fp32 params (the optimizer steps on them), sharded fp32 grads, states;
@@ -181,18 +191,26 @@ def model_states(
             if offload != Offload.NONE:
                 # ZeRO-Offload: 16-bit params stay; grads are reduced straight into pinned CPU memory.
                 return States(pb * psi, 0.0, 0.0, cpu=(fp32_grad + k) * psi / nd, buffers=bucket)
-            grads = (
-                pb * psi + fp32_grad * psi / nd if zero_stage == 1 else (pb + fp32_grad) * psi / nd
-            )
+            grads = (pb + fp32_grad) * psi / nd
+            if zero_stage == 1 and grad_accum > 1:
+                grads = pb * psi + fp32_grad * psi / nd
             return States(pb * psi, grads, k * psi / nd, buffers=2 * bucket)
         # DeepSpeed's allowance for the gathered layer (16-bit params + grads of the largest one).
         gathered = 4 * largest_layer
         if offload == Offload.OPTIMIZER_PARAMS:
-            return States(0.0, 0.0, 0.0, cpu=(pb + fp32_grad + k) * psi / nd, buffers=gathered)
+            cpu = (pb + fp32_grad + k) * psi / nd
+            return States(0.0, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
         if offload == Offload.OPTIMIZER:
-            return States(pb * psi / nd, 0.0, 0.0, cpu=(fp32_grad + k) * psi / nd, buffers=gathered)
-        # 16-bit grads are reduce-scattered bucket by bucket; the fp32 partition stays.
-        return States(pb * psi / nd, 4 * psi / nd, k * psi / nd, buffers=gathered)
+            cpu = (fp32_grad + k) * psi / nd
+            return States(pb * psi / nd, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
+        grad_buffer = pb * psi / nd  # grad_partitions_flat_buffer: 16-bit, persistent
+        return States(
+            pb * psi / nd,
+            (fp32_grad or pb) * psi / nd,
+            k * psi / nd,
+            buffers=gathered + grad_buffer,
+            gathered=gathered,
+        )
     if framework == Framework.FSDP:
         unsharded = pb * psi if strategy == Strategy.FSDP_GRAD_OP else 0.0
         if offload == Offload.OPTIMIZER_PARAMS:
@@ -343,6 +361,7 @@ def estimate_memory(
     if d.strategy == Strategy.FSDP_HYBRID and gpus_per_node:
         nd = max(1, math.gcd(shard, gpus_per_node))  # shard inside a node, replicate across
     kw = {
+        "grad_accum": d.grad_accum,
         "framework": d.framework,
         "strategy": d.strategy,
         "zero_stage": d.zero_stage,

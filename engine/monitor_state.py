@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from engine.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
-from engine.logparse import ErrorKind, scan_done, scan_errors, scan_steps
+from engine.logparse import BatchFacts, ErrorKind, scan_batch
 
 HISTORY = 120
 """Points kept per rank for the loss / throughput charts (one per step line)."""
@@ -171,14 +171,23 @@ class MonitorState:
     # ---- ingest ------------------------------------------------------------------------
 
     def ingest_lines(
-        self, rank: int | None, node: int, lines: Sequence[str], now: float, host: str = ""
+        self,
+        rank: int | None,
+        node: int,
+        lines: Sequence[str],
+        now: float,
+        host: str = "",
+        facts: BatchFacts | None = None,
     ) -> list[ErrorRecord]:
         """Account for consecutive lines of one rank (or of a node when ``rank`` is None);
-        return the errors they hold."""
+        return the errors they hold. ``facts``: :func:`scan_batch` of ``lines``, when the
+        caller already has it."""
         if not lines:
             return []
+        if facts is None:
+            facts = scan_batch(lines)
         self.total_lines += len(lines)
-        found = scan_errors(lines)
+        found = facts.errors
         if rank is None:
             base = self.node_lines.get(node, 0)
             self.node_lines[node] = base + len(lines)
@@ -193,7 +202,7 @@ class MonitorState:
         st.last_line_ts = now
         if st.status is RankStatus.STARTING:
             st.status = RankStatus.RUNNING
-        for info in scan_steps(lines):
+        for info in facts.steps:
             st.step = info.step
             st.total_steps = info.total
             st.loss = info.loss
@@ -204,7 +213,7 @@ class MonitorState:
             st.tps_history.append(info.tokens_per_s)
             st.recent_step_times.append(info.step_time_s)
             st.last_step_ts = now
-        if not st.finished and scan_done(lines):
+        if facts.done:
             st.finished = True
         new = [ErrorRecord(rank, st.node, k, lines[i], now, base + i) for i, k in found]
         if new:

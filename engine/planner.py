@@ -171,7 +171,7 @@ def _hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
     if price is None:
         price = gpu.price_per_hour or None
     return Hardware(
-        peak_flops=gpu.peak_tflops(precision) * 1e12,
+        peak_flops=(gpu.peak_tflops(precision) or gpu.fp32_tflops) * 1e12,
         achievable_mfu=gpu.achievable_mfu,
         intra_bytes_per_s=intra,
         inter_bytes_per_s=inter,
@@ -850,7 +850,7 @@ def plan(spec: Spec) -> Plan:
             key=gpu.key,
             name=gpu.name,
             memory_bytes=gpu.memory_bytes,
-            peak_tflops=gpu.peak_tflops(precision),
+            peak_tflops=hw.peak_flops / 1e12,
             bf16=gpu.has_bf16,
             intra_node_gbps=hw.intra_bytes_per_s / 1e9,
             inter_node_gbps=hw.inter_bytes_per_s / 1e9,

@@ -89,9 +89,7 @@ def _run_info(data: dict[str, Any]) -> _RunInfo:
         node = entry.get("node_rank", entry.get("node", 0))
         info.rank_node[r] = int(node) if isinstance(node, int) else 0
         info.rank_host[r] = str(entry.get("host") or "")
-        if "exit_code" in entry and (
-            entry["exit_code"] is not None or info.state in FINAL_STATES
-        ):
+        if "exit_code" in entry and (entry["exit_code"] is not None or info.state in FINAL_STATES):
             code = entry["exit_code"]
             info.exits[r] = int(code) if isinstance(code, int) else None
     ws = data.get("world_size")
@@ -112,7 +110,7 @@ class RunDirSource:
         self,
         run_dir: Path | str,
         *,
-        chunk_bytes: int = 1 << 20,
+        chunk_bytes: int = 256 << 10,
         rescan_s: float = 0.25,
         idle_sleep_s: float = 0.02,
     ) -> None:
@@ -279,7 +277,9 @@ class RunDirSource:
             self._reported_exits.add(r)
             reason = self._info.reason if r in self._info.failed else ""
             node = self._info.rank_node.get(r, 0)
-            out.append(RankExit(node, r, code, time.time(), self._info.rank_host.get(r, ""), reason))
+            out.append(
+                RankExit(node, r, code, time.time(), self._info.rank_host.get(r, ""), reason)
+            )
         return out
 
     def _state_event(self, *, only_live: bool = False) -> list[Event]:

@@ -18,10 +18,11 @@ It promises:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import shutil
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -98,6 +99,17 @@ class ProfileEntry:
 
 def _where(path: Path) -> str:
     return str(path)
+
+
+@contextlib.contextmanager
+def _fs(path: Path) -> Iterator[None]:
+    """File-system failures (permissions, a full disk) as one ProfileError line."""
+    try:
+        yield
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        where = e.filename or path
+        raise ProfileError(f"cannot write {where}: {reason}", field=_where(path)) from None
 
 
 def _read_doc(path: Path) -> TOMLDocument:
@@ -398,7 +410,12 @@ class ProfileStore:
             prof.profile.created = now_utc()
         check_secrets(prof.model_dump(mode="json", exclude_none=True), where=f"profile {name!r}")
         # Whole-model validation (model_copy skips it): catches a spec assembled field by field.
-        prof = Profile.model_validate(prof.model_dump())
+        try:
+            prof = Profile.model_validate(prof.model_dump())
+        except ValidationError as e:
+            raise ProfileError(
+                "; ".join(validation_messages(e)), field=f"profile {name!r}"
+            ) from None
         doc: TOMLDocument | None = None
         old: Profile | None = None
         if path.exists():
@@ -409,11 +426,15 @@ class ProfileStore:
                 )
             try:
                 doc = _read_doc(path)
-                migrate(doc, _where(path))
+                start = migrate(doc, _where(path))
+                if start < SCHEMA_VERSION:  # keep the original, as load does
+                    with _fs(path):
+                        shutil.copy2(path, _free_backup(path, start))
                 old = _validate(_unwrap(doc), path, name)
             except ProfileError:
                 # The file is broken: keep it beside the new one rather than lose it.
-                shutil.copy2(path, _free_backup(path, "broken"))
+                with _fs(path):
+                    shutil.copy2(path, _free_backup(path, "broken"))
                 doc, old = None, None
         elif self.is_builtin(name):
             try:
@@ -434,8 +455,9 @@ class ProfileStore:
             include=set(SPEC_SECTIONS)
         ):
             raise ProfileError("internal: the saved file would not read back the same", field=name)
-        self._ensure_dir()
-        atomic_write_text(path, text, mode=FILE_MODE)
+        with _fs(path):
+            self._ensure_dir()
+            atomic_write_text(path, text, mode=FILE_MODE)
         return path
 
     def save_spec(
@@ -475,7 +497,8 @@ class ProfileStore:
                     field="profile name",
                 )
             raise self._not_found(name)
-        path.unlink()
+        with _fs(path):
+            path.unlink()
         return path
 
     def rename(self, old: str, new: str, *, overwrite: bool = False) -> Path:
@@ -502,18 +525,28 @@ class ProfileStore:
                 meta["name"] = new
         else:
             _set_table(doc, "profile", {"name": new})
-        self._ensure_dir()
-        atomic_write_text(dst, doc.as_string(), mode=FILE_MODE)
-        if src != dst:
-            src.unlink()
+        with _fs(dst):
+            self._ensure_dir()
+            atomic_write_text(dst, doc.as_string(), mode=FILE_MODE)
+            if src != dst:
+                src.unlink()
         return dst
 
-    def export(self, name: str, dest: Path | None = None) -> str:
-        """The profile's file text, checked loadable; written to ``dest`` (0600) when given."""
-        self.load(name) if not self.is_user(name) else self._read(self.user_path(name), name)
+    def export(self, name: str, dest: Path | None = None, *, overwrite: bool = False) -> str:
+        """The profile's file text, checked loadable (nothing is migrated or rewritten);
+        written to ``dest`` (0600) when given. An existing ``dest`` is kept unless
+        ``overwrite``."""
+        self._read(self.path_of(name), name)
         text = self.text(name)
         if dest is not None:
-            atomic_write_text(Path(dest), text, mode=FILE_MODE)
+            dest = Path(dest)
+            if dest.exists() and not overwrite:
+                raise ProfileError(
+                    f"{dest} already exists; pass another file or --force to replace it",
+                    field="--output",
+                )
+            with _fs(dest):
+                atomic_write_text(dest, text, mode=FILE_MODE)
         return text
 
     def import_file(
@@ -539,8 +572,9 @@ class ProfileStore:
         if isinstance(meta, MutableMapping):
             if "name" in meta:
                 meta["name"] = target
-        self._ensure_dir()
-        atomic_write_text(dst, doc.as_string(), mode=FILE_MODE)
+        with _fs(dst):
+            self._ensure_dir()
+            atomic_write_text(dst, doc.as_string(), mode=FILE_MODE)
         return target, dst
 
     # ------------------------------------------------------------------ last use

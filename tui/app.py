@@ -23,7 +23,6 @@ from engine.errors import DtrainError, one_line
 from engine.plan import Plan
 from engine.specs import Spec, demo_spec
 from tui import services
-from tui.commands import WizardCommands
 from tui.format import count, seconds
 from tui.messages import (
     BundleRendered,
@@ -39,7 +38,7 @@ from tui.screens.step import StepPane
 DEFAULT_PROFILE = "local-cpu-demo"
 """The built-in profile the wizard opens on when no ``--profile`` is given."""
 
-PLAN_DELAY_S = 0.08
+PLAN_DELAY_S = 0.12
 """Quiet time after the last keystroke before planning: typing "4096" plans once, not four times."""
 
 
@@ -49,7 +48,7 @@ class DtrainApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "dtrain-tui"
-    COMMANDS: ClassVar[set[Any]] = App.COMMANDS | {WizardCommands}
+    COMMANDS: ClassVar[set[Any]] = App.COMMANDS | {lambda: _wizard_commands()}
     BINDINGS: ClassVar[list[Any]] = [
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
@@ -63,6 +62,7 @@ class DtrainApp(App[int]):
         config_dir: Path | None = None,
         profile_name: str | None = None,
         plan_delay_s: float = PLAN_DELAY_S,
+        show_timings: bool = True,
     ) -> None:
         super().__init__()
         self.spec: Spec = spec if spec is not None else demo_spec()
@@ -73,6 +73,8 @@ class DtrainApp(App[int]):
         self.config_dir = config_dir
         self.profile_name = profile_name
         self.plan_delay_s = plan_delay_s
+        self.show_timings = show_timings
+        """Show how long planning took (off for snapshot tests, which must be repeatable)."""
         self.plan: Plan | None = None
         self.plan_elapsed_s = 0.0
         self.bundle: dict[str, str] = {}
@@ -375,6 +377,13 @@ class DtrainApp(App[int]):
         if self.wizard is not None and self.wizard.launch is not None:
             self.wizard.launch.show_result(f"run started: {run_dir}", ok=True)
         self.push_screen(MonitorScreen(source, run_dir=run_dir))
+
+
+def _wizard_commands() -> Any:
+    """The palette's provider, imported when the palette first opens (start-up speed)."""
+    from tui.commands import WizardCommands
+
+    return WizardCommands
 
 
 def write_summary(report: Any, out: Path) -> str:

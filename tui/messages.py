@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
-from engine.monitor_state import Snapshot as MonitorSnapshot
-from engine.plan import Plan
+if TYPE_CHECKING:  # annotations only: importing them costs start-up time
+    from engine.monitor_state import Snapshot as MonitorSnapshot
+    from engine.plan import Plan
 
 
 @dataclass
@@ -90,13 +94,13 @@ class StepChanged(Message):
 
 @dataclass
 class RankLinesReceived(Message):
-    """A batch of output arrived: ``lines`` per rank, ``node_items`` (rank, line) per node in
-    arrival order, ``nccl`` the (rank, line) pairs for the NCCL pane, and the rank states after
-    the batch. One message per 50-250 ms, never one per line."""
+    """A batch of output arrived: ``lines`` per rank; ``node_chunks`` per node, in arrival
+    order, as (rank or None, lines) chunks; ``nccl`` the (rank, lines) chunks for the NCCL pane;
+    and the rank states after the batch. One message per 50-250 ms, never one per line."""
 
     lines: dict[int, list[str]]
-    node_items: dict[int, list[tuple[int | None, str]]]
-    nccl: list[tuple[int | None, str]]
+    node_chunks: dict[int, list[tuple[int | None, Sequence[str]]]]
+    nccl: list[tuple[int | None, Sequence[str]]]
     snapshot: MonitorSnapshot
     count: int
 

@@ -25,7 +25,9 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by launch")
+    p.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="a run directory written by launch"
+    )
     p.add_argument(
         "--follow",
         "-f",

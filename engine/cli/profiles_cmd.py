@@ -135,7 +135,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.output is None or str(args.output) == "-":
         sys.stdout.write(store.export(args.name))
         return 0
-    store.export(args.name, args.output)
+    store.export(args.name, args.output, overwrite=args.force)
     print(f"exported profile {args.name!r} to {args.output}")
     return 0
 
@@ -214,6 +214,7 @@ def register(subparsers: Any) -> None:
     _config_dir(q)
     q.add_argument("name")
     q.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (0600)")
+    q.add_argument("--force", action="store_true", help="replace FILE if it exists")
     q.set_defaults(func=_cmd_export)
 
     q = sub.add_parser("import", help="check a profile file and add it to your profiles")

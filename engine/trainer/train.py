@@ -320,6 +320,15 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
 def init_deepspeed(model: nn.Module, c: Config, device: torch.device, world: int) -> Any:
     import deepspeed
 
+    if device.type != "cuda":
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce kernel (a C++ build
+        # of minutes, serialised by a file lock across ranks) the first time comm starts; gloo
+        # does the same collectives, so skip the build.
+        import importlib
+
+        # (import_module: `import deepspeed.comm.torch as m` would bind the torch package,
+        # which deepspeed.comm holds as an attribute of the same name)
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     ds = json.loads(json.dumps(c.ds_config))
     ds.pop("train_batch_size", None)  # recomputed by DeepSpeed from micro x accum x dp
     ds["train_micro_batch_size_per_gpu"] = c.micro_batch

@@ -25,7 +25,11 @@ from engine.logparse import (
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = next(
-    (p for p in (REPO / "shared/fixtures/logs", REPO.parent / "shared/fixtures/logs") if p.is_dir()),
+    (
+        p
+        for p in (REPO / "shared/fixtures/logs", REPO.parent / "shared/fixtures/logs")
+        if p.is_dir()
+    ),
     REPO.parent / "shared/fixtures/logs",
 )
 IB = FIXTURES / "01_ib_multinode_vllm_ray_prefixed.log"
@@ -190,14 +194,20 @@ ERRORS = [
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has",
         ErrorKind.CUDA_OOM,
     ),
-    ("host:1:2 [0] misc/socket.cc:49 NCCL WARN Net : Connection closed by remote peer", ErrorKind.NCCL_WARN),
+    (
+        "host:1:2 [0] misc/socket.cc:49 NCCL WARN Net : Connection closed by remote peer",
+        ErrorKind.NCCL_WARN,
+    ),
     (
         "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
         "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600086 milliseconds before timing out.",
         ErrorKind.WATCHDOG_TIMEOUT,
     ),
     ("[Rank 1] NCCL communicator was aborted on rank 1.", ErrorKind.COMM_ABORTED),
-    ("RuntimeError: NCCL error in: ../torch/csrc/...: unhandled system error", ErrorKind.NCCL_ERROR),
+    (
+        "RuntimeError: NCCL error in: ../torch/csrc/...: unhandled system error",
+        ErrorKind.NCCL_ERROR,
+    ),
     (
         "torch.distributed.DistNetworkError: The client socket has timed out after 60s while trying "
         "to connect to (10.0.0.1, 29500).",

@@ -8,7 +8,9 @@ from engine.monitor_state import MonitorState, RankStatus, exit_text
 
 
 def step(n: int, loss: float = 2.0, t: float = 0.5, total: int = 10) -> str:
-    return f"[dtrain] step={n}/{total} loss={loss} tokens_per_s={1000 / t} step_time_s={t} mem_gb=1.0"
+    return (
+        f"[dtrain] step={n}/{total} loss={loss} tokens_per_s={1000 / t} step_time_s={t} mem_gb=1.0"
+    )
 
 
 def test_states_from_start_to_exit() -> None:
@@ -71,7 +73,9 @@ def test_straggler_is_step_time_well_above_the_others_median() -> None:
     assert [snap.ranks[r].straggler for r in range(4)] == [False, False, True, False]
     # Close to the median is not a straggler.
     s2 = MonitorState(2)
-    s2.apply([LineEvent(0, 0, "stdout", step(1, t=0.5)), LineEvent(0, 1, "stdout", step(1, t=0.6))], 1.0)
+    s2.apply(
+        [LineEvent(0, 0, "stdout", step(1, t=0.5)), LineEvent(0, 1, "stdout", step(1, t=0.6))], 1.0
+    )
     s2.evaluate(1.0)
     assert not any(st.straggler for st in s2.ranks.values())
 

@@ -23,10 +23,18 @@ from engine.runtail import RunDirSource
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_run(run: Path, state: str, exits: dict[int, int | None] | None = None, **extra: object) -> None:
+def write_run(
+    run: Path, state: str, exits: dict[int, int | None] | None = None, **extra: object
+) -> None:
     exits = exits or {}
     ranks = [
-        {"rank": r, "node_rank": r // 2, "local_rank": r % 2, "host": "localhost", "exit_code": exits.get(r)}
+        {
+            "rank": r,
+            "node_rank": r // 2,
+            "local_rank": r % 2,
+            "host": "localhost",
+            "exit_code": exits.get(r),
+        }
         for r in range(4)
     ]
     info = {"state": state, "world_size": 4, "nodes": 2, "ranks": ranks, **extra}
@@ -47,7 +55,9 @@ def test_finished_run_reads_every_line_then_exits_then_state(tmp_path: Path) -> 
     logs.mkdir()
     for r in range(4):
         (logs / f"rank{r}.stdout.log").write_text("".join(f"r{r} {i}\n" for i in range(1000)))
-    (logs / "rank3.stderr.log").write_text("Traceback (most recent call last):\nboom")  # no final \n
+    (logs / "rank3.stderr.log").write_text(
+        "Traceback (most recent call last):\nboom"
+    )  # no final \n
     (logs / "node1.log").write_text("launcher chatter\n")
     write_run(tmp_path, "failed", {0: 0, 1: 0, 2: 0, 3: 1}, failed_rank=3, reason="rank 3 exited 1")
     src = RunDirSource(tmp_path, chunk_bytes=4096)

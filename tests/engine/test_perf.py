@@ -39,7 +39,9 @@ def test_flops_per_token() -> None:
     assert flops_per_token(DIMS, 4096, Recompute.NONE, attention=False) == 6 * n
     assert flops_per_token(DIMS, 4096, Recompute.NONE) == 6 * n + attn
     assert flops_per_token(DIMS, 4096, Recompute.FULL, attention=False) == 8 * n
-    assert flops_per_token(DIMS, 4096, Recompute.SELECTIVE) > flops_per_token(DIMS, 4096, Recompute.NONE)
+    assert flops_per_token(DIMS, 4096, Recompute.SELECTIVE) > flops_per_token(
+        DIMS, 4096, Recompute.NONE
+    )
     assert model_flops_per_token(DIMS, 4096) == 6 * n + attn
     moe = resolve_model(ModelSpec(preset="mixtral-8x7b"))
     assert flops_per_token(moe, 1, Recompute.NONE, attention=False) == 6 * moe.params_active
@@ -79,31 +81,78 @@ def test_communication_strategies_rank_as_expected() -> None:
     hw = _hw(nodes=4, inter=3200e9 / 8 * 0.85)
     ddp = estimate_time(DIMS, _draft(dp=32, grad_accum=1), hw, seq_len=4096)
     z3 = estimate_time(
-        DIMS, _draft(strategy=Strategy.ZERO3, framework=Framework.DEEPSPEED, zero_stage=3, dp=32, grad_accum=1), hw, seq_len=4096
+        DIMS,
+        _draft(
+            strategy=Strategy.ZERO3,
+            framework=Framework.DEEPSPEED,
+            zero_stage=3,
+            dp=32,
+            grad_accum=1,
+        ),
+        hw,
+        seq_len=4096,
     )
     # ZeRO-3 moves 1.5x the DDP volume.
     assert z3.comm_time_s >= ddp.comm_time_s
-    slow = estimate_time(DIMS, _draft(dp=32, grad_accum=1), _hw(nodes=4, inter=100e9 / 8 * 0.5), seq_len=4096)
+    slow = estimate_time(
+        DIMS, _draft(dp=32, grad_accum=1), _hw(nodes=4, inter=100e9 / 8 * 0.5), seq_len=4096
+    )
     assert slow.step_time_s > ddp.step_time_s
     assert slow.scaling_efficiency < ddp.scaling_efficiency
     off = estimate_time(
         DIMS,
-        _draft(strategy=Strategy.ZERO2, framework=Framework.DEEPSPEED, zero_stage=2, offload=Offload.OPTIMIZER, grad_accum=1),
+        _draft(
+            strategy=Strategy.ZERO2,
+            framework=Framework.DEEPSPEED,
+            zero_stage=2,
+            offload=Offload.OPTIMIZER,
+            grad_accum=1,
+        ),
         _hw(),
         seq_len=4096,
     )
-    on = estimate_time(DIMS, _draft(strategy=Strategy.ZERO2, framework=Framework.DEEPSPEED, zero_stage=2, grad_accum=1), _hw(), seq_len=4096)
+    on = estimate_time(
+        DIMS,
+        _draft(strategy=Strategy.ZERO2, framework=Framework.DEEPSPEED, zero_stage=2, grad_accum=1),
+        _hw(),
+        seq_len=4096,
+    )
     assert off.step_time_s > on.step_time_s
 
 
 def test_pipeline_and_tensor_parallel_costs() -> None:
-    few = estimate_time(DIMS, _draft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, dp=2, pp=4, grad_accum=4), _hw(), seq_len=4096)
-    many = estimate_time(DIMS, _draft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, dp=2, pp=4, grad_accum=32, micro_batch=1), _hw(), seq_len=4096)
+    few = estimate_time(
+        DIMS,
+        _draft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, dp=2, pp=4, grad_accum=4),
+        _hw(),
+        seq_len=4096,
+    )
+    many = estimate_time(
+        DIMS,
+        _draft(
+            strategy=Strategy.THREE_D,
+            framework=Framework.MEGATRON,
+            dp=2,
+            pp=4,
+            grad_accum=32,
+            micro_batch=1,
+        ),
+        _hw(),
+        seq_len=4096,
+    )
     assert few.bubble_fraction == pytest.approx(3 / 7)
     assert many.bubble_fraction < 0.1
-    tp_in = estimate_time(DIMS, _draft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, dp=4, tp=8, grad_accum=8), _hw(nodes=4), seq_len=4096)
+    tp_in = estimate_time(
+        DIMS,
+        _draft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, dp=4, tp=8, grad_accum=8),
+        _hw(nodes=4),
+        seq_len=4096,
+    )
     tp_out = estimate_time(
-        DIMS, _draft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, dp=2, tp=16, grad_accum=8), _hw(nodes=4), seq_len=4096
+        DIMS,
+        _draft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, dp=2, tp=16, grad_accum=8),
+        _hw(nodes=4),
+        seq_len=4096,
     )
     assert tp_out.comm_time_s > tp_in.comm_time_s
 

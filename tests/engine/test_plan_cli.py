@@ -23,7 +23,19 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_plan_json_is_one_object_with_the_schema() -> None:
-    r = _run("--model", "llama-2-7b", "--gpu", "A100 80GB", "--gpus-per-node", "8", "--seq-len", "4096", "--global-batch", "256", "--json")
+    r = _run(
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "A100 80GB",
+        "--gpus-per-node",
+        "8",
+        "--seq-len",
+        "4096",
+        "--global-batch",
+        "256",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["model"]["params_total"] == 6738415616
@@ -46,7 +58,14 @@ def test_plan_human_output_and_spec_file(tmp_path: Path) -> None:
     r = _run("--spec", str(spec))
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    for needle in ("Model     llama-2-70b", "Decision path", "Memory per GPU (GiB)", "Alternatives", "GPU-hours", "Does it fit with full sharding"):
+    for needle in (
+        "Model     llama-2-70b",
+        "Decision path",
+        "Memory per GPU (GiB)",
+        "Alternatives",
+        "GPU-hours",
+        "Does it fit with full sharding",
+    ):
         assert needle in out, needle
     # Forcing from the command line overlays the file.
     r = _run("--spec", str(spec), "--strategy", "zero3", "--json")
@@ -70,17 +89,42 @@ def _typo_spec(tmp_path: Path) -> str:
     ("args", "field"),
     [
         (["--model", "llama-2-7b", "--gpus-per-node", "-1"], "hardware.gpus_per_node"),
-        (["--model", "llama-2-7b", "--gpu", "h100", "--gpus-per-node", "6", "--tp", "3"], "layout.tp"),
+        (
+            ["--model", "llama-2-7b", "--gpu", "h100", "--gpus-per-node", "6", "--tp", "3"],
+            "layout.tp",
+        ),
         (["--model", "llama-2-7b", "--gpu", "tpu-v9"], "hardware.gpu"),
         (["--model-config", "BAD_CONFIG"], "model.config_path"),
         (["--spec", "TYPO_SPEC"], "training.seq_lenn"),
-        (["--model", "llama-2-7b", "--gpu", "h100", "--gpus-per-node", "8", "--tp", "2", "--pp", "4", "--dp", "2"], "layout"),
+        (
+            [
+                "--model",
+                "llama-2-7b",
+                "--gpu",
+                "h100",
+                "--gpus-per-node",
+                "8",
+                "--tp",
+                "2",
+                "--pp",
+                "4",
+                "--dp",
+                "2",
+            ],
+            "layout",
+        ),
         (["--model", "no-such-model"], "model.preset"),
     ],
 )
-def test_bad_input_is_one_line_naming_the_field(tmp_path: Path, args: list[str], field: str) -> None:
+def test_bad_input_is_one_line_naming_the_field(
+    tmp_path: Path, args: list[str], field: str
+) -> None:
     args = [
-        _bad_config(tmp_path) if a == "BAD_CONFIG" else _typo_spec(tmp_path) if a == "TYPO_SPEC" else a
+        _bad_config(tmp_path)
+        if a == "BAD_CONFIG"
+        else _typo_spec(tmp_path)
+        if a == "TYPO_SPEC"
+        else a
         for a in args
     ]
     r = _run(*args, "--json")

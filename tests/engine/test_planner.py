@@ -58,7 +58,12 @@ def test_demo_spec_gives_a_ddp_plan_on_cpu() -> None:
     assert r.fits and r.precision == Precision.FP32
     assert r.global_batch == 8 == r.micro_batch * r.grad_accum * r.dp
     assert p.gpu.dist_backend == "gloo"
-    assert _answers(p)["Does the model fit on one GPU (full replica: params, grads, optimizer, activations)?"] == "yes"
+    assert (
+        _answers(p)[
+            "Does the model fit on one GPU (full replica: params, grads, optimizer, activations)?"
+        ]
+        == "yes"
+    )
     assert not p.warnings
 
 
@@ -88,7 +93,10 @@ def test_70b_on_4x8_h100_ib_is_sharded_or_3d_with_tp_in_node() -> None:
     assert r.tp <= 8
     assert r.world_size == 32
     a = _answers(p)
-    assert a["Does it fit with optimizer and gradient sharding (ZeRO-1/2, FSDP SHARD_GRAD_OP)?"] == "no"
+    assert (
+        a["Does it fit with optimizer and gradient sharding (ZeRO-1/2, FSDP SHARD_GRAD_OP)?"]
+        == "no"
+    )
     if r.tp > 1:
         assert a["Does TP stay inside a node?"] == "yes"
     if r.pp > 1:
@@ -117,7 +125,9 @@ def test_v100_falls_back_to_fp16() -> None:
     assert p.recommended.precision == Precision.FP16
     assert _answers(p)["Which precision?"] == "fp16"
     assert not p.gpu.bf16
-    forced = plan(_spec("llama-3.2-1b", "v100-32gb", seq_len=2048, global_batch=64, precision="bf16"))
+    forced = plan(
+        _spec("llama-3.2-1b", "v100-32gb", seq_len=2048, global_batch=64, precision="bf16")
+    )
     assert forced.recommended.precision == Precision.FP16
     assert any("has no bf16" in w for w in forced.warnings)
 
@@ -164,7 +174,11 @@ def test_forced_layout_that_fits_is_kept() -> None:
 @pytest.mark.parametrize(
     ("layout", "field", "needle"),
     [
-        ({"tp": 2, "pp": 4, "dp": 2}, "layout", "tp(2) * pp(4) * dp(2) * cp(1) = 16 != world size 8"),
+        (
+            {"tp": 2, "pp": 4, "dp": 2},
+            "layout",
+            "tp(2) * pp(4) * dp(2) * cp(1) = 16 != world size 8",
+        ),
         ({"tp": 3}, "layout", "does not divide world size 8"),
         ({"tp": 4, "pp": 1, "dp": 2, "framework": "megatron"}, "", ""),
         ({"ep": 2}, "layout.ep", "dense"),
@@ -174,7 +188,9 @@ def test_forced_layout_that_fits_is_kept() -> None:
         ({"pp": 64}, "layout", ""),
     ],
 )
-def test_inconsistent_forced_layouts_are_spec_errors(layout: dict[str, object], field: str, needle: str) -> None:
+def test_inconsistent_forced_layouts_are_spec_errors(
+    layout: dict[str, object], field: str, needle: str
+) -> None:
     if not field:
         plan(_forced(**layout))  # consistent: no error
         return
@@ -234,7 +250,9 @@ def test_tcp_multi_node_warns() -> None:
 
 
 def test_plan_json_schema_keys() -> None:
-    data = _json(plan(_spec("llama-2-7b", "a100-80gb", seq_len=4096, global_batch=256, tokens=1e10)))
+    data = _json(
+        plan(_spec("llama-2-7b", "a100-80gb", seq_len=4096, global_batch=256, tokens=1e10))
+    )
     for key in ("params_total", "params_active", "layers", "hidden", "heads", "kv_heads", "vocab"):
         assert key in data["model"]  # type: ignore[operator]
     layout_keys = (
@@ -246,7 +264,14 @@ def test_plan_json_schema_keys() -> None:
     for entry in [rec, *data["alternatives"]]:  # type: ignore[misc]
         for k in layout_keys:
             assert k in entry
-        assert set(entry["memory_per_gpu"]) >= {"params", "grads", "optimizer", "activations", "buffers", "total"}
+        assert set(entry["memory_per_gpu"]) >= {
+            "params",
+            "grads",
+            "optimizer",
+            "activations",
+            "buffers",
+            "total",
+        }
     assert all("rejected_because" in a and a["rejected_because"] for a in data["alternatives"])  # type: ignore[union-attr]
     assert rec["gpu_hours"] > 0 and rec["cost_usd"] > 0
     assert 0 < rec["mfu"] <= 1
@@ -256,7 +281,20 @@ def test_plan_json_schema_keys() -> None:
 # ---------------------------------------------------------------------------------------------
 # Property: random specs never crash the planner (SpecError is the only allowed failure)
 
-GPUS = ["cpu", "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "mi300x", "l40s", "a10g", "l4"]
+GPUS = [
+    "cpu",
+    "v100-32gb",
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "b200",
+    "mi300x",
+    "l40s",
+    "a10g",
+    "l4",
+]
 
 
 @st.composite

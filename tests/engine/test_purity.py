@@ -22,8 +22,8 @@ FORBIDDEN = ("textual", "rich", "torch", "deepspeed", "sky", "paramiko")
 EXCLUDED = ("engine.trainer", "engine.__main__")
 
 # One interpreter per run; each module is imported in its own forked child of it, so one module's
-# imports cannot hide another's. The parent pre-imports only pydantic (allowed, and the slow part)
-# after checking that nothing forbidden is loaded yet.
+# imports cannot hide another's. To save time the parent pre-imports pydantic and the shared base
+# (engine.specs, engine.plan), checking that nothing forbidden came with them.
 _PROBE = """
 import importlib, json, os, sys
 FORBIDDEN = set(%r)
@@ -31,6 +31,7 @@ def bad_roots():
     return sorted({m.split('.')[0] for m in sys.modules} & FORBIDDEN)
 assert not bad_roots(), bad_roots()
 import pydantic  # noqa: F401
+import engine.specs, engine.plan  # noqa: F401,E401
 assert not bad_roots(), bad_roots()
 out = {}
 for name in sys.argv[1:]:
@@ -67,7 +68,13 @@ def engine_modules() -> list[str]:
 
 def test_walk_finds_the_core_modules() -> None:
     names = engine_modules()
-    for must in ("engine.specs", "engine.memory", "engine.perf", "engine.planner", "engine.cli.plan_cmd"):
+    for must in (
+        "engine.specs",
+        "engine.memory",
+        "engine.perf",
+        "engine.planner",
+        "engine.cli.plan_cmd",
+    ):
         assert must in names
     assert not any(n.startswith("engine.trainer") for n in names)
 
@@ -108,6 +115,8 @@ def test_planning_from_the_cli_imports_no_torch() -> None:
         "    rc = main(['plan', '--model', 'llama-2-7b', '--gpu', 'h100', '--gpus-per-node', '8', '--json'])\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({FORBIDDEN!r})), rc)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[] 0"

@@ -117,8 +117,12 @@ def test_every_torchrun_line_parses_with_torchruns_parser(name: str, tmp_path: P
         else:
             assert a.training_script == launch.script
         if plan.recommended.framework.value == "megatron":
-            words = [w for line in megatron_args(plan).splitlines() if not line.startswith("#")
-                     for w in line.split()]
+            words = [
+                w
+                for line in megatron_args(plan).splitlines()
+                if not line.startswith("#")
+                for w in line.split()
+            ]
             assert a.training_script_args == launch.script_args + words
         elif launch.script is not None:
             assert a.training_script_args == launch.script_args
@@ -147,7 +151,7 @@ def test_master_addr_and_port_come_from_the_environment_when_set(tmp_path: Path)
     assert got["argv"][got["argv"].index("--rdzv-endpoint") + 1] == "127.0.0.1:40002"
 
 
-HOSTILE = ["; rm -rf ~", "$(touch CANARY)", "`touch CANARY`", "it's \"quoted\"", "a b\tc", "*"]
+HOSTILE = ["; rm -rf ~", "$(touch CANARY)", "`touch CANARY`", 'it\'s "quoted"', "a b\tc", "*"]
 
 
 def test_hostile_values_reach_the_program_as_literal_text(tmp_path: Path) -> None:
@@ -256,8 +260,11 @@ def test_fsdp_settings_follow_the_plan() -> None:
     assert grad_op["reshard_after_forward"] is False
     assert grad_op["mixed_precision"] is None  # fp32 on cpu
     user = fsdp_settings_dict(
-        make_plan(model=ModelSpec(preset="llama-2-7b"), strategy=Strategy.FSDP_FULL,
-                  launch={"script": "train_llama.py"})
+        make_plan(
+            model=ModelSpec(preset="llama-2-7b"),
+            strategy=Strategy.FSDP_FULL,
+            launch={"script": "train_llama.py"},
+        )
     )
     assert user["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
 
@@ -282,8 +289,12 @@ def test_ds_config_has_no_auto_unless_hf_integration() -> None:
 
 def test_ds_config_blocks() -> None:
     z3 = ds_config_dict(
-        make_plan(model=ModelSpec(preset="llama-2-7b"), strategy=Strategy.ZERO3,
-                  offload=Offload.OPTIMIZER_PARAMS, precision=Precision.FP16)
+        make_plan(
+            model=ModelSpec(preset="llama-2-7b"),
+            strategy=Strategy.ZERO3,
+            offload=Offload.OPTIMIZER_PARAMS,
+            precision=Precision.FP16,
+        )
     )
     zo = z3["zero_optimization"]
     assert zo["stage"] == 3 and zo["overlap_comm"] and zo["contiguous_gradients"]
@@ -293,14 +304,23 @@ def test_ds_config_blocks() -> None:
     assert zo["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert z3["fp16"]["enabled"] is True and z3["fp16"]["loss_scale"] == 0
     assert "bf16" not in z3
-    z2 = ds_config_dict(make_plan(strategy=Strategy.ZERO2, micro_batch=3, grad_accum=5,
-                                  training={"grad_clip": 0.5, "optimizer": "sgd"}))
+    z2 = ds_config_dict(
+        make_plan(
+            strategy=Strategy.ZERO2,
+            micro_batch=3,
+            grad_accum=5,
+            training={"grad_clip": 0.5, "optimizer": "sgd"},
+        )
+    )
     assert (z2["train_batch_size"], z2["train_micro_batch_size_per_gpu"]) == (30, 3)
     assert z2["gradient_accumulation_steps"] == 5 and z2["gradient_clipping"] == 0.5
     assert z2["optimizer"]["type"] == "SGD"
     assert "offload_optimizer" not in z2["zero_optimization"]
-    sched = ds_config_dict(make_plan(strategy=Strategy.ZERO1, steps=100),
-                           scheduler=Scheduler.WARMUP_DECAY, warmup_steps=10)
+    sched = ds_config_dict(
+        make_plan(strategy=Strategy.ZERO1, steps=100),
+        scheduler=Scheduler.WARMUP_DECAY,
+        warmup_steps=10,
+    )
     assert sched["scheduler"]["type"] == "WarmupDecayLR"
     assert sched["scheduler"]["params"]["total_num_steps"] == 100
     with pytest.raises(DtrainError, match="stage 3"):
@@ -327,7 +347,10 @@ def test_nccl_env_per_fabric_with_a_reason_per_variable(tmp_path: Path) -> None:
         f.write_text(text)
         out = subprocess.run(
             ["bash", "-c", f"set -a; source {f}; env -0"],
-            capture_output=True, text=True, env={}, check=True,
+            capture_output=True,
+            text=True,
+            env={},
+            check=True,
         ).stdout
         return dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
 
@@ -349,18 +372,39 @@ def test_nccl_env_per_fabric_with_a_reason_per_variable(tmp_path: Path) -> None:
 
 def test_megatron_args_for_3d() -> None:
     text = megatron_args(golden_plans()["llama70b_4x8h100_3d"])
-    for flag in ("--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 2",
-                 "--sequence-parallel", "--num-layers-per-virtual-pipeline-stage 20",
-                 "--global-batch-size 64", "--recompute-granularity selective"):
+    for flag in (
+        "--tensor-model-parallel-size 8",
+        "--pipeline-model-parallel-size 2",
+        "--sequence-parallel",
+        "--num-layers-per-virtual-pipeline-stage 20",
+        "--global-batch-size 64",
+        "--recompute-granularity selective",
+    ):
         assert flag in text.splitlines()
-    moe = megatron_args(make_plan(model=ModelSpec(preset="mixtral-8x7b"), gpu="h100-sxm",
-                                  gpus_per_node=8, strategy=Strategy.THREE_D, tp=2, ep=4,
-                                  recompute=Recompute.FULL))
+    moe = megatron_args(
+        make_plan(
+            model=ModelSpec(preset="mixtral-8x7b"),
+            gpu="h100-sxm",
+            gpus_per_node=8,
+            strategy=Strategy.THREE_D,
+            tp=2,
+            ep=4,
+            recompute=Recompute.FULL,
+        )
+    )
     assert "--expert-model-parallel-size 4" in moe and "--num-experts 8" in moe
     assert "--recompute-method uniform" in moe
     with pytest.raises(DtrainError, match="virtual"):
-        megatron_args(make_plan(gpu="h100-sxm", gpus_per_node=8, strategy=Strategy.THREE_D,
-                                tp=2, pp=2, virtual_stages=3))
+        megatron_args(
+            make_plan(
+                gpu="h100-sxm",
+                gpus_per_node=8,
+                strategy=Strategy.THREE_D,
+                tp=2,
+                pp=2,
+                virtual_stages=3,
+            )
+        )
 
 
 # ----------------------------------------------------------------- writing without losing edits
@@ -435,9 +479,29 @@ def test_a_foreign_manifest_is_protected(tmp_path: Path) -> None:
 
 def test_write_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "b"
-    argv = ["write", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",
-            "--gpu", "cpu", "--gpus-per-node", "2", "--seq-len", "32", "--global-batch", "8",
-            "--strategy", "zero2", "--out", str(out)]
+    argv = [
+        "write",
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--vocab",
+        "128",
+        "--gpu",
+        "cpu",
+        "--gpus-per-node",
+        "2",
+        "--seq-len",
+        "32",
+        "--global-batch",
+        "8",
+        "--strategy",
+        "zero2",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "wrote ds_config.json" in text and f"dtrain-tui launch {out}" in text

@@ -59,8 +59,13 @@ def ds_comm() -> Iterator[Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+    }
     for k, v in env.items():
         mp.setenv(k, v)
     dscomm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
@@ -77,23 +82,44 @@ def _cases() -> dict[str, Plan]:
     llama = ModelSpec(preset="llama-2-7b")
     a100 = {"model": llama, "gpu": "a100-80gb", "precision": Precision.BF16}
     return {
-        "ddp-1gpu": make_plan(gpus_per_node=1, strategy=Strategy.DDP,
-                              framework=Framework.DEEPSPEED),
-        "ddp-2cpu-fp32": make_plan(strategy=Strategy.DDP, framework=Framework.DEEPSPEED,
-                                   grad_accum=3),
+        "ddp-1gpu": make_plan(
+            gpus_per_node=1, strategy=Strategy.DDP, framework=Framework.DEEPSPEED
+        ),
+        "ddp-2cpu-fp32": make_plan(
+            strategy=Strategy.DDP, framework=Framework.DEEPSPEED, grad_accum=3
+        ),
         "zero1-8": make_plan(**a100, gpus_per_node=8, strategy=Strategy.ZERO1, micro_batch=4),
         "zero2-8": make_plan(**a100, gpus_per_node=8, strategy=Strategy.ZERO2, grad_accum=4),
-        "zero2-offload-16": make_plan(**a100, gpus_per_node=8, nodes=2, strategy=Strategy.ZERO2,
-                                      offload=Offload.OPTIMIZER),
-        "zero3-fp16-32": make_plan(model=llama, gpu="v100-32gb", gpus_per_node=8, nodes=4,
-                                   strategy=Strategy.ZERO3, precision=Precision.FP16),
-        "zero3-offload-64": make_plan(**a100, gpus_per_node=8, nodes=8, strategy=Strategy.ZERO3,
-                                      offload=Offload.OPTIMIZER_PARAMS, micro_batch=1,
-                                      grad_accum=2),
-        "zero3-sgd-sched": make_plan(**a100, gpus_per_node=4, strategy=Strategy.ZERO3,
-                                     training={"optimizer": "sgd", "lr": 0.1}, steps=50),
-        "zero2-adam8bit": make_plan(**a100, gpus_per_node=2, strategy=Strategy.ZERO2,
-                                    training={"optimizer": "adam8bit"}),
+        "zero2-offload-16": make_plan(
+            **a100, gpus_per_node=8, nodes=2, strategy=Strategy.ZERO2, offload=Offload.OPTIMIZER
+        ),
+        "zero3-fp16-32": make_plan(
+            model=llama,
+            gpu="v100-32gb",
+            gpus_per_node=8,
+            nodes=4,
+            strategy=Strategy.ZERO3,
+            precision=Precision.FP16,
+        ),
+        "zero3-offload-64": make_plan(
+            **a100,
+            gpus_per_node=8,
+            nodes=8,
+            strategy=Strategy.ZERO3,
+            offload=Offload.OPTIMIZER_PARAMS,
+            micro_batch=1,
+            grad_accum=2,
+        ),
+        "zero3-sgd-sched": make_plan(
+            **a100,
+            gpus_per_node=4,
+            strategy=Strategy.ZERO3,
+            training={"optimizer": "sgd", "lr": 0.1},
+            steps=50,
+        ),
+        "zero2-adam8bit": make_plan(
+            **a100, gpus_per_node=2, strategy=Strategy.ZERO2, training={"optimizer": "adam8bit"}
+        ),
     }
 
 
@@ -125,13 +151,28 @@ def test_deepspeed_accepts_every_written_config(name: str, ds_comm: Any) -> None
 def test_a_wrong_batch_product_is_rejected_by_deepspeed_and_by_us_first(ds_comm: Any) -> None:
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    good = make_plan(gpu="a100-80gb", gpus_per_node=8, strategy=Strategy.ZERO2,
-                     precision=Precision.BF16, micro_batch=4, grad_accum=2)
+    good = make_plan(
+        gpu="a100-80gb",
+        gpus_per_node=8,
+        strategy=Strategy.ZERO2,
+        precision=Precision.BF16,
+        micro_batch=4,
+        grad_accum=2,
+    )
     cfg = ds_config_dict(good)
     cfg["train_batch_size"] = cfg["train_batch_size"] - 8
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         DeepSpeedConfig(cfg, mpu=DataParallelOnly(good.recommended.dp))
-    bad = make_plan(gpu="a100-80gb", gpus_per_node=8, strategy=Strategy.ZERO2,
-                    precision=Precision.BF16, micro_batch=4, grad_accum=2, global_batch=56)
-    with pytest.raises(DtrainError, match=r"global batch 56 != micro_batch 4 x grad_accum 2 x dp 8"):
+    bad = make_plan(
+        gpu="a100-80gb",
+        gpus_per_node=8,
+        strategy=Strategy.ZERO2,
+        precision=Precision.BF16,
+        micro_batch=4,
+        grad_accum=2,
+        global_batch=56,
+    )
+    with pytest.raises(
+        DtrainError, match=r"global batch 56 != micro_batch 4 x grad_accum 2 x dp 8"
+    ):
         ds_config_dict(bad)

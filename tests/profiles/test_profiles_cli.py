@@ -45,6 +45,13 @@ def test_config_dir_from_environment(
 ) -> None:
     code, out, _ = _run(capsys, "profiles", "path")
     assert code == 0 and out.strip() == str(_isolated_config / "profiles")
+    # --config-dir wins, before or after the subcommand
+    for argv in (
+        ["--config-dir", "/x/a", "profiles", "path"],
+        ["profiles", "path", "--config-dir", "/x/a"],
+    ):
+        code, out, _ = _run(capsys, *argv)
+        assert out.strip() == "/x/a/profiles"
 
 
 def test_save_show_rename_export_import_delete(

@@ -145,5 +145,7 @@ def test_any_spec_round_trips(spec: Spec) -> None:
         store.save_spec("p", spec)
         assert store.load("p").spec == spec
         text = store.user_path("p").read_text()
-        for comment in ("# hand-written", "# version", "# meta", "# which machines", "# tiny"):
+        for comment in ("# hand-written", "# version", "# meta", "# which machines"):
             assert comment in text
+        if spec.model.layers is not None:  # the key stays, so its comment does
+            assert "# tiny" in text

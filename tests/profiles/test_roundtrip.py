@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from textual.app import App
 
 from engine.cli import build_parser, main
 from engine.cli.spec_options import spec_from_args
 from engine.planner import plan
 from engine.specs import LayoutSpec, Spec
-from engine.writers import render_bundle, write_bundle
-from profiles.schema import Profile
+from engine.writers import render_bundle
 from profiles.store import ProfileStore
+from tui.app import DtrainApp
 from tui.screens.profiles import ProfilesScreen
 
 
@@ -56,25 +55,37 @@ async def test_wizard_save_then_headless_reload_is_identical(tmp_path: Path) -> 
     cfg = tmp_path / "config"
     store = ProfileStore(cfg)
     spec = _wizard_spec(store)
-    results: list[Profile | None] = []
-
-    class Host(App[None]):
-        def on_mount(self) -> None:
-            self.push_screen(ProfilesScreen(store, spec=spec), results.append)
-
-    async with Host().run_test(size=(130, 40)) as pilot:
+    app = DtrainApp(spec, config_dir=cfg, out_dir=tmp_path / "wizard")
+    async with app.run_test(size=(130, 40)) as pilot:
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, ProfilesScreen)
         await pilot.press("a", *"team-70b", "enter")
         await pilot.pause()
-    assert results and results[0] is not None and results[0].name == "team-70b"
+        assert not isinstance(app.screen, ProfilesScreen)
+        assert app.profile_name == "team-70b"
+        assert app.spec == spec  # saving does not change what the wizard holds
+        # the wizard plans in a worker, then writes its bundle (waits are bounded, not timed)
+        for _ in range(200):
+            if app.plan is not None and app.bundle:
+                break
+            await pilot.pause(0.05)
+        assert app.plan is not None
+        wizard_plan = app.plan
+        app.action_write_bundle()
+        for _ in range(200):
+            if (tmp_path / "wizard" / "bundle.json").exists():
+                break
+            await pilot.pause(0.05)
+        await app.workers.wait_for_complete()
 
     again = _headless_spec("team-70b", cfg)
     assert again == spec
-    wizard_plan, headless_plan = plan(spec), plan(again)
+    headless_plan = plan(again)
     assert headless_plan.model_dump_json() == wizard_plan.model_dump_json()
     assert wizard_plan.recommended.tp == 8
 
-    # the bundle: the wizard writes it from its plan; the CLI from the profile
-    write_bundle(wizard_plan, tmp_path / "wizard")
+    # the bundle: the wizard wrote it from its plan; the CLI writes it from the profile
     code = main(
         ["write", "--profile", "team-70b", "--config-dir", str(cfg), "--out", str(tmp_path / "cli")]
     )

@@ -3,6 +3,8 @@ loading a hand-written file that holds one (the file is left as it is)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.specs import demo_spec
@@ -108,3 +110,11 @@ def test_hand_written_secret_is_refused_on_load_and_left_alone(store: ProfileSto
     assert path.read_text() == text
     entry = next(e for e in store.list() if e.name == "hand")
     assert not entry.ok and "never stores" in (entry.error or "")
+
+
+def test_importing_a_file_with_a_secret_is_refused(store: ProfileStore, tmp_path: Path) -> None:
+    src = tmp_path / "shared.toml"
+    src.write_text('[launch]\nremote_setup = "export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123"\n')
+    with pytest.raises(SecretError, match=r"launch\.remote_setup"):
+        store.import_file(src)
+    assert not store.user_path("shared").exists()

@@ -311,6 +311,11 @@ def test_export_import_round_trip(store: ProfileStore, tmp_path: Path) -> None:
     out = tmp_path / "team-export.toml"
     text = store.export("team", out)
     assert out.read_text() == text == COMMENTED and _mode(out) == 0o600
+    out.write_text("# someone's file\n")
+    with pytest.raises(ProfileError, match="already exists"):
+        store.export("team", out)
+    assert out.read_text() == "# someone's file\n"
+    store.export("team", out, overwrite=True)
     other = ProfileStore(tmp_path / "other-config")
     name, path = other.import_file(out)
     assert name == "team" and other.load("team").spec == store.load("team").spec
@@ -362,3 +367,22 @@ def test_profile_from_spec_carries_every_section() -> None:
     )
     prof = Profile.from_spec("x", spec)
     assert prof.spec == spec and prof.schema_version == SCHEMA_VERSION
+
+
+def test_unwritable_config_dir_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the config dir should be")
+    store = ProfileStore(blocker)
+    with pytest.raises(ProfileError) as exc:
+        store.save_spec("mine", demo_spec())
+    assert "cannot write" in str(exc.value) and "\n" not in str(exc.value)
+    assert blocker.read_text() == "a file where the config dir should be"
+
+
+def test_saving_over_an_old_file_keeps_the_original(store: ProfileStore) -> None:
+    path = write_profile(store, "old", V1)
+    prof = Profile.from_spec("old", demo_spec())
+    store.save(prof)
+    assert (store.profiles_dir / "old.toml.v1.bak").read_text() == V1
+    assert store.load("old").spec == demo_spec()
+    assert "# old file" in path.read_text()

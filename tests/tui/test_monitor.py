@@ -46,28 +46,43 @@ def canned(world: int = 4, steps: int = 6, fail: bool = True) -> list[list[Event
     batches: list[list[Event]] = [[RunStateChanged("running", "started", CLOCK)]]
     batches.append(
         [
-            LineBatch(r // 2, r, "stdout", (
-                nccl(r, "Bootstrap : Using lo:127.0.0.1<0>"),
-                "NCCL version 2.21.5+cuda12.4" if r == 0 else nccl(r, "cudaDriverVersion 12080"),
-                nccl(r, "Using network Socket"),
-                nccl(r, f"comm 0x1 rank {r} nranks {world} cudaDev {r % 2} busId 1000 - Init COMPLETE"),
-            ))
+            LineBatch(
+                r // 2,
+                r,
+                "stdout",
+                (
+                    nccl(r, "Bootstrap : Using lo:127.0.0.1<0>"),
+                    "NCCL version 2.21.5+cuda12.4"
+                    if r == 0
+                    else nccl(r, "cudaDriverVersion 12080"),
+                    nccl(r, "Using network Socket"),
+                    nccl(
+                        r,
+                        f"comm 0x1 rank {r} nranks {world} cudaDev {r % 2} busId 1000 - Init COMPLETE",
+                    ),
+                ),
+            )
             for r in range(world)
         ]
     )
     batches.append([LineBatch(0, None, "stdout", ("launcher: all nodes up",))])
-    for n in range(1, steps + 1):
-        batches.append(
-            [LineEvent(r // 2, r, "stdout", step(r, n, 1.5 if r == 2 else 0.5)) for r in range(world)]
-        )
+    batches.extend(
+        [LineEvent(r // 2, r, "stdout", step(r, n, 1.5 if r == 2 else 0.5)) for r in range(world)]
+        for n in range(1, steps + 1)
+    )
     if fail:
         batches.append(
             [
-                LineBatch(1, 3, "stderr", (
-                    "Traceback (most recent call last):",
-                    '  File "train.py", line 80, in <module>',
-                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-                )),
+                LineBatch(
+                    1,
+                    3,
+                    "stderr",
+                    (
+                        "Traceback (most recent call last):",
+                        '  File "train.py", line 80, in <module>',
+                        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                    ),
+                ),
                 RankExit(1, 3, 1, reason="rank 3 exited 1"),
                 RankExit(0, 0, 0),
                 RankExit(0, 1, -15),
@@ -188,7 +203,10 @@ async def test_focus_cycle_zoom_filter_and_next_error() -> None:
 async def test_pages_and_node_view_with_many_ranks() -> None:
     world = 64
     batches: list[list[Event]] = [
-        [LineBatch(r // 8, r, "stdout", (f"hello from {r}", nccl(r, "Init COMPLETE"))) for r in range(world)]
+        [
+            LineBatch(r // 8, r, "stdout", (f"hello from {r}", nccl(r, "Init COMPLETE")))
+            for r in range(world)
+        ]
     ]
     app = app_for(batches, world=world)
     async with app.run_test(size=(80, 24)) as pilot:

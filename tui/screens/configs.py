@@ -7,7 +7,6 @@ import difflib
 from pathlib import Path
 
 from rich.console import Group, RenderableType
-from rich.syntax import Syntax
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -174,6 +173,8 @@ class ConfigsStep(StepPane):
             CHANGED: f"{name} · differs from {out / name} (diff below)",
             SAME: f"{name} · identical to {out / name}",
         }[state]
+        from rich.syntax import Syntax  # pygments is heavy: import it when a file is shown
+
         theme = "ansi_dark" if self.app.current_theme.dark else "ansi_light"
         parts: list[RenderableType] = [
             Text(head, style="bold"),

@@ -12,6 +12,7 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, ItemGrid
+from textual.widget import Widget
 from textual.widgets import Button, Select, Static
 
 from engine.plan import Layout, Plan
@@ -92,6 +93,10 @@ class DecisionStep(StepPane):
         with Horizontal(classes="buttons"):
             yield Button("Clear forced layout", id="clear-forced", compact=True)
 
+    def first_focus(self) -> Widget | None:
+        """The pane itself: arrows scroll the report; Tab reaches the force controls below."""
+        return self
+
     def on_mount(self) -> None:
         super().on_mount()
         app = self.dtrain
@@ -171,8 +176,9 @@ class DecisionStep(StepPane):
             f"{plan.model.name}: {lay.strategy.value} with {lay.framework.value}{forced} on "
             f"{plan.world_size} × {plan.gpu.name} · {seconds(lay.step_time_s)}/step · "
             f"{count(lay.tokens_per_s)} tokens/s · MFU {100 * lay.mfu:.1f}%"
-            f" · planned in {elapsed_s * 1000:.0f} ms"
         )
+        if self.dtrain.show_timings:
+            status += f" · planned in {elapsed_s * 1000:.0f} ms"
         self.query_one("#plan-status", Static).update(status)
         self.query_one(FlowChart).show(plan)
         self.query_one("#metrics", Static).update(metrics_table(plan))

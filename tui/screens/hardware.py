@@ -80,8 +80,10 @@ class HardwareStep(StepPane):
         if self.catalog_error:
             ol.add_option(Option(Text(self.catalog_error, style="italic"), disabled=True))
         for g in self.gpus:
-            label = Text(f"{g.key:<12}", style="bold")
-            label.append(gpu_line(g), style="dim")
+            prec = g.default_precision()
+            label = Text(f"{g.key:<12}", style="bold", no_wrap=True, overflow="ellipsis")
+            label.append(f"{gb(g.memory_bytes):>8} {g.peak_tflops(prec):>6g} TF {prec.value:<4} ")
+            label.append(g.name, style="dim")
             ol.add_option(Option(label, id=g.key))
         self._highlight(hw.gpu)
 

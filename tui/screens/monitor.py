@@ -14,11 +14,12 @@ per rank and drawing only touches visible rows.
 
 from __future__ import annotations
 
+import gc
 import math
+import sys
 import threading
 import time
-from collections.abc import Callable
-from itertools import repeat
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.text import Text
@@ -31,18 +32,30 @@ from textual.widgets import Footer, Input, Label, Static
 from textual.worker import get_current_worker
 
 from engine.errors import one_line
-from engine.events import EventSource, LineBatch, LineEvent, RankExit, RunStateChanged
-from engine.logparse import NcclSummary, nccl_lines
-from engine.monitor_state import MonitorState, RankStatus, Snapshot, exit_text
+from engine.events import Event, EventSource, LineBatch, LineEvent, RankExit, RunStateChanged
+from engine.logparse import NcclSummary, scan_batch
+from engine.monitor_state import MonitorState, RankState, RankStatus, Snapshot, exit_text
 from tui.messages import RankLinesReceived, RunFinished
 from tui.widgets.error_list import ErrorList
 from tui.widgets.rank_chart import RankChart
-from tui.widgets.rank_pane import DEFAULT_MAX_LINES, Item, LinePattern, PaneBuffer, RankPane
+from tui.widgets.rank_pane import DEFAULT_MAX_LINES, LinePattern, PaneBuffer, RankPane, tag_text
 from tui.widgets.rank_table import RankTable, state_style
 
 PANE_MIN_WIDTH = 36
 PANE_MIN_HEIGHT = 6
 """Smallest pane worth showing (border included); more ranks than fit go to further pages."""
+GC_GEN0_THRESHOLD = 50_000
+"""While the monitor is open: a firehose allocates (a launch backend's per-line events), and
+CPython's default (a collection every 700 allocations, walking every widget and buffer) cost
+more than half the throughput and stalled key presses for hundreds of ms. The start-up objects
+are frozen out of collection and young collections run 70x less often; restored on close."""
+SWITCH_INTERVAL_S = 0.001
+"""GIL hand-over interval while the monitor is open (CPython's default is 5 ms): the reader
+thread is CPU-bound under a firehose, and each of the few event-loop hops a key press takes
+waits up to one interval for the GIL."""
+CHROME_INTERVAL_S = 0.25
+"""Header, rank strip, table, chart and pane titles redraw at most this often under a firehose
+(panes themselves follow every batch); a state change (exit, finish) redraws at once."""
 SIDE_MIN_SCREEN_WIDTH = 110
 """Below this width the rank table / chart / error side panel starts hidden (``t`` shows it)."""
 
@@ -127,14 +140,12 @@ class MonitorScreen(Screen[None]):
         self.batch_interval = batch_interval
         self.idle_after_s = idle_after_s
         self.stop_source_on_exit = stop_source_on_exit
-        self.state = MonitorState(
-            world_size, hang_after_s=hang_after_s, idle_after_s=idle_after_s
-        )
+        self.state = MonitorState(world_size, hang_after_s=hang_after_s, idle_after_s=idle_after_s)
         """Owned by the reader thread; the screen reads :attr:`snapshot`."""
         self.snapshot: Snapshot = self.state.snapshot(clock())
         self.rank_buffers: dict[int, PaneBuffer] = {}
         self.node_buffers: dict[int, PaneBuffer] = {}
-        self.nccl_buffer = PaneBuffer(max_lines)
+        self.nccl_buffer = PaneBuffer(max_lines, tagged=True)
         self.nccl_summary = NcclSummary()
         self.view = "rank"
         self.page = 0
@@ -153,6 +164,9 @@ class MonitorScreen(Screen[None]):
         self._shown: list[str] = []
         self._shape = (0, 0)
         self._relayout_pending = False
+        self._gc_saved: tuple[int, ...] = gc.get_threshold()
+        self._chrome_at = 0.0
+        self._switch_saved = sys.getswitchinterval()
         for r in range(world_size):
             self.rank_buffers[r] = PaneBuffer(max_lines)
 
@@ -169,10 +183,17 @@ class MonitorScreen(Screen[None]):
                 yield Label("errors", id="errors-title")
                 yield ErrorList(id="error-list")
         yield RankPane(self.nccl_buffer, "nccl", "NCCL", id="nccl-pane")
-        yield Input(placeholder="filter all panes: text, or re:REGEX  (Esc clears)", id="mon-search")
+        yield Input(
+            placeholder="filter all panes: text, or re:REGEX  (Esc clears)", id="mon-search"
+        )
         yield Footer()
 
     def on_mount(self) -> None:
+        self._gc_saved = gc.get_threshold()
+        gc.freeze()
+        gc.set_threshold(max(GC_GEN0_THRESHOLD, self._gc_saved[0]), *self._gc_saved[1:])
+        self._switch_saved = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_saved, SWITCH_INTERVAL_S))
         if self.app.size.width < SIDE_MIN_SCREEN_WIDTH:
             self.query_one("#mon-side").add_class("-hidden")
         self._size_nccl_pane()
@@ -182,6 +203,9 @@ class MonitorScreen(Screen[None]):
         self.set_interval(1.0, self._tick)
 
     def on_unmount(self) -> None:
+        gc.set_threshold(*self._gc_saved)
+        gc.unfreeze()
+        sys.setswitchinterval(self._switch_saved)
         self._stop_reader.set()
         if self.stop_source_on_exit:
             self.source.stop()
@@ -205,8 +229,8 @@ class MonitorScreen(Screen[None]):
             self.post_message(RunFinished("failed", f"cannot watch the run: {one_line(e)}"))
             return
         lines: dict[int, list[str]] = {}
-        nodes: dict[int, list[tuple[int | None, str]]] = {}
-        nccl: list[tuple[int | None, str]] = []
+        nodes: dict[int, list[tuple[int | None, Sequence[str]]]] = {}
+        nccl: list[tuple[int | None, Sequence[str]]] = []
         count = 0
         cap = self.max_lines * 4
         last_post = time.monotonic()
@@ -217,39 +241,14 @@ class MonitorScreen(Screen[None]):
             events = [] if done else source.poll(0.02)
             if events:
                 changed = True
-                for ev in events:
-                    if isinstance(ev, LineBatch):
-                        batch: tuple[str, ...] | list[str] = ev.lines
-                    elif isinstance(ev, LineEvent):
-                        batch = [ev.line]
-                    else:
-                        continue
-                    rank = ev.rank
-                    if rank is not None:
-                        lst = lines.get(rank)
-                        if lst is None:
-                            lst = lines[rank] = []
-                        lst.extend(batch)
-                        if len(lst) > cap:
-                            del lst[:-cap]
-                    nl = nodes.get(ev.node)
-                    if nl is None:
-                        nl = nodes[ev.node] = []
-                    nl.extend(zip(repeat(rank), batch, strict=False))
-                    if len(nl) > cap:
-                        del nl[:-cap]
-                    hits = nccl_lines(batch)
-                    if hits:
-                        nccl.extend(zip(repeat(rank), hits, strict=False))
-                        self.nccl_summary.feed_batch(hits)
-                    count += len(batch)
-                state.apply(events, self.clock())
+                count += self._collect(events, lines, nodes, nccl, cap)
+                time.sleep(0)  # let the UI thread take the GIL between reads
             now_m = time.monotonic()
             due = now_m - last_post >= self.batch_interval
             heartbeat = now_m - last_state_post >= 1.0
             if self._ready.is_set() and ((changed and due) or heartbeat or (done and changed)):
                 if len(nccl) > cap:
-                    del nccl[:-cap]
+                    del nccl[:-cap]  # chunks: bounded while the screen is busy
                 self._ready.clear()
                 snap = state.snapshot(self.clock())
                 self.post_message(RankLinesReceived(lines, nodes, nccl, snap, count))
@@ -260,6 +259,64 @@ class MonitorScreen(Screen[None]):
                 return
             elif not events:
                 time.sleep(0.005)
+
+    def _collect(
+        self,
+        events: list[Event],
+        lines: dict[int, list[str]],
+        nodes: dict[int, list[tuple[int | None, Sequence[str]]]],
+        nccl: list[tuple[int | None, Sequence[str]]],
+        cap: int,
+    ) -> int:
+        """Reader thread: fold ``events`` into the pending batch and the rank states; returns
+        the number of lines. Consecutive lines of one rank are scanned together, once."""
+        state = self.state
+        now = self.clock()
+        count = 0
+        run: list[str] = []
+        key: tuple[int | None, int, str] | None = None
+
+        def flush(rank: int | None, node: int, host: str, batch: Sequence[str]) -> None:
+            facts = scan_batch(batch)
+            state.ingest_lines(rank, node, batch, now, host, facts)
+            if rank is not None:
+                lst = lines.get(rank)
+                if lst is None:
+                    lst = lines[rank] = []
+                lst.extend(batch)
+                if len(lst) > cap:
+                    del lst[:-cap]
+            nl = nodes.get(node)
+            if nl is None:
+                nl = nodes[node] = []
+            nl.append((rank, batch))
+            if len(nl) > cap:
+                del nl[:-cap]  # chunks: bounded while the screen is busy
+            if facts.nccl:
+                nccl.append((rank, facts.nccl))
+                self.nccl_summary.feed_batch(facts.nccl)
+
+        for ev in events:
+            if isinstance(ev, LineEvent):
+                k = (ev.rank, ev.node, ev.host)
+                if k != key:
+                    if run and key is not None:
+                        flush(key[0], key[1], key[2], run)
+                    run, key = [], k
+                run.append(ev.line)
+                count += 1
+                continue
+            if run and key is not None:
+                flush(key[0], key[1], key[2], run)
+                run, key = [], None
+            if isinstance(ev, LineBatch):
+                flush(ev.rank, ev.node, ev.host, ev.lines)
+                count += len(ev.lines)
+            else:
+                state.apply([ev], now)
+        if run and key is not None:
+            flush(key[0], key[1], key[2], run)
+        return count
 
     # ---- batches in ------------------------------------------------------------------------
 
@@ -272,14 +329,15 @@ class MonitorScreen(Screen[None]):
                     buf = self.rank_buffers[rank] = PaneBuffer(self.max_lines)
                     new_panes = True
                 buf.extend(lines)
-            for node, items in msg.node_items.items():
+            for node, chunks in msg.node_chunks.items():
                 nbuf = self.node_buffers.get(node)
                 if nbuf is None:
-                    nbuf = self.node_buffers[node] = PaneBuffer(self.max_lines)
+                    nbuf = self.node_buffers[node] = PaneBuffer(self.max_lines, tagged=True)
                     new_panes = new_panes or self.view == "node"
-                nbuf.extend(items)
-            if msg.nccl:
-                self.nccl_buffer.extend(msg.nccl)
+                for tag, chunk in chunks:
+                    nbuf.extend(chunk, tag)
+            for tag, chunk in msg.nccl:
+                self.nccl_buffer.extend(chunk, tag)
             self.snapshot = msg.snapshot
             for r in msg.snapshot.ranks:
                 if r not in self.rank_buffers:
@@ -292,7 +350,9 @@ class MonitorScreen(Screen[None]):
             for pane in self._grid_panes():
                 pane.sync()
             self.query_one("#nccl-pane", RankPane).sync()
-            self._render_chrome()
+            now = time.monotonic()
+            if now - self._chrome_at >= CHROME_INTERVAL_S or new_panes:
+                self._render_chrome()
         finally:
             self._ready.set()
 
@@ -311,13 +371,17 @@ class MonitorScreen(Screen[None]):
         if self.view == "node":
             nodes = set(self.node_buffers) | {st.node for st in self.snapshot.ranks.values()}
             for n in nodes:
-                self.node_buffers.setdefault(n, PaneBuffer(self.max_lines))
+                if n not in self.node_buffers:
+                    self.node_buffers[n] = PaneBuffer(self.max_lines, tagged=True)
             return [f"n{n}" for n in sorted(nodes)] or ["n0"]
         return [f"r{r}" for r in sorted(self.rank_buffers)]
 
     def _buffer(self, key: str) -> PaneBuffer:
         if key.startswith("n"):
-            return self.node_buffers.setdefault(int(key[1:]), PaneBuffer(self.max_lines))
+            node = int(key[1:])
+            if node not in self.node_buffers:
+                self.node_buffers[node] = PaneBuffer(self.max_lines, tagged=True)
+            return self.node_buffers[node]
         return self.rank_buffers.setdefault(int(key[1:]), PaneBuffer(self.max_lines))
 
     def _grid_panes(self) -> list[RankPane]:
@@ -344,7 +408,11 @@ class MonitorScreen(Screen[None]):
             self.page = keys.index(self.focused_key) // per_page
         self.page = min(max(0, self.page), self.pages - 1)
         shown = keys[self.page * per_page : (self.page + 1) * per_page]
-        if shown == self._shown and (cols, rows) == self._shape and len(grid.children) == len(shown):
+        if (
+            shown == self._shown
+            and (cols, rows) == self._shape
+            and len(grid.children) == len(shown)
+        ):
             return
         self._shown, self._shape = shown, (cols, rows)
         grid.styles.grid_size_columns = cols
@@ -390,6 +458,7 @@ class MonitorScreen(Screen[None]):
         return " · ".join(parts)
 
     def _render_chrome(self) -> None:
+        self._chrome_at = time.monotonic()
         snap = self.snapshot
         run_state = self.finished or snap.run_state
         header = Text(no_wrap=True, overflow="ellipsis")
@@ -436,10 +505,10 @@ class MonitorScreen(Screen[None]):
 
         for pane in self._grid_panes():
             pane.border_title = self._pane_title(pane.key)
-            st = snap.ranks.get(int(pane.key[1:])) if pane.key.startswith("r") else None
-            pane.set_class(st is not None and st.status is RankStatus.FAILED, "-failed")
-            pane.set_class(st is not None and st.status is RankStatus.EXITED, "-exited")
-            pane.set_class(st is not None and (st.hung or st.straggler), "-flagged")
+            pst = snap.ranks.get(int(pane.key[1:])) if pane.key.startswith("r") else None
+            pane.set_class(pst is not None and pst.status is RankStatus.FAILED, "-failed")
+            pane.set_class(pst is not None and pst.status is RankStatus.EXITED, "-exited")
+            pane.set_class(pst is not None and (pst.hung or pst.straggler), "-flagged")
         nccl = self.query_one("#nccl-pane", RankPane)
         headline = self.nccl_summary.headline()
         nccl.border_title = f"NCCL · {self.nccl_buffer.total:,} lines" + (
@@ -452,7 +521,7 @@ class MonitorScreen(Screen[None]):
         )
         self.query_one(ErrorList).show(snap.errors, self.error_cursor)
 
-    def _first_rank(self, snap: Snapshot) -> object:
+    def _first_rank(self, snap: Snapshot) -> RankState | None:
         return snap.ranks[min(snap.ranks)] if snap.ranks else None
 
     def _focused_rank(self) -> int | None:
@@ -560,7 +629,9 @@ class MonitorScreen(Screen[None]):
             try:
                 self.set_filter(LinePattern(text))
             except Exception as e:  # noqa: BLE001 - a bad regex is a message, not a crash
-                self.notify(f"filter: {e}; fix the pattern or drop the re: prefix", severity="error")
+                self.notify(
+                    f"filter: {e}; fix the pattern or drop the re: prefix", severity="error"
+                )
                 return
         self._refocus()
 
@@ -615,11 +686,10 @@ class MonitorScreen(Screen[None]):
             if pane.key != key:
                 continue
             pane.focus()
-            item: Item = text if key.startswith("r") else (rank, text)
             found = (
                 pane.scroll_to_index(line_no)
                 if key.startswith("r")
-                else pane.scroll_to_item(item)
+                else pane.scroll_to_text(text, rank)
             )
             if not found:
                 where = f"rank{rank}" if rank is not None else "node"
@@ -640,7 +710,9 @@ class MonitorScreen(Screen[None]):
     def pane_lines(self, key: str) -> list[str]:
         """What a pane holds (all kept lines, filter ignored); ``nccl`` for the NCCL pane."""
         buf = self.nccl_buffer if key == "nccl" else self._buffer(key)
-        return [it if isinstance(it, str) else f"r{it[0]}: {it[1]}" for it in buf.items]
+        if buf.tags is None:
+            return list(buf.texts)
+        return [f"{tag_text(tag)}: {text}" for tag, text in zip(buf.tags, buf.texts, strict=True)]
 
 
 class MonitorApp(App[int]):
@@ -670,9 +742,7 @@ def run_monitor(run_dir: Path, *, hang_after_s: float = 60.0) -> int:
 
     source = RunDirSource(run_dir)
     source.start()
-    app = MonitorApp(
-        source, run_dir, world_size=source.world_size, hang_after_s=hang_after_s
-    )
+    app = MonitorApp(source, run_dir, world_size=source.world_size, hang_after_s=hang_after_s)
     code = app.run()
     return int(code or 0)
 

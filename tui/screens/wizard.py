@@ -3,6 +3,7 @@ the keys to move. It decides whether a step may be left forward (never while it 
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, cast
 
 from textual import on
@@ -13,30 +14,41 @@ from textual.screen import Screen
 from textual.widgets import Button, ContentSwitcher, Footer, Header, Static
 
 from tui.messages import StepValidated
-from tui.screens.configs import ConfigsStep
-from tui.screens.decision import DecisionStep
-from tui.screens.hardware import HardwareStep
-from tui.screens.launch import LaunchStep
-from tui.screens.model import ModelStep
-from tui.screens.network import NetworkStep
 from tui.screens.step import StepPane
-from tui.screens.training import TrainingStep
 from tui.widgets.step_nav import StepNav
 
 if TYPE_CHECKING:
     from tui.app import DtrainApp
+    from tui.screens.configs import ConfigsStep
+    from tui.screens.decision import DecisionStep
+    from tui.screens.launch import LaunchStep
 
-STEP_CLASSES: tuple[type[StepPane], ...] = (
-    ModelStep,
-    HardwareStep,
-    NetworkStep,
-    TrainingStep,
-    DecisionStep,
-    ConfigsStep,
-    LaunchStep,
+STEP_TITLES: tuple[tuple[str, str], ...] = (
+    ("model", "Model"),
+    ("hardware", "Hardware"),
+    ("network", "Network"),
+    ("training", "Training"),
+    ("decision", "Decision"),
+    ("configs", "Configs"),
+    ("launch", "Launch"),
 )
-STEP_TITLES: tuple[tuple[str, str], ...] = tuple((c.STEP, c.TITLE) for c in STEP_CLASSES)
 STEP_KEYS: tuple[str, ...] = tuple(k for k, _ in STEP_TITLES)
+_STEP_CLASS_NAMES = {
+    "model": "ModelStep",
+    "hardware": "HardwareStep",
+    "network": "NetworkStep",
+    "training": "TrainingStep",
+    "decision": "DecisionStep",
+    "configs": "ConfigsStep",
+    "launch": "LaunchStep",
+}
+
+
+def step_class(step: str) -> type[StepPane]:
+    """The pane class of ``step``; its module is imported on first use (start-up speed)."""
+    module = importlib.import_module(f"tui.screens.{step}")
+    cls: type[StepPane] = getattr(module, _STEP_CLASS_NAMES[step])
+    return cls
 INPUT_STEPS = ("model", "hardware", "network", "training")
 """The steps whose spec parts the planner needs; planning waits until all four are valid."""
 
@@ -46,7 +58,7 @@ class WizardScreen(Screen[None]):
         Binding("ctrl+n", "next", "Next", priority=True),
         Binding("ctrl+b", "back", "Back", priority=True),
         Binding("ctrl+s", "app.write_bundle", "Write", priority=True),
-        Binding("ctrl+l", "app.launch", "Launch", priority=True),
+        Binding("ctrl+l", "app.launch", "Launch", priority=True, show=False),
         Binding("ctrl+r", "app.replan", "Re-plan", show=False),
         Binding("ctrl+o", "app.profiles", "Profiles"),
         Binding("ctrl+t", "app.toggle_dark", "Theme", show=False),
@@ -69,7 +81,7 @@ class WizardScreen(Screen[None]):
             yield StepNav(list(STEP_TITLES), id="nav")
             # Only the first step is built now; the others when first visited (start-up speed).
             with ContentSwitcher(id="steps", initial=f"step-{STEP_KEYS[0]}"):
-                yield STEP_CLASSES[0]()
+                yield step_class(STEP_KEYS[0])()
         with Horizontal(id="navbar"):
             yield Button("◀ Back", id="back", compact=True)
             yield Static("", id="status-line", markup=False)
@@ -77,6 +89,8 @@ class WizardScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        for button in self.query("#navbar Button"):
+            button.can_focus = False  # clicking Back/Next keeps the focus in the step's fields
         self.sub_title = "model → hardware → network → training → decision → configs → launch"
         self.call_after_refresh(self._enter, self.current)
         self.call_after_refresh(self.dtrain.schedule_plan)
@@ -185,14 +199,14 @@ class WizardScreen(Screen[None]):
         switcher = self.query_one(ContentSwitcher)
         pane = self.pane(step)
         if pane is None:
-            pane = STEP_CLASSES[STEP_KEYS.index(step)]()
+            pane = step_class(step)()
             await switcher.mount(pane)
         elif step in ("network", "launch"):
             pane.revalidate()  # their summaries depend on the hardware step
         self.current = step
         switcher.current = f"step-{step}"
-        if isinstance(pane, ConfigsStep):
-            pane.refresh_files()
+        if step == "configs":
+            cast("ConfigsStep", pane).refresh_files()
         target = pane.first_focus()
         if target is not None:
             target.focus()

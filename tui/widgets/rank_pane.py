@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 from rich.segment import Segment
 from rich.style import Style
@@ -25,42 +26,39 @@ from textual.strip import Strip
 
 from engine.logparse import classify_error
 
-Item = str | tuple[int | None, str]
-"""A plain line (rank panes) or ``(rank, line)`` (node and NCCL panes, drawn with a rank tag)."""
-
 DEFAULT_MAX_LINES = 5000
 """Lines a pane keeps; the run directory keeps everything."""
 
+NO_TAG = -1
+"""Tag of a line no rank can be named for (node panes, NCCL pane): drawn as ``node``."""
+
 
 class PaneBuffer:
-    """The capped tail of one pane's lines, plus how many ever arrived."""
+    """The capped tail of one pane's lines, plus how many ever arrived. A tagged buffer (node
+    and NCCL panes) keeps each line's rank in a parallel deque of ints: no tuple per line, so a
+    firehose allocates nothing the garbage collector has to walk."""
 
-    __slots__ = ("items", "total")
+    __slots__ = ("texts", "tags", "total")
 
-    def __init__(self, max_lines: int = DEFAULT_MAX_LINES) -> None:
-        self.items: deque[Item] = deque(maxlen=max_lines)
+    def __init__(self, max_lines: int = DEFAULT_MAX_LINES, *, tagged: bool = False) -> None:
+        self.texts: deque[str] = deque(maxlen=max_lines)
+        self.tags: deque[int] | None = deque(maxlen=max_lines) if tagged else None
         self.total = 0
 
-    def extend(self, items: list[Item] | list[str] | tuple[str, ...]) -> None:
-        self.items.extend(items)
-        self.total += len(items)
+    def extend(self, lines: Sequence[str], tag: int | None = None) -> None:
+        self.texts.extend(lines)
+        if self.tags is not None:
+            self.tags.extend(repeat(NO_TAG if tag is None else tag, len(lines)))
+        self.total += len(lines)
 
     @property
     def first_index(self) -> int:
         """Absolute index (0 = first line ever) of the oldest line still kept."""
-        return self.total - len(self.items)
+        return self.total - len(self.texts)
 
 
-def item_text(item: Item) -> str:
-    return item if isinstance(item, str) else item[1]
-
-
-def item_line(item: Item) -> str:
-    if isinstance(item, str):
-        return item
-    rank, text = item
-    tag = "node" if rank is None else f"r{rank}"
-    return f"{tag:>4}│ {text}"
+def tag_text(tag: int) -> str:
+    return "node" if tag == NO_TAG else f"r{tag}"
 
 
 class LinePattern:
@@ -103,7 +101,12 @@ class RankPane(ScrollView, can_focus=True):
     RankPane.-failed:focus { border: double $error; }
     """
 
-    COMPONENT_CLASSES = {"rank-pane--error", "rank-pane--warn", "rank-pane--match", "rank-pane--tag"}
+    COMPONENT_CLASSES = {
+        "rank-pane--error",
+        "rank-pane--warn",
+        "rank-pane--match",
+        "rank-pane--tag",
+    }
     DEFAULT_CSS += """
     RankPane > .rank-pane--error { color: $error; text-style: bold; }
     RankPane > .rank-pane--warn { color: $warning; }
@@ -118,8 +121,9 @@ class RankPane(ScrollView, can_focus=True):
         self.border_title = title or key
         self.follow = True
         self.pattern: LinePattern | None = None
-        self._view: deque[Item] | None = None
-        """Matching items when a filter is set (None: the buffer itself)."""
+        self._ftexts: deque[str] | None = None
+        self._ftags: deque[int] | None = None
+        """Matching lines when a filter is set (None: the buffer itself)."""
         self._filtered_upto = 0
         self._seen_total = buffer.total
         self._paused_at_total = 0
@@ -128,35 +132,46 @@ class RankPane(ScrollView, can_focus=True):
     # ---- data --------------------------------------------------------------------------
 
     @property
-    def lines(self) -> deque[Item]:
-        return self._view if self._view is not None else self.buffer.items
+    def lines(self) -> deque[str]:
+        """The texts shown (the filtered ones when a filter is set)."""
+        return self._ftexts if self._ftexts is not None else self.buffer.texts
 
-    def write_lines(self, lines: Iterable[str]) -> None:
+    @property
+    def tags(self) -> deque[int] | None:
+        return self._ftags if self._ftexts is not None else self.buffer.tags
+
+    def write_lines(self, lines: Iterable[str], tag: int | None = None) -> None:
         """Append lines to this pane's buffer and show them (tests and simple callers)."""
-        self.buffer.extend(list(lines))
+        self.buffer.extend(list(lines), tag)
         self.sync()
 
     def set_pattern(self, pattern: LinePattern | None) -> None:
         self.pattern = pattern
-        self._view = None
+        self._ftexts = self._ftags = None
         self._filtered_upto = 0
         self.sync(force=True)
-        self._to_end()
         self.follow = True
+        self._to_end()
 
     def _update_view(self) -> None:
         if self.pattern is None:
-            self._view = None
+            self._ftexts = self._ftags = None
             return
         buf = self.buffer
-        if self._view is None or self._view.maxlen != buf.items.maxlen:
-            self._view = deque(maxlen=buf.items.maxlen)
+        if self._ftexts is None:
+            self._ftexts = deque(maxlen=buf.texts.maxlen)
+            self._ftags = deque(maxlen=buf.texts.maxlen) if buf.tags is not None else None
             self._filtered_upto = buf.first_index
-        new = buf.total - max(self._filtered_upto, buf.first_index)
+        new = min(buf.total - max(self._filtered_upto, buf.first_index), len(buf.texts))
         if new > 0:
             search = self.pattern.regex.search
-            tail = list(buf.items)[-new:] if new < len(buf.items) else list(buf.items)
-            self._view.extend(it for it in tail if search(item_text(it)))
+            start = len(buf.texts) - new
+            for row in range(start, len(buf.texts)):
+                text = buf.texts[row]
+                if search(text):
+                    self._ftexts.append(text)
+                    if self._ftags is not None and buf.tags is not None:
+                        self._ftags.append(buf.tags[row])
         self._filtered_upto = buf.total
 
     def sync(self, *, force: bool = False) -> None:
@@ -169,8 +184,7 @@ class RankPane(ScrollView, can_focus=True):
         self._evicted_seen = buf.first_index
         self._seen_total = buf.total
         self._update_view()
-        lines = self.lines
-        self.virtual_size = Size(self.size.width, len(lines))
+        self.virtual_size = Size(self.size.width, len(self.lines))
         if at_end:
             self._to_end()
         elif self.pattern is None and evicted > 0:
@@ -218,27 +232,27 @@ class RankPane(ScrollView, can_focus=True):
         """Show the line with absolute index ``absolute`` (pausing the tail); False if it is
         no longer kept."""
         row = absolute - self.buffer.first_index
-        if self.pattern is not None or row < 0 or row >= len(self.buffer.items):
+        if self.pattern is not None or row < 0 or row >= len(self.buffer.texts):
             return False
+        self._show_row(row)
+        return True
+
+    def scroll_to_text(self, text: str, tag: int | None = None) -> bool:
+        """Show the most recent line equal to ``text`` (and tagged ``tag``); False if none."""
+        texts, tags = self.lines, self.tags
+        want = NO_TAG if tag is None else tag
+        for row in range(len(texts) - 1, -1, -1):
+            if texts[row] == text and (tags is None or tags[row] == want):
+                self._show_row(row)
+                return True
+        return False
+
+    def _show_row(self, row: int) -> None:
         self.pause()
         height = max(1, self.scrollable_content_region.height)
         self.scroll_to(y=max(0, row - height // 2), animate=False, immediate=True)
         self._highlight_row = row
         self.refresh()
-        return True
-
-    def scroll_to_item(self, item: Item) -> bool:
-        """Show the most recent line equal to ``item``; False if none is kept."""
-        items = self.lines
-        for row in range(len(items) - 1, -1, -1):
-            if items[row] == item:
-                self.pause()
-                height = max(1, self.scrollable_content_region.height)
-                self.scroll_to(y=max(0, row - height // 2), animate=False, immediate=True)
-                self._highlight_row = row
-                self.refresh()
-                return True
-        return False
 
     _highlight_row: int | None = None
 
@@ -269,17 +283,15 @@ class RankPane(ScrollView, can_focus=True):
         lines = self.lines
         if row >= len(lines) or width <= 0:
             return Strip.blank(width, self.rich_style)
-        item = lines[row]
+        text = lines[row]
         base = self.rich_style
         segments: list[Segment] = []
-        if not isinstance(item, str):
-            rank, text = item
-            tag = "node" if rank is None else f"r{rank}"
+        tags = self.tags
+        if tags is not None:
+            tag = tag_text(tags[row])
             segments.append(
                 Segment(f"{tag:>4}│ ", base + self.get_component_rich_style("rank-pane--tag"))
             )
-        else:
-            text = item
         text = text.expandtabs(4)
         style = base
         if classify_error(text) is not None:

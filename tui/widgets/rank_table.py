@@ -63,7 +63,9 @@ class RankTable(Static):
 
     def render_table(self, snap: Snapshot) -> Text:
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append(f"{'rank':>4} {'state':<14} {'step':>7} {'loss':>6} {'tok/s':>7} flags\n", "bold")
+        out.append(
+            f"{'rank':>4} {'state':<14} {'step':>7} {'loss':>6} {'tok/s':>7} flags\n", "bold"
+        )
         for r in sorted(snap.ranks):
             st = snap.ranks[r]
             label = st.label(snap.now, self.idle_after_s)

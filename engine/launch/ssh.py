@@ -1,0 +1,424 @@
+"""SSH backend (paramiko): every node over its own connection, all in parallel.
+
+Start is all or nothing: connect to every node (``~/.ssh/config`` through paramiko's own
+``SSHConfig``: alias, user, port, identity file, ProxyJump; key file by path or the agent), check
+each host key against known_hosts (an unknown key is refused, with its SHA256 fingerprint, unless
+the user accepts new keys; a changed key is always refused), upload the bundle by SFTP, and only
+when every node is ready start each node's script. A node that cannot be reached or fails auth is
+reported by name and nothing is started.
+
+On each node the script runs under ``setsid`` (its own session and process group) inside a small
+bash wrapper that prints the group id first (``@@dtrain-pgid N``, consumed here, never logged)
+and watches the SSH channel's stdin: when the connection drops, stdin reaches EOF and the wrapper
+kills the group and every process tagged with the run's ``DTRAIN_RUN_ID``. ``stop`` does the same
+over a fresh channel. Nothing typed by the user reaches a remote shell unquoted, except
+``--remote-setup``, which is a shell command by design.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from engine.events import STDERR, STDOUT
+from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
+from engine.specs import Host
+
+_PGID_RE = re.compile(rb"^@@dtrain-pgid (\d+)$")
+
+# Kill, on one node, every process whose environment carries DTRAIN_RUN_ID=$RID (torchrun starts
+# its ranks in sessions of their own, so a process-group kill alone can miss them).
+_SWEEP_FN = (
+    "dtrain_sweep() { local e p; for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
+    'if tr "\\0" "\\n" < "$e" 2>/dev/null | grep -qx "DTRAIN_RUN_ID=$RID"; then '
+    'kill -"$1" "$p" 2>/dev/null; fi; done; }'
+)
+
+
+class HostKeyError(LaunchError):
+    """A host key is unknown (without consent) or changed."""
+
+
+def fingerprint(key: Any) -> str:
+    """OpenSSH's ``SHA256:...`` fingerprint of a paramiko key."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(hostname: str, port: int) -> str:
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+@dataclass
+class Target:
+    """Where one node really is, after ~/.ssh/config."""
+
+    node: int
+    label: str
+    hostname: str
+    port: int
+    user: str | None
+    identity: list[str]
+    proxy_jump: str | None
+
+
+class _HostKeyPolicy:
+    """paramiko MissingHostKeyPolicy: refuse unknown keys unless accepted; record accepted ones."""
+
+    def __init__(self, backend: SshBackend, label: str) -> None:
+        self.backend = backend
+        self.label = label
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        fp = fingerprint(key)
+        opts = self.backend.options
+        if not opts.accept_new_host_keys:
+            raise HostKeyError(
+                f"{self.label}: unknown host key {key.get_name()} {fp} for {hostname}; check it, "
+                "then pass --accept-new-host-keys (or add it to --known-hosts)",
+                field="host key",
+            )
+        self.backend._record_host_key(hostname, key)
+        self.backend._notes.append(f"{self.label}: accepted new host key {key.get_name()} {fp}")
+
+
+class SshBackend(Backend):
+    """Run each node's script over SSH."""
+
+    name = "ssh"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clients: list[Any] = []
+        self._chans: list[Any] = []
+        self._pgids: dict[int, int] = {}
+        self._pgid_seen = threading.Condition()
+        self._remote_dirs: list[str] = []
+        self._kh_lock = threading.Lock()
+        self._notes: list[str] = []
+        self._killed: set[int] = set()
+        self._node_clients: list[Any] = []
+
+    # ------------------------------------------------------------------ host resolution
+
+    def _known_hosts_path(self) -> Path:
+        return Path(self.options.known_hosts or Path.home() / ".ssh" / "known_hosts").expanduser()
+
+    def _ssh_config(self) -> Any:
+        import paramiko
+
+        path = self.options.ssh_config or Path.home() / ".ssh" / "config"
+        path = Path(path).expanduser()
+        if path.is_file():
+            try:
+                return paramiko.SSHConfig.from_path(str(path))
+            except Exception as e:  # noqa: BLE001
+                raise LaunchError(f"{path}: cannot parse: {e}", field="--ssh-config") from None
+        return paramiko.SSHConfig()
+
+    def _target(self, node: int, host: Host, cfg: Any) -> Target:
+        c = cfg.lookup(host.host)
+        ident: list[str] = []
+        if self.options.identity_file:
+            ident = [str(Path(self.options.identity_file).expanduser())]
+        elif c.get("identityfile"):
+            ident = [os.path.expanduser(p) for p in c["identityfile"]]
+        return Target(
+            node=node,
+            label=f"node {node} ({host})",
+            hostname=str(c.get("hostname", host.host)),
+            port=int(host.port or c.get("port", 22)),
+            user=host.user or c.get("user"),
+            identity=ident,
+            proxy_jump=c.get("proxyjump"),
+        )
+
+    def _record_host_key(self, hostname: str, key: Any) -> None:
+        """Append an accepted key to the known_hosts file (never other key material)."""
+        path = self._known_hosts_path()
+        with self._kh_lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+    def _connect(self, t: Target, cfg: Any, depth: int = 0) -> Any:
+        import paramiko
+
+        sock = None
+        if t.proxy_jump and depth < 4:
+            jump_host = Host.parse(t.proxy_jump.split(",")[0])
+            jt = self._target(t.node, jump_host, cfg)
+            jt.label = f"{t.label} via jump host {jump_host}"
+            jump = self._connect(jt, cfg, depth + 1)
+            self._clients.append(jump)
+            transport = jump.get_transport()
+            sock = transport.open_channel("direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0))
+        client = paramiko.SSHClient()
+        kh = self._known_hosts_path()
+        if kh.is_file():
+            try:
+                client.load_host_keys(str(kh))
+            except Exception as e:  # noqa: BLE001
+                raise LaunchError(f"{kh}: cannot read known hosts: {e}", field="--known-hosts") from None
+        client.set_missing_host_key_policy(_HostKeyPolicy(self, t.label))
+        to = self.options.connect_timeout_s
+        try:
+            client.connect(
+                t.hostname,
+                port=t.port,
+                username=t.user,
+                key_filename=t.identity or None,
+                allow_agent=True,
+                look_for_keys=not t.identity,
+                timeout=to,
+                banner_timeout=to,
+                auth_timeout=to,
+                sock=sock,
+            )
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise HostKeyError(
+                f"{t.label}: host key CHANGED for {t.hostname}: got {e.key.get_name()} "
+                f"{fingerprint(e.key)}, known_hosts has {fingerprint(e.expected_key)}; refusing "
+                f"(if the host was really reinstalled, remove its line from {kh})",
+                field="host key",
+            ) from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            how = f"key file {', '.join(t.identity)}" if t.identity else "the SSH agent and default keys"
+            raise LaunchError(
+                f"{t.label}: authentication failed as {t.user or 'the current user'} with {how} ({e}); "
+                "pass the right --identity KEYFILE or load the key into ssh-agent",
+                field="ssh",
+            ) from None
+        except (OSError, paramiko.SSHException) as e:
+            client.close()
+            raise LaunchError(
+                f"{t.label}: cannot connect to {t.hostname}:{t.port}: {e}", field="ssh"
+            ) from None
+        transport = client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(5)
+        return client
+
+    # ------------------------------------------------------------------ start
+
+    def _start(self) -> None:
+        cfg = self._ssh_config()
+        targets = [self._target(i, h, cfg) for i, h in enumerate(self.options.hosts)]
+        # Connect to every node at once; all or nothing.
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            futs = [pool.submit(self._connect, t, cfg) for t in targets]
+            results: list[Any] = []
+            errors: list[str] = []
+            for t, f in zip(targets, futs, strict=True):
+                try:
+                    results.append(f.result())
+                except Exception as e:  # noqa: BLE001
+                    results.append(None)
+                    errors.append(str(e) if isinstance(e, LaunchError) else f"{t.label}: {e}")
+        self._clients.extend(c for c in results if c is not None)
+        for note in self._notes:
+            self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
+        if errors:
+            raise LaunchError(
+                "; ".join(errors) + " — nothing was started", field="ssh"
+            )
+        self._node_clients = results
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            dirs = list(pool.map(self._upload, targets))
+        self._remote_dirs = dirs
+        # Start every node, then wait for each wrapper to report its process group.
+        self._chans = [None] * len(targets)
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            list(pool.map(self._launch_node, targets))
+        deadline = time.monotonic() + self.options.connect_timeout_s
+        with self._pgid_seen:
+            while len(self._pgids) < len(targets) and time.monotonic() < deadline:
+                if any(c is not None and c.exit_status_ready() for c in self._chans):
+                    break
+                self._pgid_seen.wait(0.1)
+
+    def _remote_base(self, sftp: Any) -> str:
+        wd = self.options.remote_workdir
+        home = sftp.normalize(".")
+        if wd == "~":
+            return str(home)
+        if wd.startswith("~/"):
+            return str(PurePosixPath(home) / wd[2:])
+        if not wd.startswith("/"):
+            return str(PurePosixPath(home) / wd)
+        return wd
+
+    def _upload(self, t: Target) -> str:
+        client = self._node_clients[t.node]
+        try:
+            sftp = client.open_sftp()
+        except Exception as e:  # noqa: BLE001
+            raise LaunchError(f"{t.label}: cannot open SFTP: {e}", field="ssh") from None
+        try:
+            base = PurePosixPath(self._remote_base(sftp)) / self.run_id
+            _sftp_makedirs(sftp, base)
+            local = self.run.bundle
+            for path in sorted(local.rglob("*")):
+                rel = path.relative_to(local)
+                if rel.parts and rel.parts[0] == "logs":
+                    continue
+                dest = str(base / PurePosixPath(*rel.parts))
+                if path.is_dir():
+                    _sftp_makedirs(sftp, PurePosixPath(dest))
+                elif path.is_file():
+                    sftp.put(str(path), dest)
+                    sftp.chmod(dest, stat.S_IMODE(path.stat().st_mode))
+            return str(base)
+        except LaunchError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise LaunchError(f"{t.label}: upload to {self.options.remote_workdir} failed: {e}", field="ssh") from None
+        finally:
+            sftp.close()
+
+    def remote_command(self, node: int, remote_dir: str) -> str:
+        """The exact command sent to ``node`` (also written to RUN/commands/node<i>.txt)."""
+        env = self.node_env()
+        rid = env.pop("DTRAIN_RUN_ID")
+        exports = " ".join(f"export {k}={shlex.quote(v)};" for k, v in sorted(env.items()))
+        script = self.manifest.node_scripts[node]
+        setup = self.options.remote_setup
+        inner = "\n".join(
+            [
+                'echo "@@dtrain-pgid $$"',
+                f"RID={shlex.quote(rid)}",
+                _SWEEP_FN,
+                # --remote-setup is a shell command by design (e.g. activating an environment).
+                f"{setup}" if setup else ":",
+                exports or ":",
+                f"cd {shlex.quote(remote_dir)} || exit 97",
+                "exec 3<&0",
+                f"DTRAIN_RUN_ID=\"$RID\" bash ./{shlex.quote(script)} </dev/null &",
+                "child=$!",
+                # The connection's stdin reaching EOF means the connection is gone: clean up.
+                "{ while read -r _; do :; done; kill -TERM -- -$$ 2>/dev/null; dtrain_sweep TERM; "
+                "sleep 3; dtrain_sweep KILL; kill -KILL -- -$$ 2>/dev/null; } <&3 &",
+                "watcher=$!",
+                "exec 3<&-",
+                "wait $child; rc=$?",
+                "kill $watcher 2>/dev/null",
+                "exit $rc",
+            ]
+        )
+        return f"exec setsid -w bash -c {shlex.quote(inner)}"
+
+    def _launch_node(self, t: Target) -> None:
+        cmd = self.remote_command(t.node, self._remote_dirs[t.node])
+        self.run.write_command(t.node, cmd)
+        client = self._node_clients[t.node]
+        transport = client.get_transport()
+        try:
+            chan = transport.open_session()
+            chan.exec_command(cmd)
+        except Exception as e:  # noqa: BLE001
+            raise LaunchError(f"{t.label}: cannot start the node script: {e}", field="ssh") from None
+        self._chans[t.node] = chan
+        self._add_stream(t.node, STDOUT, lambda: chan.recv(65536))
+        self._add_stream(t.node, STDERR, lambda: chan.recv_stderr(65536))
+
+    def _control_line(self, node: int, stream: str, line: bytes) -> bool:
+        if stream == STDOUT and node not in self._pgids:
+            m = _PGID_RE.match(line)
+            if m:
+                with self._pgid_seen:
+                    self._pgids[node] = int(m.group(1))
+                    self._pgid_seen.notify_all()
+                return True
+        return False
+
+    # ------------------------------------------------------------------ running
+
+    def _node_exit(self, node: int) -> tuple[bool, int | None]:
+        chan = self._chans[node]
+        if chan is None:
+            return True, None
+        if chan.exit_status_ready():
+            return True, int(chan.recv_exit_status())
+        transport = chan.get_transport()
+        if transport is None or not transport.is_active():
+            self._node_lost(node, "connection lost")
+        elif chan.closed:
+            self._node_lost(node, "channel closed without an exit status")
+        return False, None
+
+    def _kill_node(self, node: int, reason: str) -> None:
+        if node in self._killed:
+            return
+        self._killed.add(node)
+        client = self._node_clients[node] if node < len(getattr(self, "_node_clients", [])) else None
+        chan = self._chans[node] if node < len(self._chans) else None
+        pgid = self._pgids.get(node)
+        if client is None:
+            return
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            return  # the node's own watcher cleans up when its connection drops
+        rid = self.run_id
+        group = f"kill -{{sig}} -- -{pgid} 2>/dev/null; " if pgid else ""
+        cmd = (
+            f"RID={shlex.quote(rid)}; {_SWEEP_FN}; "
+            + group.format(sig="TERM")
+            + "dtrain_sweep TERM; "
+            + f"for i in $(seq {int(STOP_GRACE_S * 5)}); do "
+            + (f"kill -0 -- -{pgid} 2>/dev/null && {{ sleep 0.2; continue; }}; " if pgid else "")
+            + "break; done; "
+            + group.format(sig="KILL")
+            + "dtrain_sweep KILL; true"
+        )
+        with contextlib.suppress(Exception):
+            kc = transport.open_session()
+            kc.exec_command(cmd)
+            deadline = time.monotonic() + STOP_GRACE_S + 10
+            while not kc.exit_status_ready() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            kc.close()
+        if chan is not None:
+            deadline = time.monotonic() + 5
+            while not chan.exit_status_ready() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def _teardown_after_failed_start(self) -> None:
+        for i, chan in enumerate(self._chans):
+            if chan is not None:
+                self._kill_node(i, "start failed")
+        self._close()
+
+    def _close(self) -> None:
+        for c in self._clients:
+            with contextlib.suppress(Exception):
+                c.close()
+
+
+def _sftp_makedirs(sftp: Any, path: PurePosixPath) -> None:
+    parts: list[PurePosixPath] = []
+    p = path
+    while str(p) not in ("/", "."):
+        parts.append(p)
+        p = p.parent
+    for d in reversed(parts):
+        try:
+            sftp.stat(str(d))
+        except OSError:
+            sftp.mkdir(str(d))
