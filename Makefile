@@ -50,7 +50,7 @@ test: $(STAMP) system-deps lint types
 check: format test
 
 test-snapshot-update: $(STAMP)
-	$(BIN)/python -m pytest -q tests/tui --snapshot-update
+	$(BIN)/python -m pytest -q tests/tui tests/profiles --snapshot-update
 
 golden-update: $(STAMP)
 	DTRAIN_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/engine -k golden

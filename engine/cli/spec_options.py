@@ -112,8 +112,17 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
     """Add the spec options (and, with ``launch``, the launch options) to ``parser``."""
     src = parser.add_argument_group("spec source")
     src.add_argument("--spec", type=Path, metavar="FILE", help="spec file (TOML or YAML)")
-    src.add_argument("--profile", metavar="NAME", help="saved profile or built-in preset")
-    src.add_argument("--config-dir", type=Path, metavar="DIR", help="profiles directory root")
+    # SUPPRESS: a value given before the subcommand (`dtrain-tui --config-dir X plan`) is kept.
+    src.add_argument(
+        "--profile", metavar="NAME", default=argparse.SUPPRESS, help="saved profile or built-in preset"
+    )
+    src.add_argument(
+        "--config-dir",
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="profiles directory root",
+    )
     g = parser.add_argument_group("model")
     for opt, fld, kw in _MODEL_OPTS:
         g.add_argument(opt, dest=f"model__{fld}", default=None, **kw)

@@ -299,32 +299,31 @@ class Backend(ABC):
             with self._cond:
                 self._nodes[node].open_streams -= 1
 
+    def _split(self, node: int, raw: bytes) -> tuple[int, int | None, bytes]:
+        """(node, global rank or None, line without launcher prefixes) for one raw line."""
+        mt = _TEE_RE.match(raw)
+        if mt:
+            return node, node * self.manifest.gpus_per_node + int(mt.group(1)), raw[mt.end() :]
+        return node, None, raw
+
     def _ingest(self, node: int, stream: str, lines: list[bytes]) -> None:
-        m = self.manifest
-        host = self._nodes[node].host
         ts = time.time()
-        per_target: dict[int | None, list[bytes]] = {}
+        per_target: dict[tuple[int, int | None], list[bytes]] = {}
         events: list[Event] = []
-        base = node * m.gpus_per_node
         for raw in lines:
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
             if self._control_line(node, stream, raw):
                 continue
-            mt = _TEE_RE.match(raw)
-            if mt:
-                rank: int | None = base + int(mt.group(1))
-                body = raw[mt.end() :]
-            else:
-                rank = None
-                body = raw
-                self._scan_table(node, body)
-            per_target.setdefault(rank, []).append(body + b"\n")
+            n, rank, body = self._split(node, raw)
+            if rank is None:
+                self._scan_table(n, body)
+            per_target.setdefault((n, rank), []).append(body + b"\n")
             events.append(
-                LineEvent(node, rank, stream, body.decode("utf-8", "replace"), ts, host)
+                LineEvent(n, rank, stream, body.decode("utf-8", "replace"), ts, self._nodes[n].host)
             )
-        for rank, chunks in per_target.items():
-            self.run.append(node, rank, stream, b"".join(chunks))
+        for (n, rank), chunks in per_target.items():
+            self.run.append(n, rank, stream, b"".join(chunks))
         self._last_activity = time.monotonic()
         self._emit_many(events)
 
@@ -377,7 +376,8 @@ class Backend(ABC):
     def _check_nodes(self) -> None:
         m = self.manifest
         all_done = True
-        for st in self._nodes:
+        # Nodes whose torchrun printed a failure table first: they name the rank that failed.
+        for st in sorted(self._nodes, key=lambda n: (not n.rank_exits, n.node)):
             if st.finished:
                 continue
             finished, code = self._node_exit(st.node)

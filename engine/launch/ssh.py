@@ -226,19 +226,20 @@ class SshBackend(Backend):
             futs = [pool.submit(self._connect, t, cfg) for t in targets]
             results: list[Any] = []
             errors: list[str] = []
+            key_error = False
             for t, f in zip(targets, futs, strict=True):
                 try:
                     results.append(f.result())
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:  # noqa: BLE001 - every node's failure is reported
                     results.append(None)
-                    errors.append(str(e) if isinstance(e, LaunchError) else f"{t.label}: {e}")
+                    key_error = key_error or isinstance(e, HostKeyError)
+                    errors.append(e.message if isinstance(e, LaunchError) else f"{t.label}: {e}")
         self._clients.extend(c for c in results if c is not None)
         for note in self._notes:
             self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
         if errors:
-            raise LaunchError(
-                "; ".join(errors) + " — nothing was started", field="ssh"
-            )
+            cls = HostKeyError if key_error else LaunchError
+            raise cls("; ".join(errors) + " — nothing was started", field="ssh")
         self._node_clients = results
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             dirs = list(pool.map(self._upload, targets))
@@ -354,9 +355,14 @@ class SshBackend(Backend):
         chan = self._chans[node]
         if chan is None:
             return True, None
-        if chan.exit_status_ready():
-            return True, int(chan.recv_exit_status())
         transport = chan.get_transport()
+        if chan.exit_status_ready():
+            status = int(chan.recv_exit_status())
+            if status != -1:
+                return True, status
+            # -1: the channel closed without an exit status (paramiko's convention).
+            self._node_lost(node, "connection lost (no exit status received)")
+            return False, None
         if transport is None or not transport.is_active():
             self._node_lost(node, "connection lost")
         elif chan.closed:

@@ -160,6 +160,7 @@ async def test_wizard_starts_with_a_broken_profile_and_lists_the_others(
     with pytest.raises(DtrainError) as exc:
         initial_spec("broken", store.config_dir)
     assert "\n" not in str(exc.value) and str(broken) in str(exc.value)
+    assert initial_spec("good", store.config_dir) == store.load("good").spec  # --profile good
     spec = initial_spec(None, store.config_dir)
     app = DtrainApp(spec, config_dir=store.config_dir, out_dir=store.config_dir / "bundle")
     async with app.run_test(size=SIZE) as pilot:

@@ -20,12 +20,12 @@ from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane
 CLOCK = 1_700_000_000.0
 
 
-def sync(fn: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+def sync(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     """Run an async Pilot test with asyncio (no async pytest plugin in this project)."""
 
     @functools.wraps(fn)
-    def run() -> None:
-        asyncio.run(fn())  # type: ignore[arg-type]
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))  # type: ignore[arg-type]
 
     return run
 
@@ -302,3 +302,32 @@ def test_snapshot_80x24(snap_compare: Any) -> None:
 
 def test_snapshot_160x48(snap_compare: Any) -> None:
     assert snap_compare(app_for(canned()), terminal_size=(160, 48), run_before=_settle_for_snapshot)
+
+
+@sync
+async def test_reopen_a_finished_run_directory(tmp_path: Any) -> None:
+    import json
+
+    from engine.runtail import RunDirSource
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.stdout.log").write_text(step(0, 1) + "\n" + nccl(0, "Using network IB") + "\n")
+    (logs / "rank1.stderr.log").write_text("h:1:1 [1] NCCL WARN Net : Connection closed\n")
+    ranks = [{"rank": r, "node_rank": 0, "local_rank": r, "host": "h", "exit_code": r} for r in (0, 1)]
+    info = {"state": "failed", "world_size": 2, "ranks": ranks, "failed_rank": 1, "reason": "x"}
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    source = RunDirSource(tmp_path)
+    source.start()
+    app = MonitorApp(source, tmp_path, world_size=source.world_size, clock=lambda: CLOCK)
+    async with app.run_test(size=(120, 40)) as pilot:
+        m = await settle(pilot)
+        assert keys(m) == ["r0", "r1"]
+        assert m.pane_lines("r0")[0] == step(0, 1)
+        assert m.pane_lines("nccl") == [
+            "r0: " + nccl(0, "Using network IB"),
+            "r1: h:1:1 [1] NCCL WARN Net : Connection closed",
+        ]
+        assert m.snapshot.ranks[1].label(CLOCK) == "failed 1"
+        assert m.snapshot.errors[0].kind.value == "nccl_warn"
+        assert m.finished == "failed" and m.run_title == tmp_path.name

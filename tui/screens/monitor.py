@@ -511,9 +511,12 @@ class MonitorScreen(Screen[None]):
             pane.set_class(pst is not None and (pst.hung or pst.straggler), "-flagged")
         nccl = self.query_one("#nccl-pane", RankPane)
         headline = self.nccl_summary.headline()
-        nccl.border_title = f"NCCL · {self.nccl_buffer.total:,} lines" + (
-            f" · {headline}" if headline else ""
-        )
+        if self.nccl_buffer.total:
+            nccl.border_title = f"NCCL · {self.nccl_buffer.total:,} lines" + (
+                f" · {headline}" if headline else ""
+            )
+        else:
+            nccl.border_title = "NCCL · no lines yet (gloo, or launch with NCCL_DEBUG=INFO)"
         selected = self._focused_rank()
         self.query_one(RankTable).show(snap, selected)
         self.query_one(RankChart).show(

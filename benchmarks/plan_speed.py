@@ -1,0 +1,77 @@
+"""How fast planning is: the wall time of ``dtrain-tui plan ... --json`` as a user runs it (a fresh
+process each time, median of several runs) and of the in-process ``plan()`` call, and whether
+planning imported torch. Target: ``cli_wall_s`` < 0.5 on the CI machine.
+
+Last line, for scripts: ``cli_wall_s=0.31 cli_best_s=0.29 plan_ms=12.3 torch_imported=0``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SCENARIOS = [
+    ["--model", "llama-2-7b", "--gpu", "a100-80gb", "--gpus-per-node", "8", "--seq-len", "4096"],
+    ["--model", "llama-2-70b", "--gpu", "h100-sxm", "--gpus-per-node", "8", "--nodes", "4", "--network", "ib"],
+    ["--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus-per-node", "8", "--nodes", "4", "--network", "ib"],
+]
+RUNS = 5
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).with_name("dtrain-tui")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("dtrain-tui")
+    return [found] if found else [sys.executable, "-m", "engine"]
+
+
+def main() -> int:
+    cli = _cli()
+    walls: list[float] = []
+    for args in SCENARIOS:
+        for _ in range(RUNS):
+            t0 = time.perf_counter()
+            r = subprocess.run([*cli, "plan", *args, "--json"], capture_output=True, text=True, cwd=ROOT)
+            walls.append(time.perf_counter() - t0)
+            if r.returncode != 0:
+                print(r.stderr, file=sys.stderr)
+                return 1
+    probe = (
+        "import sys, time\n"
+        "from engine.planner import plan\n"
+        "from engine.specs import Spec, ModelSpec, HardwareSpec, NetworkSpec\n"
+        "specs = [Spec(model=ModelSpec(preset=m), hardware=HardwareSpec(gpu=g, gpus_per_node=8, nodes=n),"
+        " network=NetworkSpec(tier='ib')) for m, g, n in"
+        " [('llama-2-7b', 'a100-80gb', 1), ('llama-2-70b', 'h100-sxm', 4), ('mixtral-8x7b', 'h100-sxm', 4)]]\n"
+        "plan(specs[0])\n"
+        "ts = []\n"
+        "for _ in range(5):\n"
+        "    for s in specs:\n"
+        "        t = time.perf_counter(); plan(s); ts.append(time.perf_counter() - t)\n"
+        "ts.sort()\n"
+        "print(ts[len(ts) // 2] * 1000, int('torch' in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        print(r.stderr, file=sys.stderr)
+        return 1
+    plan_ms, torch_imported = r.stdout.split()
+    med = statistics.median(walls)
+    print(f"cli runs: {len(walls)}, median {med:.3f} s, best {min(walls):.3f} s, worst {max(walls):.3f} s")
+    print(
+        f"cli_wall_s={med:.3f} cli_best_s={min(walls):.3f} plan_ms={float(plan_ms):.1f} "
+        f"torch_imported={torch_imported}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""SkyPilot backend: launch the bundle's ``sky.yaml`` through SkyPilot's Python SDK.
+
+The SDK (skypilot >= 0.8) is asynchronous: ``sky.launch`` / ``sky.cancel`` / ``sky.down`` return a
+request id that ``sky.stream_and_get`` follows (streaming provisioning output) and resolves to the
+result, here ``(job_id, handle)``; ``sky.tail_logs(cluster, job_id, follow=True,
+output_stream=...)`` streams the job's output and returns SkyPilot's job exit code (0 succeeded,
+100 failed, 103 cancelled).
+
+SkyPilot prefixes each line of a multi-node job with the node it came from:
+``(head, rank=0, pid=2843) `` or ``(worker1, rank=1, pid=2650, ip=10.128.0.33) `` (Ray's task
+name, see sky/backends/cloud_vm_ray_backend.py), and a single-node job with ``(task, pid=N) ``;
+setup output has none. The node rank comes from that prefix, then the global rank from torchrun's
+``[default<local_rank>]:`` behind it. ANSI colour codes are stripped first.
+
+``stop`` cancels the job (``sky.cancel``); the cluster is torn down (``sky.down``) only on
+request: ``--sky-down`` or :meth:`SkyPilotBackend.down`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import threading
+from typing import Any
+
+from engine.events import STDOUT
+from engine.launch.base import Backend, LaunchError
+
+_ANSI_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+_SKY_RE = re.compile(
+    rb"^\((?:(?:head|worker(?P<idx>\d+)), rank=(?P<rank>\d+), |[A-Za-z0-9_.\-]+, )"
+    rb"pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\) ?"
+)
+_TEE_RE = re.compile(rb"^\[default(\d+)\]:")
+
+JOB_SUCCEEDED = 0
+JOB_CANCELLED = 103
+
+
+def cluster_name_for(name: str) -> str:
+    """A valid SkyPilot cluster name (lowercase letters, digits, dashes; starts with a letter)."""
+    s = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    if not s or not s[0].isalpha():
+        s = f"dtrain-{s}".rstrip("-")
+    return s[:60]
+
+
+class _PipeWriter(io.TextIOBase):
+    """A text stream SkyPilot writes into; bytes go to our pipe, read by the line pump."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def write(self, s: str) -> int:
+        data = s.encode("utf-8", "replace")
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+class SkyPilotBackend(Backend):
+    """The whole job is one SkyPilot job; lines are attributed to nodes by SkyPilot's prefixes."""
+
+    name = "skypilot"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster_name_for(self.options.sky_cluster or self.manifest.name)
+        self.job_id: int | None = None
+        self._result: int | None = None
+        self._finished = threading.Event()
+        self._cancelled = False
+        self._worker: threading.Thread | None = None
+
+    @property
+    def hosts(self) -> list[str]:
+        return [
+            f"{self.cluster}-head" if i == 0 else f"{self.cluster}-worker{i}"
+            for i in range(self.manifest.nodes)
+        ]
+
+    def build_task(self) -> Any:
+        """The ``sky.Task`` SkyPilot receives: the bundle's sky.yaml, run from the run
+        directory's copy of the bundle, with the run's environment added."""
+        import sky
+
+        yaml_name = self.manifest.sky_yaml or "sky.yaml"
+        path = self.run.bundle / yaml_name
+        if not path.is_file():
+            raise LaunchError(f"{yaml_name} is missing from the bundle", field="bundle")
+        try:
+            task = sky.Task.from_yaml(str(path))
+        except Exception as e:  # noqa: BLE001 - SkyPilot's own validation message, one line
+            raise LaunchError(f"{path}: SkyPilot refused the task: {e}", field="sky.yaml") from None
+        task.workdir = str(self.run.bundle)
+        task.update_envs(self.node_env())
+        if self.options.sky_cloud:
+            clouds = {r.copy(cloud=sky.CLOUD_REGISTRY.from_str(self.options.sky_cloud)) for r in task.resources}
+            task.set_resources(clouds)
+        return task
+
+    def _start(self) -> None:
+        task = self.build_task()
+        r, w = os.pipe()
+        out = _PipeWriter(w)
+        self._add_stream(0, STDOUT, lambda: os.read(r, 65536))
+        for i in range(self.manifest.nodes):
+            self.run.write_command(
+                i,
+                f"sky.launch(sky.Task.from_yaml({str(self.run.bundle / 'sky.yaml')!r}), "
+                f"cluster_name={self.cluster!r}, down={self.options.sky_down!r}, "
+                f"idle_minutes_to_autostop={self.options.sky_autostop_min!r}); node {i} is "
+                + ("the head" if i == 0 else f"worker{i}"),
+            )
+
+        def work() -> None:
+            import sky
+
+            try:
+                req = sky.launch(
+                    task,
+                    cluster_name=self.cluster,
+                    down=self.options.sky_down,
+                    idle_minutes_to_autostop=self.options.sky_autostop_min,
+                )
+                result = sky.stream_and_get(req, output_stream=out)
+                job_id = result[0] if isinstance(result, tuple) else result
+                self.job_id = int(job_id) if job_id is not None else None
+                if self._cancelled:
+                    self._do_cancel()
+                code = sky.tail_logs(self.cluster, self.job_id, follow=True, output_stream=out)
+                self._result = int(code) if code is not None else None
+            except Exception as e:  # noqa: BLE001 - becomes the node's failure, on screen
+                with contextlib.suppress(OSError):
+                    out.write(f"[dtrain-tui] SkyPilot: {type(e).__name__}: {e}\n")
+                self._result = 1
+            finally:
+                self._finished.set()
+                os.close(w)
+
+        self._worker = threading.Thread(target=work, name="dtrain-sky", daemon=True)
+        self._worker.start()
+
+    def _split(self, node: int, raw: bytes) -> tuple[int, int | None, bytes]:
+        raw = _ANSI_RE.sub(b"", raw)
+        m = _SKY_RE.match(raw)
+        if not m:
+            return 0, None, raw
+        n = int(m.group("rank")) if m.group("rank") is not None else 0
+        if not 0 <= n < self.manifest.nodes:
+            return 0, None, raw
+        body = raw[m.end() :]
+        mt = _TEE_RE.match(body)
+        if mt:
+            return n, n * self.manifest.gpus_per_node + int(mt.group(1)), body[mt.end() :]
+        return n, None, body
+
+    def _node_exit(self, node: int) -> tuple[bool, int | None]:
+        if not self._finished.is_set():
+            return False, None
+        code = self._result
+        if code == JOB_CANCELLED and (self._cancelled or self._stop_requested):
+            return True, -15
+        return True, code
+
+    def _do_cancel(self) -> None:
+        import sky
+
+        if self.job_id is None:
+            return
+        sky.stream_and_get(sky.cancel(self.cluster, job_ids=[self.job_id]))
+
+    def _kill_node(self, node: int, reason: str) -> None:
+        if node != 0 or self._cancelled:
+            return
+        self._cancelled = True
+        self._do_cancel()
+        self._finished.wait(30)
+
+    def down(self) -> None:
+        """Tear the cluster down (``sky down``)."""
+        import sky
+
+        sky.stream_and_get(sky.down(self.cluster))
+
+    def _close(self) -> None:
+        if self.options.sky_down and self._cancelled:
+            # launch(down=True) tears down after a finished job; a cancelled one needs asking.
+            with contextlib.suppress(Exception):
+                self.down()
