@@ -417,7 +417,8 @@ def estimate_memory(
         int(acts),
         int(buffers),
     ]
-    return MemoryBreakdown(
+    # model_construct: the planner builds thousands of these; the values are ints by construction.
+    return MemoryBreakdown.model_construct(
         params=parts[0],
         grads=parts[1],
         optimizer=parts[2],

@@ -386,6 +386,9 @@ def _degrees(ctx: _Ctx) -> Iterator[tuple[int, int, int, int, int]]:
         cps = [lay.cp]
     elif seq >= LONG_SEQUENCE:
         cps = [c for c in (1, 2, 4, 8, 16, 32) if seq % c == 0 and seq // c >= MIN_CP_CHUNK]
+        # Keep the search bounded: no split, and the three smallest that bring a chunk to <= 32K.
+        enough = [c for c in cps if seq // c <= LONG_SEQUENCE]
+        cps = sorted({1, *enough[:3]} & set(cps)) if enough else cps
     else:
         cps = [1]
     for tp in tps:
@@ -399,7 +402,10 @@ def _degrees(ctx: _Ctx) -> Iterator[tuple[int, int, int, int, int]]:
                 if lay.ep is not None:
                     eps = [lay.ep]
                 elif dims.is_moe:
-                    eps = [e for e in _divisors(dims.num_experts) if (dp * cp) % e == 0]
+                    fit = [e for e in _divisors(dims.num_experts) if (dp * cp) % e == 0]
+                    in_node = [e for e in fit if e <= ctx.gpn]
+                    # Bounded: none, 2, the largest inside a node, and the largest overall.
+                    eps = sorted({1, *(e for e in fit if e == 2), in_node[-1], fit[-1]})
                 else:
                     eps = [1]
                 for ep in eps:
@@ -461,7 +467,10 @@ def _candidates(ctx: _Ctx) -> list[_Cand]:
                                 flash=ctx.flash,
                                 gpus_per_node=ctx.gpn,
                             )
-                            out.append(_Cand(d, mem, mem.total <= ctx.usable))
+                            fits = mem.total <= ctx.usable
+                            out.append(_Cand(d, mem, fits))
+                            if not fits:
+                                break  # a larger micro-batch needs more memory still
     return out
 
 
@@ -643,6 +652,11 @@ def plan(spec: Spec) -> Plan:
         with_cp = [c for c in pool if c.draft.cp > 1]
         if any(c.fits for c in with_cp):
             pool = with_cp
+
+    # Micro-batches >= 4x PP stages (seed doc 001), unless nothing else fits.
+    deep = [c for c in pool if c.draft.pp == 1 or c.draft.grad_accum >= 4 * c.draft.pp]
+    if spec.layout.pp is None and any(c.fits for c in deep):
+        pool = deep
 
     flow: _Cand | None = None
     if world == 1:
@@ -921,7 +935,10 @@ def _alternatives(ctx: _Ctx, cands: list[_Cand], chosen: _Cand) -> list[Layout]:
             elif offload != Offload.NONE:
                 why = "offload is the last resort: the plan fits without it"
             else:
-                why = "about as fast, but more complex than the recommended layout"
+                why = (
+                    f"about as fast ({best.time:.3g} s per step); the recommended layout is the "
+                    "flowchart's choice"
+                )
             if not chosen.fits:
                 why = "fits but differs from the forced layout"
         else:

@@ -104,18 +104,22 @@ def _run_info(data: dict[str, Any]) -> _RunInfo:
 
 class RunDirSource:
     """An EventSource over a run directory. ``chunk_bytes`` bounds what one file contributes to
-    one poll, so a huge finished log streams in steps instead of stalling the reader."""
+    one poll and ``poll_bytes`` what all files do, so a huge finished log streams in steps
+    instead of stalling the reader."""
 
     def __init__(
         self,
         run_dir: Path | str,
         *,
         chunk_bytes: int = 256 << 10,
+        poll_bytes: int = 1 << 20,
         rescan_s: float = 0.25,
         idle_sleep_s: float = 0.02,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.chunk_bytes = chunk_bytes
+        self.poll_bytes = poll_bytes
+        self._rr = 0
         self.rescan_s = rescan_s
         self.idle_sleep_s = idle_sleep_s
         self._tails: dict[str, _Tail] = {}
@@ -233,15 +237,24 @@ class RunDirSource:
             self._scan()
         events: list[Event] = []
         now = time.time()
-        for t in self._tails.values():
+        tails = list(self._tails.values())
+        # Round-robin start, and a cap per poll, so one poll stays short (the reader posts
+        # to the screen between polls) and no rank's file waits behind the others.
+        start = self._rr % len(tails) if tails else 0
+        self._rr += 1
+        budget = self.poll_bytes
+        for t in tails[start:] + tails[:start]:
+            if budget <= 0:
+                break
             if t.fh is None:
                 try:
                     t.fh = open(t.path, "rb")  # kept open while tailing
                 except OSError:
                     continue
-            data = t.fh.read(self.chunk_bytes)
+            data = t.fh.read(min(self.chunk_bytes, max(budget, 4096)))
             if not data:
                 continue
+            budget -= len(data)
             buf = t.rest + data if t.rest else data
             cut = buf.rfind(b"\n")
             if cut < 0:

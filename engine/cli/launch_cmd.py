@@ -21,15 +21,29 @@ def register(sub: Any) -> None:
         description=__doc__,
     )
     p.add_argument("bundle", nargs="?", type=Path, metavar="BUNDLE_DIR", help="a written bundle")
-    p.add_argument("--run-dir", type=Path, metavar="DIR", help="run directory (default: a new one under the user data dir)")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="run directory (default: a new one under the user data dir)",
+    )
     p.add_argument(
         "--accept-new-host-keys",
         action="store_true",
         help="trust (and record in --known-hosts) SSH host keys seen for the first time",
     )
-    p.add_argument("--ssh-config", type=Path, metavar="FILE", help="OpenSSH client config (default ~/.ssh/config)")
-    p.add_argument("--sky-down", action="store_true", help="SkyPilot: tear the cluster down when the run ends")
-    p.add_argument("--sky-autostop", type=int, metavar="MIN", help="SkyPilot: autostop after MIN idle minutes")
+    p.add_argument(
+        "--ssh-config",
+        type=Path,
+        metavar="FILE",
+        help="OpenSSH client config (default ~/.ssh/config)",
+    )
+    p.add_argument(
+        "--sky-down", action="store_true", help="SkyPilot: tear the cluster down when the run ends"
+    )
+    p.add_argument(
+        "--sky-autostop", type=int, metavar="MIN", help="SkyPilot: autostop after MIN idle minutes"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final state")
     add_spec_options(p, launch=True)
     p.set_defaults(func=run)
@@ -46,7 +60,11 @@ def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: A
     raw_hosts = given("hosts", None)
     if isinstance(raw_hosts, str):
         raw_hosts = [h for h in raw_hosts.split(",") if h.strip()]
-    hosts_text = raw_hosts if raw_hosts is not None else (list(spec_launch.hosts) if spec_launch else manifest_hosts)
+    hosts_text = (
+        raw_hosts
+        if raw_hosts is not None
+        else (list(spec_launch.hosts) if spec_launch else manifest_hosts)
+    )
     try:
         hosts = [Host.parse(h) for h in hosts_text]
     except ValueError as e:
@@ -54,8 +72,12 @@ def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: A
     sl = spec_launch
     return LaunchOptions(
         hosts=hosts,
-        identity_file=Path(i) if (i := given("identity_file", sl.identity_file if sl else None)) else None,
-        known_hosts=Path(k) if (k := given("known_hosts", sl.known_hosts if sl else None)) else None,
+        identity_file=Path(i)
+        if (i := given("identity_file", sl.identity_file if sl else None))
+        else None,
+        known_hosts=Path(k)
+        if (k := given("known_hosts", sl.known_hosts if sl else None))
+        else None,
         accept_new_host_keys=bool(args.accept_new_host_keys),
         remote_workdir=str(given("remote_workdir", sl.remote_workdir if sl else "~/dtrain-runs")),
         remote_setup=given("remote_setup", sl.remote_setup if sl else None),
@@ -69,7 +91,9 @@ def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: A
         sky_cluster=given("sky_cluster", sl.sky_cluster if sl else None),
         sky_cloud=given("sky_cloud", sl.sky_cloud if sl else None),
         sky_down=bool(args.sky_down or (sl.sky_down if sl else False)),
-        sky_autostop_min=args.sky_autostop if args.sky_autostop is not None else (sl.sky_autostop_min if sl else None),
+        sky_autostop_min=args.sky_autostop
+        if args.sky_autostop is not None
+        else (sl.sky_autostop_min if sl else None),
     )
 
 
@@ -78,7 +102,9 @@ def _nccl_level(v: str | None) -> str | None:
         return None
     levels = {"VERSION", "WARN", "INFO", "TRACE", "ABORT"}
     if v.upper() not in levels:
-        raise DtrainError(f"{v!r} is not an NCCL_DEBUG level; use one of {sorted(levels)}", field="--nccl-debug")
+        raise DtrainError(
+            f"{v!r} is not an NCCL_DEBUG level; use one of {sorted(levels)}", field="--nccl-debug"
+        )
     return v.upper()
 
 
@@ -125,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
         bundle_dir = Path(run_dir) / "bundle"
         write_bundle(p, bundle_dir)
         manifest = read_manifest(bundle_dir)
-    kind = getattr(args, "launch__backend", None) or (spec_launch.backend.value if spec_launch else manifest.backend)
+    kind = getattr(args, "launch__backend", None) or (
+        spec_launch.backend.value if spec_launch else manifest.backend
+    )
     options = _options(args, manifest.hosts, spec_launch)
     if kind == "local":
         options.hosts = []

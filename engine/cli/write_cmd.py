@@ -48,6 +48,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="LR scheduler in ds_config.json (DeepSpeed plans): warmup or warmup-decay",
     )
     g.add_argument("--warmup-steps", type=int, metavar="N", help="scheduler warm-up steps")
+    g.add_argument(
+        "--fsdp-version",
+        type=int,
+        choices=[1, 2],
+        default=2,
+        help="FSDP API in fsdp.json / accelerate_config.yaml: 2 (fully_shard, default) or 1",
+    )
     p.set_defaults(func=run)
 
 
@@ -63,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
         raise DtrainError("must be 0 or more", field="--warmup-steps")
     spec = spec_from_args(args)
     the_plan = plan(spec)
-    options = WriteOptions(scheduler=Scheduler(args.scheduler), warmup_steps=args.warmup_steps)
+    options = WriteOptions(
+        scheduler=Scheduler(args.scheduler),
+        warmup_steps=args.warmup_steps,
+        fsdp_version=args.fsdp_version,
+    )
     if args.print_file is not None:
         files = render_bundle(the_plan, options)
         f = files.get(args.print_file)

@@ -32,7 +32,7 @@ from typing import Any
 from engine.bundle import BundleManifest, read_manifest
 from engine.errors import DtrainError
 from engine.events import STDERR, STDOUT, Event, LineEvent, RankExit, RunStateChanged
-from engine.launch.rundir import FINAL_STATES, RunDir, default_run_dir, iso
+from engine.launch.rundir import RunDir, default_run_dir, iso
 from engine.specs import Host
 
 # torchrun --tee 3: "[default<local_rank>]:" before each line of a rank.
@@ -186,7 +186,11 @@ class Backend(ABC):
             failed_node=None,
             reason="",
         )
-        self._emit(RunStateChanged("starting", f"starting {m.world_size} ranks on {m.nodes} node(s)", time.time()))
+        self._emit(
+            RunStateChanged(
+                "starting", f"starting {m.world_size} ranks on {m.nodes} node(s)", time.time()
+            )
+        )
         try:
             self._start()
         except BaseException as e:
@@ -205,7 +209,9 @@ class Backend(ABC):
         self.run.update(state="running")
         self._state = "running"
         self._emit(RunStateChanged("running", f"started in {self.start_time_s:.2f}s", time.time()))
-        self._supervisor = threading.Thread(target=self._supervise, name="dtrain-supervise", daemon=True)
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="dtrain-supervise", daemon=True
+        )
         self._supervisor.start()
 
     def poll(self, timeout: float) -> list[Event]:
@@ -251,6 +257,7 @@ class Backend(ABC):
 
     def _teardown_after_failed_start(self) -> None:
         """Undo a half-done start (kill what was started, close connections)."""
+        return None
 
     def _control_line(self, node: int, stream: str, line: bytes) -> bool:
         """Hook: consume a backend control line (not logged); True when consumed."""
@@ -258,6 +265,7 @@ class Backend(ABC):
 
     def _close(self) -> None:
         """Release resources (connections) after the run ended."""
+        return None
 
     def _node_lost(self, node: int, reason: str) -> None:
         """A subclass reports a node it can no longer reach."""
@@ -272,7 +280,10 @@ class Backend(ABC):
         run dir, then queue the events."""
         self._nodes[node].open_streams += 1
         t = threading.Thread(
-            target=self._pump, args=(node, stream, read), name=f"dtrain-n{node}-{stream}", daemon=True
+            target=self._pump,
+            args=(node, stream, read),
+            name=f"dtrain-n{node}-{stream}",
+            daemon=True,
         )
         self._threads.append(t)
         t.start()
@@ -329,7 +340,12 @@ class Backend(ABC):
 
     def _scan_table(self, node: int, body: bytes) -> None:
         """Follow torchrun's ChildFailedError table in a node's unattributed lines."""
-        if b"rank" not in body and b"exitcode" not in body and b"Root Cause" not in body and b"Failures:" not in body:
+        if (
+            b"rank" not in body
+            and b"exitcode" not in body
+            and b"Root Cause" not in body
+            and b"Failures:" not in body
+        ):
             return
         st = self._nodes[node]
         text = body.decode("utf-8", "replace")
@@ -409,7 +425,11 @@ class Backend(ABC):
                 bad = [r for r in self.run.info.get("ranks", []) if r["exit_code"] != 0]
                 if bad:
                     r = bad[0]
-                    self._failure = (r["rank"], r["node_rank"], f"rank {r['rank']} exited with {describe_exit(r['exit_code'])}")
+                    self._failure = (
+                        r["rank"],
+                        r["node_rank"],
+                        f"rank {r['rank']} exited with {describe_exit(r['exit_code'])}",
+                    )
                     self.run.update(failed_rank=r["rank"], failed_node=r["node_rank"])
                     self._finish("failed", self._failure[2])
                 else:
@@ -418,7 +438,9 @@ class Backend(ABC):
     def _node_finished(self, st: NodeState) -> None:
         m = self.manifest
         base = st.node * m.gpus_per_node
-        killed_by_us = self._stop_requested or (self._failure is not None and self._failure[1] != st.node)
+        killed_by_us = self._stop_requested or (
+            self._failure is not None and self._failure[1] != st.node
+        )
         for lr in range(m.gpus_per_node):
             rank = base + lr
             reason = ""
@@ -430,7 +452,9 @@ class Backend(ABC):
                 code, reason = None, st.lost
             else:
                 code = None
-                reason = "stopped" if killed_by_us else f"node exited with {describe_exit(st.exit_code)}"
+                reason = (
+                    "stopped" if killed_by_us else f"node exited with {describe_exit(st.exit_code)}"
+                )
             self.run.set_rank_exit(rank, code, reason)
             self._emit(RankExit(st.node, rank, code, time.time(), st.host, reason))
         if st.exit_code != 0 and not killed_by_us and self._failure is None:
@@ -458,7 +482,13 @@ class Backend(ABC):
         self._failure = (rank, node, reason)
         self.run.update(failed_rank=rank, failed_node=node, reason=reason)
         self._emit(
-            LineEvent(node if node is not None else 0, None, STDERR, f"[dtrain-tui] {reason}; stopping the other ranks", time.time())
+            LineEvent(
+                node if node is not None else 0,
+                None,
+                STDERR,
+                f"[dtrain-tui] {reason}; stopping the other ranks",
+                time.time(),
+            )
         )
         self._kill_all(reason)
 
@@ -477,7 +507,11 @@ class Backend(ABC):
         try:
             self._kill_node(node, reason)
         except Exception as e:  # noqa: BLE001 - report, keep stopping the others
-            self._emit(LineEvent(node, None, STDERR, f"[dtrain-tui] could not stop node {node}: {e}", time.time()))
+            self._emit(
+                LineEvent(
+                    node, None, STDERR, f"[dtrain-tui] could not stop node {node}: {e}", time.time()
+                )
+            )
 
     def _finish(self, state: str, message: str) -> None:
         with self._cond:

@@ -11,6 +11,7 @@ run's ``DTRAIN_RUN_ID`` in its environment (found through /proc): nothing of the
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import shutil
@@ -92,7 +93,10 @@ class LocalBackend(Backend):
             env["MASTER_PORT"] = str(free_port())
         # The venv's bin first so `python`/`torchrun` in a script are this installation's.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        shown = {k: env[k] for k in sorted(set(self.node_env()) | {"MASTER_ADDR", "MASTER_PORT", "TORCHRUN"})}
+        shown = {
+            k: env[k]
+            for k in sorted(set(self.node_env()) | {"MASTER_ADDR", "MASTER_PORT", "TORCHRUN"})
+        }
         for i, script in enumerate(m.node_scripts):
             path = self.run.bundle / script
             if not path.is_file():
@@ -118,7 +122,7 @@ class LocalBackend(Backend):
             assert proc.stdout is not None and proc.stderr is not None
             for stream, pipe in ((STDOUT, proc.stdout), (STDERR, proc.stderr)):
                 fd = pipe.fileno()
-                self._add_stream(i, stream, lambda fd=fd: os.read(fd, 65536))
+                self._add_stream(i, stream, functools.partial(os.read, fd, 65536))
 
     def _node_exit(self, node: int) -> tuple[bool, int | None]:
         code = self._procs[node].poll()
@@ -140,7 +144,11 @@ class LocalBackend(Backend):
     def _sweep_node(self, node: int) -> None:
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
-            left = [p for p in pids_with_env("DTRAIN_RUN_ID", self.run_id) if _node_of(p) in (node, None)]
+            left = [
+                p
+                for p in pids_with_env("DTRAIN_RUN_ID", self.run_id)
+                if _node_of(p) in (node, None)
+            ]
             if not left:
                 return
             for pid in left:

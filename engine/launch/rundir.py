@@ -16,6 +16,7 @@ dtrain-tui loses nothing already received.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -41,7 +42,9 @@ def default_runs_root() -> Path:
 
 def default_run_dir(name: str, *, now: float | None = None) -> Path:
     """A fresh timestamped directory name under :func:`default_runs_root`."""
-    stamp = datetime.fromtimestamp(now if now is not None else time.time()).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.fromtimestamp(now if now is not None else time.time()).strftime(
+        "%Y%m%d-%H%M%S"
+    )
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
     root = default_runs_root()
     path = root / f"{stamp}-{safe}"
@@ -80,7 +83,9 @@ class RunDir:
         """Make the directory and copy the bundle and its plan into it."""
         bundle_dir = Path(bundle_dir)
         in_place = bundle_dir.resolve() == self.bundle.resolve()
-        if self.path.exists() and any(p.name != "bundle" or not in_place for p in self.path.iterdir()):
+        if self.path.exists() and any(
+            p.name != "bundle" or not in_place for p in self.path.iterdir()
+        ):
             from engine.errors import DtrainError
 
             raise DtrainError(
@@ -128,7 +133,7 @@ class RunDir:
         with self._lock:
             self._info.update(fields)
             atomic_write_text(self.path / RUN_JSON, json.dumps(self._info, indent=2) + "\n")
-            return json.loads(json.dumps(self._info))
+            return copy.deepcopy(self._info)
 
     def set_rank_exit(self, rank: int, exit_code: int | None, reason: str = "") -> None:
         with self._lock:
@@ -142,7 +147,7 @@ class RunDir:
     @property
     def info(self) -> dict[str, Any]:
         with self._lock:
-            return json.loads(json.dumps(self._info))
+            return copy.deepcopy(self._info)
 
 
 def read_run(path: Path) -> dict[str, Any]:

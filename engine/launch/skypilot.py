@@ -105,7 +105,10 @@ class SkyPilotBackend(Backend):
         task.workdir = str(self.run.bundle)
         task.update_envs(self.node_env())
         if self.options.sky_cloud:
-            clouds = {r.copy(cloud=sky.CLOUD_REGISTRY.from_str(self.options.sky_cloud)) for r in task.resources}
+            clouds = {
+                r.copy(cloud=sky.CLOUD_REGISTRY.from_str(self.options.sky_cloud))
+                for r in task.resources
+            }
             task.set_resources(clouds)
         return task
 

@@ -21,18 +21,18 @@ import contextlib
 import os
 import re
 import shlex
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from engine.events import STDERR, STDOUT
 from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
 from engine.specs import Host
 
+BUNDLE_TAR = "bundle.tar"
 _PGID_RE = re.compile(rb"^@@dtrain-pgid (\d+)$")
 
 # Kill, on one node, every process whose environment carries DTRAIN_RUN_ID=$RID (torchrun starts
@@ -110,6 +110,8 @@ class SshBackend(Backend):
         self._notes: list[str] = []
         self._killed: set[int] = set()
         self._node_clients: list[Any] = []
+        self._keys: dict[str, Any] = {}
+        self._tar: bytes | None = None
 
     # ------------------------------------------------------------------ host resolution
 
@@ -153,6 +155,19 @@ class SshBackend(Backend):
             with open(path, "a", encoding="utf-8") as f:
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
+    def _load_key(self, path: str) -> Any:
+        """The private key at ``path``, parsed once for all nodes (None: let paramiko try the
+        file itself, e.g. a key needing a passphrase the agent holds). Kept in memory only."""
+        import paramiko
+
+        with self._kh_lock:
+            if path not in self._keys:
+                try:
+                    self._keys[path] = paramiko.PKey.from_path(path)
+                except Exception:  # noqa: BLE001 - paramiko reports the real problem on connect
+                    self._keys[path] = None
+            return self._keys[path]
+
     def _connect(self, t: Target, cfg: Any, depth: int = 0) -> Any:
         import paramiko
 
@@ -171,15 +186,20 @@ class SshBackend(Backend):
             try:
                 client.load_host_keys(str(kh))
             except Exception as e:  # noqa: BLE001
-                raise LaunchError(f"{kh}: cannot read known hosts: {e}", field="--known-hosts") from None
-        client.set_missing_host_key_policy(_HostKeyPolicy(self, t.label))
+                raise LaunchError(
+                    f"{kh}: cannot read known hosts: {e}", field="--known-hosts"
+                ) from None
+        # Duck-typed policy (paramiko is imported only inside functions, so no subclass here).
+        client.set_missing_host_key_policy(cast(Any, _HostKeyPolicy(self, t.label)))
         to = self.options.connect_timeout_s
+        pkey = self._load_key(t.identity[0]) if len(t.identity) == 1 else None
         try:
             client.connect(
                 t.hostname,
                 port=t.port,
                 username=t.user,
-                key_filename=t.identity or None,
+                pkey=pkey,
+                key_filename=None if pkey is not None else cast(Any, t.identity or None),
                 allow_agent=True,
                 look_for_keys=not t.identity,
                 timeout=to,
@@ -200,7 +220,11 @@ class SshBackend(Backend):
             ) from None
         except paramiko.AuthenticationException as e:
             client.close()
-            how = f"key file {', '.join(t.identity)}" if t.identity else "the SSH agent and default keys"
+            how = (
+                f"key file {', '.join(t.identity)}"
+                if t.identity
+                else "the SSH agent and default keys"
+            )
             raise LaunchError(
                 f"{t.label}: authentication failed as {t.user or 'the current user'} with {how} ({e}); "
                 "pass the right --identity KEYFILE or load the key into ssh-agent",
@@ -221,39 +245,56 @@ class SshBackend(Backend):
     def _start(self) -> None:
         cfg = self._ssh_config()
         targets = [self._target(i, h, cfg) for i, h in enumerate(self.options.hosts)]
-        # Connect to every node at once; all or nothing.
+
+        # Connect to every node at once and upload as soon as each is connected; nothing is
+        # started anywhere until every node is connected and has the bundle (all or nothing).
+        def prepare(t: Target) -> tuple[Any, str]:
+            client = self._connect(t, cfg)
+            try:
+                return client, self._upload(t, client)
+            except BaseException:
+                client.close()
+                raise
+
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-            futs = [pool.submit(self._connect, t, cfg) for t in targets]
+            futs = [pool.submit(prepare, t) for t in targets]
             results: list[Any] = []
+            dirs: list[str] = []
             errors: list[str] = []
             key_error = False
             for t, f in zip(targets, futs, strict=True):
                 try:
-                    results.append(f.result())
+                    client, remote_dir = f.result()
+                    results.append(client)
+                    dirs.append(remote_dir)
                 except Exception as e:  # noqa: BLE001 - every node's failure is reported
                     results.append(None)
+                    dirs.append("")
                     key_error = key_error or isinstance(e, HostKeyError)
                     errors.append(e.message if isinstance(e, LaunchError) else f"{t.label}: {e}")
         self._clients.extend(c for c in results if c is not None)
         for note in self._notes:
             self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
         if errors:
+            # Leave nothing behind on the nodes that were ready.
+            for client, remote_dir in zip(results, dirs, strict=True):
+                if client is not None and remote_dir:
+                    with contextlib.suppress(Exception):
+                        parent = str(PurePosixPath(remote_dir).parent)
+                        _run_quiet(
+                            client,
+                            f"rm -rf -- {shlex.quote(remote_dir)}; rmdir -- {shlex.quote(parent)} 2>/dev/null; true",
+                        )
             cls = HostKeyError if key_error else LaunchError
             raise cls("; ".join(errors) + " — nothing was started", field="ssh")
         self._node_clients = results
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-            dirs = list(pool.map(self._upload, targets))
         self._remote_dirs = dirs
         # Start every node, then wait for each wrapper to report its process group.
         self._chans = [None] * len(targets)
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             list(pool.map(self._launch_node, targets))
-        deadline = time.monotonic() + self.options.connect_timeout_s
-        with self._pgid_seen:
-            while len(self._pgids) < len(targets) and time.monotonic() < deadline:
-                if any(c is not None and c.exit_status_ready() for c in self._chans):
-                    break
-                self._pgid_seen.wait(0.1)
+        # Started: every node's sshd has accepted its command. Each wrapper reports its process
+        # group on its first line; until then stop() finds the run's processes by DTRAIN_RUN_ID.
 
     def _remote_base(self, sftp: Any) -> str:
         wd = self.options.remote_workdir
@@ -266,31 +307,41 @@ class SshBackend(Backend):
             return str(PurePosixPath(home) / wd)
         return wd
 
-    def _upload(self, t: Target) -> str:
-        client = self._node_clients[t.node]
+    def _bundle_tar(self) -> bytes:
+        """The run's bundle as one uncompressed tar (modes kept), built once for all nodes."""
+        import io
+        import tarfile
+
+        with self._kh_lock:
+            if self._tar is None:
+                buf = io.BytesIO()
+                with tarfile.open(fileobj=buf, mode="w") as tar:
+                    for path in sorted(self.run.bundle.iterdir()):
+                        if path.name != "logs":
+                            tar.add(path, arcname=path.name)
+                self._tar = buf.getvalue()
+            return self._tar
+
+    def _upload(self, t: Target, client: Any) -> str:
+        """SFTP the bundle (one tar, unpacked by the node's command) into a fresh directory."""
+        import io
+
         try:
             sftp = client.open_sftp()
         except Exception as e:  # noqa: BLE001
             raise LaunchError(f"{t.label}: cannot open SFTP: {e}", field="ssh") from None
         try:
-            base = PurePosixPath(self._remote_base(sftp)) / self.run_id
+            # One directory per node: on a shared filesystem (NFS home) nodes must not race.
+            base = PurePosixPath(self._remote_base(sftp)) / self.run_id / f"node{t.node}"
             _sftp_makedirs(sftp, base)
-            local = self.run.bundle
-            for path in sorted(local.rglob("*")):
-                rel = path.relative_to(local)
-                if rel.parts and rel.parts[0] == "logs":
-                    continue
-                dest = str(base / PurePosixPath(*rel.parts))
-                if path.is_dir():
-                    _sftp_makedirs(sftp, PurePosixPath(dest))
-                elif path.is_file():
-                    sftp.put(str(path), dest)
-                    sftp.chmod(dest, stat.S_IMODE(path.stat().st_mode))
+            sftp.putfo(io.BytesIO(self._bundle_tar()), str(base / BUNDLE_TAR), confirm=True)
             return str(base)
         except LaunchError:
             raise
         except Exception as e:  # noqa: BLE001
-            raise LaunchError(f"{t.label}: upload to {self.options.remote_workdir} failed: {e}", field="ssh") from None
+            raise LaunchError(
+                f"{t.label}: upload to {self.options.remote_workdir} failed: {e}", field="ssh"
+            ) from None
         finally:
             sftp.close()
 
@@ -310,8 +361,9 @@ class SshBackend(Backend):
                 f"{setup}" if setup else ":",
                 exports or ":",
                 f"cd {shlex.quote(remote_dir)} || exit 97",
+                f"tar -xf {BUNDLE_TAR} && rm -f {BUNDLE_TAR} || exit 98",
                 "exec 3<&0",
-                f"DTRAIN_RUN_ID=\"$RID\" bash ./{shlex.quote(script)} </dev/null &",
+                f'DTRAIN_RUN_ID="$RID" bash ./{shlex.quote(script)} </dev/null &',
                 "child=$!",
                 # The connection's stdin reaching EOF means the connection is gone: clean up.
                 "{ while read -r _; do :; done; kill -TERM -- -$$ 2>/dev/null; dtrain_sweep TERM; "
@@ -334,7 +386,9 @@ class SshBackend(Backend):
             chan = transport.open_session()
             chan.exec_command(cmd)
         except Exception as e:  # noqa: BLE001
-            raise LaunchError(f"{t.label}: cannot start the node script: {e}", field="ssh") from None
+            raise LaunchError(
+                f"{t.label}: cannot start the node script: {e}", field="ssh"
+            ) from None
         self._chans[t.node] = chan
         self._add_stream(t.node, STDOUT, lambda: chan.recv(65536))
         self._add_stream(t.node, STDERR, lambda: chan.recv_stderr(65536))
@@ -373,7 +427,9 @@ class SshBackend(Backend):
         if node in self._killed:
             return
         self._killed.add(node)
-        client = self._node_clients[node] if node < len(getattr(self, "_node_clients", [])) else None
+        client = (
+            self._node_clients[node] if node < len(getattr(self, "_node_clients", [])) else None
+        )
         chan = self._chans[node] if node < len(self._chans) else None
         pgid = self._pgids.get(node)
         if client is None:
@@ -417,14 +473,34 @@ class SshBackend(Backend):
                 c.close()
 
 
+def _run_quiet(client: Any, cmd: str, timeout: float = 10.0) -> int:
+    """Run ``cmd`` on a connected client; its exit status (-1 on timeout)."""
+    chan = client.get_transport().open_session()
+    chan.exec_command(cmd)
+    deadline = time.monotonic() + timeout
+    while not chan.exit_status_ready() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    status = int(chan.recv_exit_status()) if chan.exit_status_ready() else -1
+    chan.close()
+    return status
+
+
 def _sftp_makedirs(sftp: Any, path: PurePosixPath) -> None:
-    parts: list[PurePosixPath] = []
-    p = path
-    while str(p) not in ("/", "."):
-        parts.append(p)
-        p = p.parent
-    for d in reversed(parts):
-        try:
-            sftp.stat(str(d))
-        except OSError:
-            sftp.mkdir(str(d))
+    """mkdir -p over SFTP, deepest first (one request when the parent exists)."""
+    try:
+        sftp.mkdir(str(path))
+        return
+    except OSError:
+        pass
+    try:
+        sftp.stat(str(path))
+        return  # exists (maybe made meanwhile by another node sharing this filesystem)
+    except OSError:
+        pass
+    if path.parent == path:
+        raise OSError(f"cannot create {path}")
+    _sftp_makedirs(sftp, path.parent)
+    try:
+        sftp.mkdir(str(path))
+    except OSError:
+        sftp.stat(str(path))

@@ -67,10 +67,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="dtrain-tui example trainer (small GPT on generated tokens)")
+    p = argparse.ArgumentParser(
+        description="dtrain-tui example trainer (small GPT on generated tokens)"
+    )
     p.add_argument("--bundle", type=Path, default=Path(__file__).resolve().parent)
     p.add_argument("--steps", type=int)
-    p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds to sleep each step (fault tests)")
+    p.add_argument(
+        "--sleep-per-step", type=float, default=0.0, help="seconds to sleep each step (fault tests)"
+    )
     p.add_argument("--seq-len", type=int)
     p.add_argument("--micro-batch", type=int)
     p.add_argument("--grad-accum", type=int)
@@ -83,12 +87,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--fail-at-step", type=int, help="raise at this step on --fail-rank (fault tests)")
+    p.add_argument(
+        "--fail-at-step", type=int, help="raise at this step on --fail-rank (fault tests)"
+    )
     p.add_argument("--fail-rank", type=int, default=0)
     args, unknown = p.parse_known_args(argv)
     if unknown:
         # Launchers (deepspeed's) add their own flags, e.g. --local_rank; never die on them.
-        print(f"{PREFIX} ignoring unknown arguments: {' '.join(unknown)}", file=sys.stderr, flush=True)
+        print(
+            f"{PREFIX} ignoring unknown arguments: {' '.join(unknown)}", file=sys.stderr, flush=True
+        )
     return args
 
 
@@ -124,19 +132,30 @@ class Config:
             self.ffn = 4 * self.hidden
         self.tie = bool(model.get("tie_embeddings", False))
         self.seq_len = int(pick(args.seq_len, training.get("seq_len"), default=64))
-        self.micro_batch = int(pick(args.micro_batch, layout.get("micro_batch"), training.get("micro_batch"), default=1))
+        self.micro_batch = int(
+            pick(
+                args.micro_batch, layout.get("micro_batch"), training.get("micro_batch"), default=1
+            )
+        )
         self.grad_accum = int(pick(args.grad_accum, layout.get("grad_accum"), default=1))
         self.steps = int(pick(args.steps, training.get("steps"), default=20))
         self.lr = float(pick(args.lr, training.get("lr"), default=3e-3))
         self.grad_clip = float(training.get("grad_clip", 1.0) or 0.0)
-        self.precision = str(pick(args.precision, layout.get("precision"), training.get("precision"), default="fp32"))
+        self.precision = str(
+            pick(args.precision, layout.get("precision"), training.get("precision"), default="fp32")
+        )
         fw = pick(args.framework, layout.get("framework"), plan.get("framework"), default=None)
         if fw is None:
-            fw = "deepspeed" if (bundle / "ds_config.json").exists() else (
-                "fsdp" if (bundle / "fsdp.json").exists() else "ddp"
+            fw = (
+                "deepspeed"
+                if (bundle / "ds_config.json").exists()
+                else ("fsdp" if (bundle / "fsdp.json").exists() else "ddp")
             )
         if fw == "megatron":
-            print(f"{PREFIX} megatron layouts run here as DDP (the example trainer has no TP/PP)", flush=True)
+            print(
+                f"{PREFIX} megatron layouts run here as DDP (the example trainer has no TP/PP)",
+                flush=True,
+            )
             fw = "ddp"
         self.framework = str(fw)
         self.recompute = str(layout.get("recompute") or "none")
@@ -145,7 +164,9 @@ class Config:
         self.device_pref = args.device
         self.fail_at_step = args.fail_at_step
         self.fail_rank = int(args.fail_rank)
-        self.ds_config = _read_json(bundle / "ds_config.json") if self.framework == "deepspeed" else {}
+        self.ds_config = (
+            _read_json(bundle / "ds_config.json") if self.framework == "deepspeed" else {}
+        )
         self.fsdp = _read_json(bundle / "fsdp.json") if self.framework == "fsdp" else {}
 
 
@@ -211,7 +232,9 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def batch(c: Config, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    c: Config, step: int, rank: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generated tokens with a learnable rule (x[t+1] = 7*x[t] + 3 mod vocab): loss must fall."""
     g = torch.Generator().manual_seed(c.seed + 1000 * step + rank)
     start = torch.randint(0, c.vocab, (c.micro_batch, 1), generator=g)
@@ -248,7 +271,9 @@ def dtype_of(precision: str, device: torch.device) -> torch.dtype:
 def peak_mem_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is KiB on Linux
+    return (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    )  # ru_maxrss is KiB on Linux
 
 
 # --------------------------------------------------------------------------- frameworks
@@ -268,8 +293,12 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
     mp = cfg.get("mixed_precision", c.precision)
     if isinstance(mp, dict):
         mp = mp.get("param_dtype", c.precision)
-    mp_dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                "float16": torch.float16}.get(str(mp).lower())
+    mp_dtype = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }.get(str(mp).lower())
     if mp_dtype is torch.float16 and device.type != "cuda":
         mp_dtype = None
     strategy = str(cfg.get("sharding_strategy", "FULL_SHARD")).upper()
@@ -302,16 +331,23 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     ss = getattr(ShardingStrategy, strategy, ShardingStrategy.FULL_SHARD)
-    if ss in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2) and device.type != "cuda":
+    if (
+        ss in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+        and device.type != "cuda"
+    ):
         ss = ShardingStrategy.FULL_SHARD  # hybrid needs a per-node mesh; on CPU shard fully
     return FSDP(
         model,
         auto_wrap_policy=ModuleWrapPolicy({Block}),
         sharding_strategy=ss,
-        mixed_precision=MixedPrecision(param_dtype=mp_dtype, reduce_dtype=torch.float32, buffer_dtype=mp_dtype)
+        mixed_precision=MixedPrecision(
+            param_dtype=mp_dtype, reduce_dtype=torch.float32, buffer_dtype=mp_dtype
+        )
         if mp_dtype is not None
         else None,
-        cpu_offload=CPUOffload(offload_params=True) if cfg.get("cpu_offload") and device.type == "cuda" else None,
+        cpu_offload=CPUOffload(offload_params=True)
+        if cfg.get("cpu_offload") and device.type == "cuda"
+        else None,
         device_id=device if device.type == "cuda" else None,
         use_orig_params=True,
     )
@@ -350,7 +386,9 @@ def init_deepspeed(model: nn.Module, c: Config, device: torch.device, world: int
         optimizer = torch.optim.AdamW(params, lr=c.lr)
     elif "optimizer" not in ds:
         optimizer = torch.optim.AdamW(params, lr=c.lr)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer, config=ds)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=params, optimizer=optimizer, config=ds
+    )
     return engine
 
 
@@ -369,8 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     if world > 1 or "MASTER_ADDR" in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
-        dist.init_process_group(backend=backend, rank=rank, world_size=world,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world,
+            device_id=device if device.type == "cuda" else None,
+        )
     torch.manual_seed(c.seed)
     if rank == 0:
         log(
@@ -414,12 +456,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 sync = (
                     model.no_sync()  # type: ignore[operator]
-                    if hasattr(model, "no_sync") and micro < c.grad_accum - 1 and c.framework == "ddp"
+                    if hasattr(model, "no_sync")
+                    and micro < c.grad_accum - 1
+                    and c.framework == "ddp"
                     else contextlib.nullcontext()
                 )
                 with sync, ctx:
                     logits = model(x)
-                    loss = F.cross_entropy(logits.float().view(-1, c.vocab), y.reshape(-1)) / c.grad_accum
+                    loss = (
+                        F.cross_entropy(logits.float().view(-1, c.vocab), y.reshape(-1))
+                        / c.grad_accum
+                    )
                 if scaler is not None:
                     scaler.scale(loss).backward()
                 else:

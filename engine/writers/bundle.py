@@ -32,13 +32,14 @@ from engine.writers.common import (
     check_world,
     hosts,
     master_addr,
+    natural_key,
     run_name,
     script_args,
     script_path,
     uses_example_trainer,
 )
 from engine.writers.ds_config import Scheduler, ds_config
-from engine.writers.fsdp import accelerate_config, fsdp_settings
+from engine.writers.fsdp import FSDP_VERSION, accelerate_config, fsdp_settings
 from engine.writers.hostfile import hostfile
 from engine.writers.launch_scripts import node_script_name, node_scripts
 from engine.writers.megatron import megatron_args
@@ -69,6 +70,8 @@ class WriteOptions:
 
     scheduler: Scheduler = Scheduler.NONE
     warmup_steps: int | None = None
+    fsdp_version: int = FSDP_VERSION
+    """FSDP API named in fsdp.json and accelerate_config.yaml (2: fully_shard, 1: the wrapper)."""
 
 
 @dataclass
@@ -138,14 +141,16 @@ def render_bundle(plan: Plan, options: WriteOptions | None = None) -> dict[str, 
             field="--scheduler",
         )
     if fw == Framework.FSDP:
-        files["fsdp.json"] = BundleFile(fsdp_settings(plan))
-        files["accelerate_config.yaml"] = BundleFile(accelerate_config(plan))
+        files["fsdp.json"] = BundleFile(fsdp_settings(plan, version=opts.fsdp_version))
+        files["accelerate_config.yaml"] = BundleFile(
+            accelerate_config(plan, version=opts.fsdp_version)
+        )
     if fw == Framework.MEGATRON:
         files["megatron_args.txt"] = BundleFile(megatron_args(plan))
     if uses_example_trainer(plan):
         files["train.py"] = BundleFile(example_trainer_text())
     files["README.md"] = BundleFile(bundle_readme(plan, [*files, MANIFEST]))
-    return dict(sorted(files.items()))
+    return {name: files[name] for name in sorted(files, key=natural_key)}
 
 
 def manifest_for(plan: Plan, files: dict[str, BundleFile]) -> BundleManifest:
@@ -266,7 +271,7 @@ def write_bundle(
         if name in files:
             todo.append(name)
 
-    for name in sorted(todo):
+    for name in sorted(todo, key=natural_key):
         f = files[name]
         atomic_write_text(out / name, f.text, mode=f.mode)
         report.written.append(name)

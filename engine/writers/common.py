@@ -21,6 +21,17 @@ _ADDR_RE = re.compile(r"^(?:[A-Za-z0-9_.\-]+|\[?[0-9A-Fa-f:.]+\]?)$")
 _NAME_RE = re.compile(r"[^a-z0-9-]+")
 
 
+def natural_key(name: str) -> list[object]:
+    """Sort key putting ``launch_node2.sh`` before ``launch_node10.sh``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (newlines above all) turned into spaces: for names
+    that end up in a comment of a script or YAML file, where a newline would end the comment."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", text)
+
+
 def q(value: object) -> str:
     """Quote ``value`` for bash so it reaches the program as one literal word."""
     return shlex.quote(str(value))
@@ -146,6 +157,13 @@ def lr_advice_lines(plan: Plan) -> list[str]:
     ]
 
 
+def count_text(n: int) -> str:
+    """``6.74B``, ``350M``, ``0.56M``: a parameter count for people."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    return f"{n / 1e6:.3g}M"
+
+
 def plan_summary(plan: Plan) -> str:
     """One line: model, machines, strategy and degrees."""
     lay = plan.recommended
@@ -154,11 +172,12 @@ def plan_summary(plan: Plan) -> str:
         degrees += f" cp={lay.cp}"
     if lay.ep > 1:
         degrees += f" ep={lay.ep}"
-    params = plan.model.params_total / 1e9
-    return (
-        f"{plan.model.name} ({params:.2f}B params) on {plan.nodes} x {plan.gpus_per_node} "
-        f"{plan.gpu.name}; {lay.strategy.value} via {lay.framework.value}; {degrees}; "
-        f"{lay.precision.value}"
+    how = lay.strategy.value
+    if lay.framework.value != how:
+        how += f" via {lay.framework.value}"
+    return one_line(
+        f"{plan.model.name} ({count_text(plan.model.params_total)} params) on {plan.nodes} x "
+        f"{plan.gpus_per_node} {plan.gpu.name}; {how}; {degrees}; {lay.precision.value}"
     )
 
 

@@ -17,6 +17,7 @@ from engine.writers.common import check_batch, master_addr, torch_dtype_name
 from engine.writers.yamlio import dump_yaml
 
 FSDP_VERSION = 2
+"""Default: FSDP2 (``fully_shard``, torch >= 2.4); ``write --fsdp-version 1`` for FSDP1 scripts."""
 
 # Hugging Face transformer block classes by architecture (what auto-wrap wraps); the example
 # trainer's block is ``Block``.
@@ -67,8 +68,15 @@ def _sharding(plan: Plan) -> str:
     return _SHARDING[strategy]
 
 
-def fsdp_settings_dict(plan: Plan) -> dict[str, Any]:
+def _check_version(version: int) -> int:
+    if version not in (1, 2):
+        raise DtrainError(f"{version} is not an FSDP version; pass 1 or 2", field="--fsdp-version")
+    return version
+
+
+def fsdp_settings_dict(plan: Plan, *, version: int = FSDP_VERSION) -> dict[str, Any]:
     """The fsdp.json object."""
+    _check_version(version)
     lay = plan.recommended
     if lay.framework != Framework.FSDP:
         raise DtrainError(
@@ -86,7 +94,7 @@ def fsdp_settings_dict(plan: Plan) -> dict[str, Any]:
     if sharding == "HYBRID_SHARD":
         mesh = {"replicate": plan.nodes, "shard": plan.gpus_per_node}
     return {
-        "fsdp_version": FSDP_VERSION,
+        "fsdp_version": version,
         "sharding_strategy": sharding,
         "reshard_after_forward": sharding in ("FULL_SHARD", "HYBRID_SHARD"),
         "device_mesh": mesh,
@@ -108,20 +116,28 @@ def fsdp_settings_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def fsdp_settings(plan: Plan) -> str:
+def fsdp_settings(plan: Plan, *, version: int = FSDP_VERSION) -> str:
     """``fsdp.json`` text."""
-    return json.dumps(fsdp_settings_dict(plan), indent=2) + "\n"
+    return json.dumps(fsdp_settings_dict(plan, version=version), indent=2) + "\n"
 
 
-def accelerate_config(plan: Plan) -> str:
+def accelerate_config(plan: Plan, *, version: int = FSDP_VERSION) -> str:
     """``accelerate_config.yaml`` for ``accelerate launch --config_file`` (node 0's view)."""
-    s = fsdp_settings_dict(plan)
+    s = fsdp_settings_dict(plan, version=version)
     lay = plan.recommended
     fsdp: dict[str, Any] = {
-        "fsdp_version": FSDP_VERSION,
+        "fsdp_version": version,
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_transformer_layer_cls_to_wrap": s["transformer_layer_cls_to_wrap"][0],
-        "fsdp_reshard_after_forward": s["reshard_after_forward"],
+    }
+    if version == 2:
+        fsdp["fsdp_reshard_after_forward"] = s["reshard_after_forward"]
+    else:
+        # FSDP1 names the strategy and the backward prefetch explicitly.
+        fsdp["fsdp_sharding_strategy"] = s["sharding_strategy"]
+        fsdp["fsdp_backward_prefetch"] = s["backward_prefetch"]
+        fsdp["fsdp_forward_prefetch"] = s["forward_prefetch"]
+    fsdp |= {
         "fsdp_state_dict_type": s["state_dict_type"],
         "fsdp_offload_params": s["cpu_offload"],
         "fsdp_activation_checkpointing": s["activation_checkpointing"],

@@ -104,8 +104,9 @@ def node_script(plan: Plan, node: int) -> str:
             "# Start launch_node0.sh .. launch_node"
             f"{plan.nodes - 1}.sh, one per node, in any order; node 0 hosts the rendezvous."
         )
+    overrides = "MASTER_ADDR, MASTER_PORT" if plan.nodes > 1 else "MASTER_PORT"
     lines += [
-        "# Environment overrides: MASTER_ADDR, MASTER_PORT, TORCHRUN (e.g. 'python -m torch.distributed.run').",
+        f"# Environment overrides: {overrides}, TORCHRUN (e.g. 'python -m torch.distributed.run').",
         "set -euo pipefail",
         'cd "$(dirname "${BASH_SOURCE[0]}")"',
         "set -a",

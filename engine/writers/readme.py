@@ -6,7 +6,14 @@ from collections.abc import Iterable
 
 from engine.plan import Plan
 from engine.specs import Framework
-from engine.writers.common import effective_batch_lines, lr_advice_lines, plan_summary, run_name
+from engine.writers.common import (
+    effective_batch_lines,
+    lr_advice_lines,
+    natural_key,
+    one_line,
+    plan_summary,
+    run_name,
+)
 
 _WHAT = {
     "plan.json": "the plan (`dtrain-tui plan --json` schema) plus the trainer's `training` settings",
@@ -39,7 +46,7 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
     if plan.warnings:
         lines.append("")
     lines += ["## Files", ""]
-    for f in sorted(files):
+    for f in sorted(files, key=natural_key):
         what = _WHAT.get(f)
         if what is None and f.startswith("launch_node"):
             node = f.removeprefix("launch_node").removesuffix(".sh")
@@ -84,6 +91,13 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
             "",
             "`megatron_args.txt` is for Megatron-LM's `pretrain_gpt.py` (pass it with `--script`);",
             "the example trainer runs this plan's data-parallel part only, as a smoke test.",
+        ]
+    script = plan.spec.launch.script
+    if script is not None and not script.startswith(("/", "~")):
+        lines += [
+            "",
+            f"The training script `{one_line(script)}` is a relative path: node scripts run from this",
+            "directory, so copy the script here (or write the bundle with an absolute `--script`).",
         ]
     if plan.spec.launch.remote_setup:
         lines += [

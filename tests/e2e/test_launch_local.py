@@ -24,7 +24,9 @@ from tests.e2e.launch_util import collect, make_bundle, rank_pid, wait_no_pids, 
 
 pytestmark = pytest.mark.slow
 
-STEP_RE = re.compile(r"^\[dtrain\] step=(\d+)/(\d+) loss=\S+ tokens_per_s=\S+ step_time_s=\S+ mem_gb=\S+$")
+STEP_RE = re.compile(
+    r"^\[dtrain\] step=(\d+)/(\d+) loss=\S+ tokens_per_s=\S+ step_time_s=\S+ mem_gb=\S+$"
+)
 
 
 def _steps(lines: list[str]) -> list[int]:
@@ -56,7 +58,14 @@ def test_local_launch_tags_every_line_with_its_rank(
 
     assert backend.state == "succeeded", read_run(run)
     assert backend.exit_code() == 0
-    lines = {r: [e.line for e in events if isinstance(e, LineEvent) and e.rank == r and e.stream == "stdout"] for r in (0, 1)}
+    lines = {
+        r: [
+            e.line
+            for e in events
+            if isinstance(e, LineEvent) and e.rank == r and e.stream == "stdout"
+        ]
+        for r in (0, 1)
+    }
     for r in (0, 1):
         assert _steps(lines[r]) == [1, 2, 3], lines[r]
         # Our attribution equals torchrun's own per-rank log.
@@ -72,7 +81,9 @@ def test_local_launch_tags_every_line_with_its_rank(
 
     info = read_run(run)
     assert info["state"] == "succeeded"
-    assert [(r["rank"], r["node_rank"], r["local_rank"], r["exit_code"]) for r in info["ranks"]] == [
+    assert [
+        (r["rank"], r["node_rank"], r["local_rank"], r["exit_code"]) for r in info["ranks"]
+    ] == [
         (0, 0, 0, 0),
         (1, 0, 1, 0),
     ]

@@ -70,7 +70,9 @@ def _fake_two_node_bundle(tmp: Path, body: str) -> Path:
     return b
 
 
-def test_two_nodes_two_ranks_each_over_ssh(cluster: tuple[list[Sshd], Path, Path], tmp_path: Path) -> None:
+def test_two_nodes_two_ranks_each_over_ssh(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
     servers, key, kh = cluster
     hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
     bundle = write_bundle(tmp_path / "b", "--hosts", hosts, "--backend", "ssh", steps=3, nodes=2)
@@ -137,9 +139,7 @@ def test_connection_drop_fails_the_run_and_the_node_cleans_itself_up(
     cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
 ) -> None:
     servers, key, kh = cluster
-    b = _fake_two_node_bundle(
-        tmp_path, "echo '[default0]:up'\nsetsid sleep 300 &\nsleep 300\n"
-    )
+    b = _fake_two_node_bundle(tmp_path, "echo '[default0]:up'\nsetsid sleep 300 &\nsleep 300\n")
     backend = SshBackend(b, tmp_path / "run", _opts(servers, key, kh, tmp_path))
     backend.start()
     got: list[object] = []
@@ -171,7 +171,9 @@ def test_host_keys_unknown_refused_accepted_on_consent_changed_always_refused(
     assert read_run(tmp_path / "r1")["state"] == "failed"
     assert not (tmp_path / "remote").exists()  # nothing uploaded, nothing started
 
-    ok = SshBackend(b, tmp_path / "r2", _opts(servers, key, empty, tmp_path, accept_new_host_keys=True))
+    ok = SshBackend(
+        b, tmp_path / "r2", _opts(servers, key, empty, tmp_path, accept_new_host_keys=True)
+    )
     ok.start()
     collect(ok)
     assert ok.state == "succeeded"
@@ -184,7 +186,9 @@ def test_host_keys_unknown_refused_accepted_on_consent_changed_always_refused(
     wrong_pub = " ".join(Path(f"{other}.pub").read_text().split()[:2])
     bad.write_text(f"[127.0.0.1]:{servers[1].port} {wrong_pub}\n" + servers[0].known_hosts_line())
     with pytest.raises(HostKeyError) as ei:
-        SshBackend(b, tmp_path / "r3", _opts(servers, key, bad, tmp_path, accept_new_host_keys=True)).start()
+        SshBackend(
+            b, tmp_path / "r3", _opts(servers, key, bad, tmp_path, accept_new_host_keys=True)
+        ).start()
     msg = str(ei.value)
     assert "CHANGED" in msg and f"node 1 (127.0.0.1:{servers[1].port})" in msg
     assert bad.read_text().count("\n") == 2  # the known_hosts file is left as it was
@@ -209,7 +213,8 @@ def test_wrong_key_file_and_unreachable_node_name_the_node_and_start_nothing(
     with pytest.raises(LaunchError) as ei:
         SshBackend(b, tmp_path / "r2", opts).start()
     assert f"node 1 (127.0.0.1:{dead}): cannot connect" in str(ei.value)
-    assert not (tmp_path / "remote").exists()
+    # Node 0 was ready (connected, bundle uploaded): what it received is removed again.
+    assert [p for p in (tmp_path / "remote").rglob("*") if p.is_file()] == []
 
 
 def test_hostile_values_never_reach_a_shell_unquoted(

@@ -21,6 +21,7 @@ from engine.plan import Plan
 from engine.specs import ModelSpec, NetworkTier, Offload, Precision, Recompute, Strategy
 from engine.writers import (
     Scheduler,
+    WriteOptions,
     ds_config_dict,
     fsdp_settings_dict,
     megatron_args,
@@ -66,7 +67,11 @@ def run_node_script(
     dump.write_text(DUMP)
     out = tmp / f"dump{node}.json"
     full = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
-    full.update({"TORCHRUN": f"{sys.executable} {dump}", "DUMP_TO": str(out)})
+    # Hostile values include `rm -rf ~`: should quoting ever break, ~ is a sandbox, not $HOME.
+    sandbox = tmp / "home"
+    sandbox.mkdir(exist_ok=True)
+    (sandbox / "sentinel").write_text("still here\n")
+    full.update({"TORCHRUN": f"{sys.executable} {dump}", "DUMP_TO": str(out), "HOME": str(sandbox)})
     full.update(env or {})
     proc = subprocess.run(
         ["bash", str(bundle / f"launch_node{node}.sh")],
@@ -77,6 +82,7 @@ def run_node_script(
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
+    assert (sandbox / "sentinel").is_file()
     data: dict[str, Any] = json.loads(out.read_text())
     return data
 
@@ -128,6 +134,45 @@ def test_every_torchrun_line_parses_with_torchruns_parser(name: str, tmp_path: P
             assert a.training_script_args == launch.script_args
 
 
+def test_bundles_for_real_planner_output(tmp_path: Path) -> None:
+    """What the planner recommends for common set-ups always renders, and node 0's torchrun
+    line carries the plan's node and GPU counts."""
+    from torch.distributed.run import get_args_parser
+
+    from engine.planner import plan
+    from engine.specs import HardwareSpec, NetworkSpec, Spec, demo_spec
+
+    h100 = {"gpu": "h100-sxm", "gpus_per_node": 8}
+    specs = [
+        demo_spec(),
+        Spec(
+            model=ModelSpec(preset="llama-2-7b"),
+            hardware=HardwareSpec(gpu="a100-80gb", gpus_per_node=8),
+        ),
+        Spec(
+            model=ModelSpec(preset="llama-2-70b"),
+            hardware=HardwareSpec(**h100, nodes=4),
+            network=NetworkSpec(tier=NetworkTier.IB_NDR),
+        ),
+        Spec(
+            model=ModelSpec(preset="mixtral-8x7b"),
+            hardware=HardwareSpec(**h100, nodes=2),
+            network=NetworkSpec(tier=NetworkTier.EFA),
+        ),
+        Spec(
+            model=ModelSpec(preset="llama-2-13b"),
+            hardware=HardwareSpec(gpu="a10g", gpus_per_node=4, nodes=2),
+        ),
+    ]
+    for i, spec in enumerate(specs):
+        p = plan(spec)
+        out = tmp_path / str(i)
+        write_bundle(p, out)
+        env = {"MASTER_ADDR": "10.0.0.1"} if p.nodes > 1 else {}
+        a = get_args_parser().parse_args(run_node_script(out, 0, tmp_path, env)["argv"])
+        assert (a.nnodes, a.nproc_per_node) == (str(p.nodes), str(p.gpus_per_node))
+
+
 def test_master_addr_and_port_come_from_the_environment_when_set(tmp_path: Path) -> None:
     plan = golden_plans()["mixtral_2x8h100_fsdp"]  # two nodes, no hosts: MASTER_ADDR required
     write_bundle(plan, tmp_path / "b")
@@ -173,6 +218,23 @@ def test_hostile_values_reach_the_program_as_literal_text(tmp_path: Path) -> Non
     assert got["env"]["EVIL"] == evil_env
     sky = (tmp_path / "b" / "sky.yaml").read_text()
     assert "rm -rf ~'" in sky or "'; rm -rf ~'" in sky  # quoted in the run section too
+
+
+def test_a_model_name_with_a_newline_cannot_escape_a_comment(tmp_path: Path) -> None:
+    """Model names come from a user's config.json and appear in script and YAML comments."""
+    canary = tmp_path / "pwned"
+    plan = make_plan()
+    evil = plan.model.model_copy(update={"name": f"x\ntouch {canary}\nname: y"})
+    plan = plan.model_copy(update={"model": evil})
+    write_bundle(plan, tmp_path / "b")
+    run_node_script(tmp_path / "b", 0, tmp_path)
+    assert not canary.exists()
+    import sky
+
+    from engine.writers.common import run_name
+
+    task = sky.Task.from_yaml(str(tmp_path / "b" / "sky.yaml"))
+    assert task.name == run_name(plan) and "\n" not in task.name
 
 
 @pytest.mark.parametrize(
@@ -233,18 +295,25 @@ def test_sky_yaml_loads_with_skypilot(name: str, tmp_path: Path) -> None:
     assert "$SKYPILOT_NODE_RANK" in (task.run or "")
 
 
-@pytest.mark.parametrize("name", ["mixtral_2x8h100_fsdp", "user_script"])
-def test_accelerate_config_loads_with_accelerates_loader(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "version"), [("mixtral_2x8h100_fsdp", 2), ("user_script", 2), ("user_script", 1)]
+)
+def test_accelerate_config_loads_with_accelerates_loader(
+    name: str, version: int, tmp_path: Path
+) -> None:
     pytest.importorskip("accelerate", reason="accelerate is not installed")
     from accelerate.commands.config.config_args import ClusterConfig
 
     plan = _plans()[name]
-    write_bundle(plan, tmp_path)
+    write_bundle(plan, tmp_path, options=WriteOptions(fsdp_version=version))
     cfg = ClusterConfig.from_yaml_file(str(tmp_path / "accelerate_config.yaml"))
     assert str(cfg.distributed_type).endswith("FSDP")
     assert cfg.num_machines == plan.nodes
     assert cfg.num_processes == plan.world_size
-    assert cfg.fsdp_config["fsdp_version"] == 2
+    assert cfg.fsdp_config["fsdp_version"] == version
+    assert json.loads((tmp_path / "fsdp.json").read_text())["fsdp_version"] == version
+    if version == 1:
+        assert cfg.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"
     expected = fsdp_settings_dict(plan)["transformer_layer_cls_to_wrap"][0]
     assert cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == expected
 

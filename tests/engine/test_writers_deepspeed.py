@@ -123,11 +123,42 @@ def _cases() -> dict[str, Plan]:
     }
 
 
-@pytest.mark.parametrize("name", sorted(_cases()))
+def _planned() -> dict[str, Plan]:
+    """The same check on what the real planner recommends (forced where needed)."""
+    from engine.planner import plan
+    from engine.specs import HardwareSpec, LayoutSpec, Spec
+
+    a100x8 = HardwareSpec(gpu="a100-80gb", gpus_per_node=8)
+    llama = ModelSpec(preset="llama-2-7b")
+    return {
+        "planned-zero2": plan(Spec(model=llama, hardware=a100x8)),
+        "planned-zero3-offload": plan(
+            Spec(
+                model=llama,
+                hardware=a100x8,
+                layout=LayoutSpec(strategy=Strategy.ZERO3, offload=Offload.OPTIMIZER_PARAMS),
+            )
+        ),
+        "planned-zero1-2nodes": plan(
+            Spec(
+                model=llama,
+                hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=2),
+                layout=LayoutSpec(strategy=Strategy.ZERO1),
+            )
+        ),
+    }
+
+
+def _all_cases() -> dict[str, Plan]:
+    return {**_cases(), **_planned()}
+
+
+@pytest.mark.parametrize("name", sorted(_all_cases()))
 def test_deepspeed_accepts_every_written_config(name: str, ds_comm: Any) -> None:
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    plan = _cases()[name]
+    plan = _all_cases()[name]
+    assert plan.recommended.framework == Framework.DEEPSPEED
     sched = Scheduler.WARMUP_DECAY if "sched" in name else Scheduler.NONE
     cfg = ds_config_dict(plan, scheduler=sched)
     lay = plan.recommended

@@ -314,7 +314,9 @@ async def test_reopen_a_finished_run_directory(tmp_path: Any) -> None:
     logs.mkdir()
     (logs / "rank0.stdout.log").write_text(step(0, 1) + "\n" + nccl(0, "Using network IB") + "\n")
     (logs / "rank1.stderr.log").write_text("h:1:1 [1] NCCL WARN Net : Connection closed\n")
-    ranks = [{"rank": r, "node_rank": 0, "local_rank": r, "host": "h", "exit_code": r} for r in (0, 1)]
+    ranks = [
+        {"rank": r, "node_rank": 0, "local_rank": r, "host": "h", "exit_code": r} for r in (0, 1)
+    ]
     info = {"state": "failed", "world_size": 2, "ranks": ranks, "failed_rank": 1, "reason": "x"}
     (tmp_path / "run.json").write_text(json.dumps(info))
     source = RunDirSource(tmp_path)
@@ -331,3 +333,45 @@ async def test_reopen_a_finished_run_directory(tmp_path: Any) -> None:
         assert m.snapshot.ranks[1].label(CLOCK) == "failed 1"
         assert m.snapshot.errors[0].kind.value == "nccl_warn"
         assert m.finished == "failed" and m.run_title == tmp_path.name
+
+
+class Endless:
+    """A live source that never ends on its own (a run still going)."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def start(self) -> None:
+        return None
+
+    def poll(self, timeout: float) -> list[Event]:
+        return [] if self.stopped else [LineEvent(0, 0, "stdout", "tick")]
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    @property
+    def done(self) -> bool:
+        return self.stopped
+
+
+@sync
+async def test_stop_run_asks_first_and_leaving_the_screen_does_not_stop_it() -> None:
+    src = Endless()
+    app = MonitorApp(src, world_size=1, clock=lambda: CLOCK)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.3)
+        assert app.monitor is not None and app.monitor.delivered > 0
+        await pilot.press("ctrl+x")
+        await pilot.pause(0.1)
+        assert not src.stopped
+        await pilot.press("ctrl+x")
+        for _ in range(50):
+            await pilot.pause(0.02)
+            if src.stopped:
+                break
+        assert src.stopped
+    # The screen alone (as the wizard pushes it) leaves a live run alone when it closes.
+    src2 = Endless()
+    screen = MonitorScreen(src2)
+    assert screen.stop_source_on_exit is False

@@ -83,7 +83,9 @@ def grid_shape(n: int, width: int, height: int) -> tuple[int, int]:
 
 
 class MonitorScreen(Screen[None]):
-    """Watch ``source``. ``clock`` (wall seconds) is injectable so snapshots are repeatable."""
+    """Watch ``source``. ``clock`` (wall seconds) is injectable so snapshots are repeatable.
+    ``stop_source_on_exit``: closing the screen also stops the source (for a live launch: the
+    run); off by default, so leaving the monitor never kills a run by surprise."""
 
     DEFAULT_CSS = """
     MonitorScreen { layout: vertical; }
@@ -115,6 +117,7 @@ class MonitorScreen(Screen[None]):
         Binding("c", "toggle_nccl", "NCCL pane"),
         Binding("t", "toggle_side", "Table"),
         Binding("escape", "clear", "Clear", show=False),
+        Binding("ctrl+x", "stop_run", "Stop run"),
     ]
 
     def __init__(
@@ -129,7 +132,7 @@ class MonitorScreen(Screen[None]):
         batch_interval: float = 0.1,
         hang_after_s: float = 60.0,
         idle_after_s: float = 10.0,
-        stop_source_on_exit: bool = True,
+        stop_source_on_exit: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
@@ -157,6 +160,8 @@ class MonitorScreen(Screen[None]):
         self.delivered = 0
         """Lines handed to panes so far (the benchmark's figure)."""
         self.batches = 0
+        self.max_batch_ms = 0.0
+        """Longest time the UI thread spent taking in one batch (the benchmark reports it)."""
         self.finished: str | None = None
         self._ready = threading.Event()
         self._ready.set()
@@ -166,6 +171,7 @@ class MonitorScreen(Screen[None]):
         self._relayout_pending = False
         self._gc_saved: tuple[int, ...] = gc.get_threshold()
         self._chrome_at = 0.0
+        self._stop_armed_at = 0.0
         self._switch_saved = sys.getswitchinterval()
         for r in range(world_size):
             self.rank_buffers[r] = PaneBuffer(max_lines)
@@ -321,6 +327,7 @@ class MonitorScreen(Screen[None]):
     # ---- batches in ------------------------------------------------------------------------
 
     async def on_rank_lines_received(self, msg: RankLinesReceived) -> None:
+        t0 = time.perf_counter()
         try:
             new_panes = False
             for rank, lines in msg.lines.items():
@@ -355,6 +362,7 @@ class MonitorScreen(Screen[None]):
                 self._render_chrome()
         finally:
             self._ready.set()
+            self.max_batch_ms = max(self.max_batch_ms, 1000 * (time.perf_counter() - t0))
 
     def on_run_finished(self, msg: RunFinished) -> None:
         self.finished = msg.state
@@ -612,6 +620,29 @@ class MonitorScreen(Screen[None]):
         if isinstance(focused, RankPane):
             focused.resume()
 
+    def action_stop_run(self) -> None:
+        """Stop the run (every rank on every node); asks for a second ``ctrl+x`` first."""
+        if self.finished is not None or self.snapshot.run_state in (
+            "succeeded",
+            "failed",
+            "stopped",
+        ):
+            self.notify("the run has already ended")
+            return
+        now = time.monotonic()
+        if now - self._stop_armed_at > 3.0:
+            self._stop_armed_at = now
+            self.notify("press ctrl+x again to stop the run on every node", severity="warning")
+            return
+        self._stop_armed_at = 0.0
+        self.notify("stopping the run…")
+        self._stop_source()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="monitor-stop")
+    def _stop_source(self) -> None:
+        # Blocking (SIGTERM, grace period, SIGKILL): never on the UI thread.
+        self.source.stop()
+
     # ---- filter / search / errors -------------------------------------------------------
 
     def action_search(self) -> None:
@@ -726,6 +757,7 @@ class MonitorApp(App[int]):
 
     def __init__(self, source: EventSource, run_dir: Path | None = None, **kwargs: object) -> None:
         super().__init__()
+        kwargs.setdefault("stop_source_on_exit", True)
         self._source = source
         self._run_dir = run_dir
         self._kwargs = kwargs

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # dtrain-tui launch script for run custom-ddp-1x2: node 0 of 1, global ranks 0-1.
-# Plan: custom (0.00B params) on 1 x 2 CPU rank (gloo); ddp via ddp; tp=1 pp=1 dp=2; fp32.
+# Plan: custom (0.115M params) on 1 x 2 CPU rank (gloo); ddp; tp=1 pp=1 dp=2; fp32.
 # Effective batch: micro_batch 4 x grad_accum 1 x dp 2 = 8 sequences = 512 tokens per optimizer step (seq_len 64).
 # LR: none given; configs use 0.0003. If you tuned an LR at batch B, scale it by 8/B (linear rule; sqrt(8/B) is the safer start for Adam) and warm up.
-# Environment overrides: MASTER_ADDR, MASTER_PORT, TORCHRUN (e.g. 'python -m torch.distributed.run').
+# Environment overrides: MASTER_PORT, TORCHRUN (e.g. 'python -m torch.distributed.run').
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 set -a

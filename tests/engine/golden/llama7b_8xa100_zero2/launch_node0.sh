@@ -3,7 +3,7 @@
 # Plan: llama-2-7b (6.74B params) on 1 x 8 NVIDIA A100 SXM4 80GB; zero2 via deepspeed; tp=1 pp=1 dp=8; bf16.
 # Effective batch: micro_batch 4 x grad_accum 2 x dp 8 = 64 sequences = 262,144 tokens per optimizer step (seq_len 4096).
 # LR: 0.0003 was tuned at batch 32; this run uses 64 (x2). Linear scaling suggests 0.0006, sqrt scaling 0.000424 (safer for Adam); warm up over the first steps. Configs use the LR as given.
-# Environment overrides: MASTER_ADDR, MASTER_PORT, TORCHRUN (e.g. 'python -m torch.distributed.run').
+# Environment overrides: MASTER_PORT, TORCHRUN (e.g. 'python -m torch.distributed.run').
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 set -a

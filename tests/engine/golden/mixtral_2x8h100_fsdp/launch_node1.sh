@@ -11,7 +11,7 @@ set -a
 # shellcheck source=nccl.env
 source ./nccl.env
 set +a
-: "${MASTER_ADDR:?set MASTER_ADDR to node 0's address (no hosts in the spec)}"
+: "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (no hosts in the spec)}"
 if [[ -z "${MASTER_PORT:-}" ]]; then MASTER_PORT=29500; fi
 export MASTER_ADDR MASTER_PORT
 mkdir -p logs
