@@ -30,6 +30,7 @@ from engine.perf import Estimate, Hardware, estimate_time
 from engine.plan import GpuInfo, Layout, MemoryBreakdown, PathStep, Plan
 from engine.specs import (
     Framework,
+    LayoutSpec,
     ModelDims,
     Offload,
     PPSchedule,
@@ -76,6 +77,18 @@ _STRATEGIES_OF = {
     Framework.FSDP: (Strategy.FSDP_GRAD_OP, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID),
     Framework.MEGATRON: (Strategy.THREE_D,),
 }
+# What each strategy can offload: ZeRO-Offload (stage 2/3), ZeRO-Infinity to CPU (stage 3),
+# FSDP's CPUOffload (params, grads and optimizer together).
+_OFFLOADS_OF = {
+    Strategy.DDP: (Offload.NONE,),
+    Strategy.ZERO1: (Offload.NONE,),
+    Strategy.ZERO2: (Offload.NONE, Offload.OPTIMIZER),
+    Strategy.ZERO3: (Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS),
+    Strategy.FSDP_FULL: (Offload.NONE, Offload.OPTIMIZER_PARAMS),
+    Strategy.FSDP_GRAD_OP: (Offload.NONE,),
+    Strategy.FSDP_HYBRID: (Offload.NONE,),
+    Strategy.THREE_D: (Offload.NONE,),
+}
 # The flowchart's classes.
 _CLASS_DDP = (Strategy.DDP,)
 _CLASS_SHARD_OG = (Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP_GRAD_OP)
@@ -113,6 +126,8 @@ class _Ctx:
     hw: Hardware
     precision: Precision
     usable: int
+    cpu_usable: int
+    """Host RAM per node offload may use (bytes)."""
     flash: bool
     world: int
     gpn: int
@@ -275,7 +290,7 @@ def _check_forced(ctx: _Ctx) -> None:
         if lay.strategy in (Strategy.DDP, Strategy.THREE_D, Strategy.ZERO1, Strategy.FSDP_GRAD_OP):
             raise SpecError(
                 f"offload {lay.offload.value} needs ZeRO-2/3 or FSDP FULL_SHARD, not "
-                f"{lay.strategy.value if lay.strategy else ''}; use --strategy zero3 (or zero2)",
+                f"{lay.strategy.value if lay.strategy else ''}; use --strategy zero3, zero2 or fsdp-full",
                 field="layout.offload",
             )
         if lay.offload == Offload.OPTIMIZER_PARAMS and lay.strategy == Strategy.ZERO2:
@@ -283,6 +298,38 @@ def _check_forced(ctx: _Ctx) -> None:
                 "offloading params needs ZeRO-3; use --strategy zero3 or --offload optimizer",
                 field="layout.offload",
             )
+    if lay.strategy == Strategy.FSDP_HYBRID and ctx.nodes == 1:
+        raise SpecError(
+            "fsdp-hybrid shards inside a node and replicates across nodes, and there is one node; "
+            "use --strategy fsdp-full (or add --nodes)",
+            field="layout.strategy",
+        )
+    if (lay.cp or 1) > 1 and lay.strategy not in (None, Strategy.FSDP_FULL, Strategy.THREE_D):
+        raise SpecError(
+            f"cp={lay.cp} runs under Megatron (--strategy 3d) or FSDP2 (--strategy fsdp-full), "
+            f"not {lay.strategy.value if lay.strategy else ''}; pick one of those or drop --cp",
+            field="layout.cp",
+        )
+    if (lay.ep or 1) > 1 and lay.strategy not in (
+        None,
+        Strategy.ZERO1,
+        Strategy.ZERO2,
+        Strategy.ZERO3,
+        Strategy.THREE_D,
+    ):
+        raise SpecError(
+            f"ep={lay.ep} runs under DeepSpeed-MoE (--strategy zero1/zero2/zero3) or Megatron "
+            f"(--strategy 3d), not {lay.strategy.value if lay.strategy else ''}",
+            field="layout.ep",
+        )
+    if lay.offload == Offload.OPTIMIZER and (
+        lay.framework == Framework.FSDP or lay.strategy in _STRATEGIES_OF[Framework.FSDP]
+    ):
+        raise SpecError(
+            "FSDP offloads parameters, gradients and optimizer together; pass --offload "
+            "optimizer+params, or --strategy zero2/zero3 for optimizer-only offload",
+            field="layout.offload",
+        )
     if lay.virtual_stages is not None and lay.virtual_stages > 1:
         stages = (lay.pp or 1) * lay.virtual_stages
         if (lay.pp or 1) == 1 or dims.layers % stages:
@@ -329,6 +376,10 @@ def _strategies(ctx: _Ctx, tp: int, pp: int, cp: int, ep: int, dp: int) -> list[
             continue  # EP: DeepSpeed-MoE or Megatron
         if s == Strategy.FSDP_HYBRID and ctx.nodes == 1:
             continue
+        if lay.zero_stage is not None and _ZERO_OF[s] != lay.zero_stage:
+            continue
+        if (lay.offload or Offload.NONE) not in _OFFLOADS_OF[s]:
+            continue
         if (
             dp == 1
             and s not in (Strategy.DDP, Strategy.ZERO2, Strategy.ZERO3)
@@ -343,13 +394,9 @@ def _offloads(ctx: _Ctx, s: Strategy) -> list[Offload]:
     forced = ctx.spec.layout.offload
     if forced is not None:
         return [forced]
-    if s == Strategy.ZERO2:
-        return [Offload.NONE, Offload.OPTIMIZER]
-    if s == Strategy.ZERO3:
-        return [Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS]
-    if s == Strategy.FSDP_FULL:
-        return [Offload.NONE, Offload.OPTIMIZER_PARAMS]
-    return [Offload.NONE]
+    if ctx.gpu.vendor == "cpu":
+        return [Offload.NONE]  # CPU ranks: there is nothing to offload to
+    return list(_OFFLOADS_OF[s])
 
 
 def _recomputes(ctx: _Ctx) -> list[Recompute]:
@@ -467,7 +514,9 @@ def _candidates(ctx: _Ctx) -> list[_Cand]:
                                 flash=ctx.flash,
                                 gpus_per_node=ctx.gpn,
                             )
-                            fits = mem.total <= ctx.usable
+                            fits = mem.total <= ctx.usable and (
+                                mem.cpu_bytes * ctx.gpn <= ctx.cpu_usable
+                            )
                             out.append(_Cand(d, mem, fits))
                             if not fits:
                                 break  # a larger micro-batch needs more memory still
@@ -626,6 +675,11 @@ def plan(spec: Spec) -> Plan:
         hw=hw,
         precision=precision,
         usable=usable_bytes(gpu.memory_bytes),
+        cpu_usable=usable_bytes(
+            int(spec.hardware.cpu_ram_gb * 1e9)
+            if spec.hardware.cpu_ram_gb
+            else 2 * gpu.memory_bytes * spec.hardware.gpus_per_node
+        ),
         flash=gpu.vendor != "cpu",
         world=world,
         gpn=spec.hardware.gpus_per_node,
@@ -809,11 +863,12 @@ def plan(spec: Spec) -> Plan:
         )
     if chosen is None:
         chosen = _evaluate(ctx, _smallest(cands))
-        warnings.append(
-            f"nothing fits: the leanest layout ({describe(chosen.draft)}) needs "
-            f"{_gib(chosen.mem.total)} per GPU of {_gib(ctx.usable)} usable; add GPUs or nodes, "
-            "shorten --seq-len, or use --recompute full / --offload"
-        )
+        if not forced:
+            warnings.append(
+                f"nothing fits: the leanest layout ({describe(chosen.draft)}) "
+                f"{_shortfall(ctx, chosen)}; add GPUs or nodes, shorten --seq-len, or use "
+                "--recompute full / --offload"
+            )
     d = chosen.draft
     if d.tp > 1:
         inside = d.tp <= ctx.gpn
@@ -849,13 +904,35 @@ def plan(spec: Spec) -> Plan:
                 answer="yes" if chosen.fits else "no",
                 reason=(
                     f"{given}: {describe(d)} needs {_mem_line(chosen.mem)} of {_gib(ctx.usable)} usable"
-                    + ("" if chosen.fits else "; " + _fix_hint(d))
+                    + (
+                        ""
+                        if chosen.fits
+                        else (
+                            f"; {_shortfall(ctx, chosen)}" if chosen.mem.total <= ctx.usable else ""
+                        )
+                        + f"; {_fix_hint(d)}"
+                    )
                 ),
             )
         )
 
     recommended = _to_layout(chosen, notes=_notes(ctx, chosen))
     alternatives = _alternatives(ctx, cands, chosen)
+    if forced and not chosen.fits:
+        # What the planner would pick without the forced settings, so the user sees a way out.
+        free = plan(spec.model_copy(update={"layout": LayoutSpec()}))
+        if free.recommended.fits:
+            alt = free.recommended.model_copy(
+                update={"rejected_because": "fits, but is not the forced layout"}
+            )
+            alternatives = [alt, *alternatives][:MAX_ALTERNATIVES]
+            path.append(
+                PathStep(
+                    question="What would fit instead?",
+                    answer=describe(alt),
+                    reason=f"the unforced plan: {_mem_line(alt.memory_per_gpu)}",
+                )
+            )
     _check_mistakes(ctx, recommended, warnings)
     return Plan(
         spec=spec,
@@ -879,6 +956,17 @@ def plan(spec: Spec) -> Plan:
         path=path,
         warnings=warnings,
         forced=forced,
+    )
+
+
+def _shortfall(ctx: _Ctx, c: _Cand) -> str:
+    """Why ``c`` does not fit, in numbers: GPU memory, or host RAM for what it offloads."""
+    if c.mem.total > ctx.usable:
+        return f"needs {_gib(c.mem.total)} per GPU of {_gib(ctx.usable)} usable"
+    need = c.mem.cpu_bytes * ctx.gpn
+    return (
+        f"offloads {_gib(need)} per node to host RAM of {_gib(ctx.cpu_usable)} usable "
+        "(pass --cpu-ram-gb if the nodes have more)"
     )
 
 
@@ -925,7 +1013,7 @@ def _alternatives(ctx: _Ctx, cands: list[_Cand], chosen: _Cand) -> list[Layout]:
         best = _best(ctx, group)
         if best is None:
             lean = _smallest(group)
-            why = f"does not fit: needs {_gib(lean.mem.total)} per GPU of {_gib(ctx.usable)} usable"
+            why = f"does not fit: {_shortfall(ctx, lean)}"
             out.append((math.inf, _to_layout(_evaluate(ctx, lean), rejected=why)))
             continue
         if chosen.est and best.est:
@@ -999,16 +1087,27 @@ def _check_mistakes(ctx: _Ctx, lay: Layout, warnings: list[str]) -> None:
             "network.tier: multi-node over plain TCP; inter-node gradients will bottleneck (use "
             "InfiniBand/EFA, e.g. SkyPilot network_tier: best, and pass --network)"
         )
-    if lay.offload != Offload.NONE and not spec.layout.offload:
+    if lay.fits and lay.offload != Offload.NONE and not spec.layout.offload:
         warnings.append(
             "CPU offload is the last resort (seed doc 000): it fits, but expect a slow optimizer step"
+        )
+    if lay.framework == Framework.MEGATRON and ctx.gpu.vendor == "cpu":
+        warnings.append(
+            "layout.framework: Megatron-LM needs CUDA GPUs; on CPU ranks use ddp, deepspeed or fsdp"
         )
     if lay.sequence_parallel and lay.tp == 1:
         warnings.append("layout.sequence_parallel: needs tp > 1; it has no effect here")
     if not lay.fits and spec.layout.is_forced:
         warnings.append(
             f"the forced layout does not fit: {_gib(lay.memory_per_gpu.total)} per GPU of "
-            f"{_gib(ctx.usable)} usable; {_fix_hint(_draft_of(lay))}"
+            f"{_gib(ctx.usable)} usable"
+            + (
+                ""
+                if lay.memory_per_gpu.total > ctx.usable
+                else f", and {_gib(lay.memory_per_gpu.cpu_bytes * ctx.gpn)} per node offloaded "
+                f"to host RAM of {_gib(ctx.cpu_usable)} usable"
+            )
+            + f"; {_fix_hint(_draft_of(lay))}"
         )
 
 

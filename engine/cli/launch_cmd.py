@@ -86,7 +86,6 @@ def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: A
         nccl_debug_subsys=given("nccl_debug_subsys", sl.nccl_debug_subsys if sl else None),
         env=dict(sl.env) if sl else {},
         master_port=getattr(args, "launch__master_port", None),
-        script_args=[],
         ssh_config=args.ssh_config,
         sky_cluster=given("sky_cluster", sl.sky_cluster if sl else None),
         sky_cloud=given("sky_cloud", sl.sky_cloud if sl else None),

@@ -45,7 +45,14 @@ _SWEEP_FN = (
 
 
 class HostKeyError(LaunchError):
-    """A host key is unknown (without consent) or changed."""
+    """A host key is unknown (without consent) or changed. ``keys`` lists, for a UI asking the
+    user, ``(node label, "unknown" | "changed", key type, SHA256 fingerprint)`` per host."""
+
+    def __init__(
+        self, message: str, *, field: str = "", keys: list[tuple[str, str, str, str]] | None = None
+    ) -> None:
+        super().__init__(message, field=field)
+        self.keys = list(keys or [])
 
 
 def fingerprint(key: Any) -> str:
@@ -89,6 +96,7 @@ class _HostKeyPolicy:
                 f"{self.label}: unknown host key {key.get_name()} {fp} for {hostname}; check it, "
                 "then pass --accept-new-host-keys (or add it to --known-hosts)",
                 field="host key",
+                keys=[(self.label, "unknown", key.get_name(), fp)],
             )
         self.backend._record_host_key(hostname, key)
         self.backend._notes.append(f"{self.label}: accepted new host key {key.get_name()} {fp}")
@@ -217,6 +225,7 @@ class SshBackend(Backend):
                 f"{fingerprint(e.key)}, known_hosts has {fingerprint(e.expected_key)}; refusing "
                 f"(if the host was really reinstalled, remove its line from {kh})",
                 field="host key",
+                keys=[(t.label, "changed", e.key.get_name(), fingerprint(e.key))],
             ) from None
         except paramiko.AuthenticationException as e:
             client.close()
@@ -262,6 +271,7 @@ class SshBackend(Backend):
             dirs: list[str] = []
             errors: list[str] = []
             key_error = False
+            keys: list[tuple[str, str, str, str]] = []
             for t, f in zip(targets, futs, strict=True):
                 try:
                     client, remote_dir = f.result()
@@ -270,7 +280,9 @@ class SshBackend(Backend):
                 except Exception as e:  # noqa: BLE001 - every node's failure is reported
                     results.append(None)
                     dirs.append("")
-                    key_error = key_error or isinstance(e, HostKeyError)
+                    if isinstance(e, HostKeyError):
+                        key_error = True
+                        keys.extend(e.keys)
                     errors.append(e.message if isinstance(e, LaunchError) else f"{t.label}: {e}")
         self._clients.extend(c for c in results if c is not None)
         for note in self._notes:
@@ -285,8 +297,10 @@ class SshBackend(Backend):
                             client,
                             f"rm -rf -- {shlex.quote(remote_dir)}; rmdir -- {shlex.quote(parent)} 2>/dev/null; true",
                         )
-            cls = HostKeyError if key_error else LaunchError
-            raise cls("; ".join(errors) + " — nothing was started", field="ssh")
+            msg = "; ".join(errors) + " — nothing was started"
+            if key_error:
+                raise HostKeyError(msg, field="ssh", keys=keys)
+            raise LaunchError(msg, field="ssh")
         self._node_clients = results
         self._remote_dirs = dirs
         # Start every node, then wait for each wrapper to report its process group.

@@ -195,3 +195,23 @@ def test_cli_write_then_launch_trains_and_exits_0(tmp_path: Path) -> None:
     )  # fmt: skip
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "is not a bundle" in bad.stderr
+
+
+def test_ctrl_c_on_the_cli_stops_every_rank_and_exits_130(tmp_path: Path) -> None:
+    b = _fake_bundle(tmp_path, "echo '[default1]:hello'\nsetsid sleep 300 &\nsleep 300\n")
+    run = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "engine", "launch", str(b), "--run-dir", str(run)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None
+    assert p.stdout.readline() == "[rank 1] hello\n"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "stopping every rank" in err
+    info = json.loads((run / "run.json").read_text())
+    assert info["state"] == "stopped"
+    assert wait_no_pids(info["run_id"]) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,6 +169,15 @@ def test_host_keys_unknown_refused_accepted_on_consent_changed_always_refused(
     msg = str(ei.value)
     assert "unknown host key" in msg and "SHA256:" in msg and "--accept-new-host-keys" in msg
     assert f"node 0 (127.0.0.1:{servers[0].port})" in msg
+    assert [k[1] for k in ei.value.keys] == ["unknown", "unknown"]
+    # The fingerprint shown is OpenSSH's own (ssh-keygen -lf).
+    real = subprocess.run(
+        ["ssh-keygen", "-lf", f"{servers[0].host_key}.pub"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[1]
+    assert ei.value.keys[0][3] == real and real in msg
     assert read_run(tmp_path / "r1")["state"] == "failed"
     assert not (tmp_path / "remote").exists()  # nothing uploaded, nothing started
 
@@ -238,3 +248,25 @@ def test_hostile_values_never_reach_a_shell_unquoted(
     # Hosts are validated before anything runs: a hostile host is one clear error.
     with pytest.raises(ValueError, match="is not a host"):
         Host.parse("127.0.0.1;touch PWNED4")
+
+
+def test_ssh_config_alias_and_proxy_jump(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    servers, key, kh = cluster
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host trainer-1\n  HostName 127.0.0.1\n  Port {servers[1].port}\n  User root\n"
+        f"  IdentityFile {key}\n  ProxyJump bastion\n"
+        f"Host bastion\n  HostName 127.0.0.1\n  Port {servers[0].port}\n  IdentityFile {key}\n"
+    )
+    b = make_bundle(tmp_path / "b", nodes=1, steps=1)
+    (b / "launch_node0.sh").write_text('#!/usr/bin/env bash\necho "[default0]:via $(whoami)"\n')
+    opts = _opts(servers, key, kh, tmp_path, identity_file=None, ssh_config=cfg)
+    opts.hosts = [Host.parse("trainer-1")]
+    backend = SshBackend(b, tmp_path / "run", opts)
+    backend.start()
+    events = collect(backend)
+    assert backend.state == "succeeded", read_run(tmp_path / "run")["reason"]
+    assert [e.line for e in events if isinstance(e, LineEvent) and e.rank == 0] == ["via root"]
+    assert len(backend._clients) == 2  # the bastion, then the node through it

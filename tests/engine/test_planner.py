@@ -160,6 +160,25 @@ def test_forced_layout_that_does_not_fit_says_why() -> None:
     step = next(s for s in p.path if s.question == "Does the forced layout fit?")
     assert step.answer == "no" and "GiB" in step.reason and "zero" in step.reason
     assert any("forced layout does not fit" in w for w in p.warnings)
+    way_out = p.alternatives[0]
+    assert way_out.fits and way_out.rejected_because == "fits, but is not the forced layout"
+    assert way_out.strategy != Strategy.DDP
+
+
+def test_offload_is_bounded_by_host_ram() -> None:
+    def spec(ram: float) -> Spec:
+        return Spec(
+            model=ModelSpec(preset="llama-2-7b"),
+            hardware=HardwareSpec(gpu="a10g", gpus_per_node=1, cpu_ram_gb=ram),
+            layout=LayoutSpec(strategy="zero3", offload="optimizer+params"),  # type: ignore[arg-type]
+        )
+
+    small = plan(spec(16))
+    assert not small.recommended.fits
+    assert small.recommended.memory_per_gpu.total < 24e9  # the GPU side fits; host RAM does not
+    step = next(s for s in small.path if s.question == "Does the forced layout fit?")
+    assert "host RAM" in step.reason and "--cpu-ram-gb" in step.reason
+    assert plan(spec(512)).recommended.fits
 
 
 def test_forced_layout_that_fits_is_kept() -> None:
@@ -186,6 +205,10 @@ def test_forced_layout_that_fits_is_kept() -> None:
         ({"strategy": "ddp", "offload": "optimizer"}, "layout.offload", "ZeRO"),
         ({"strategy": "zero2", "tp": 2}, "layout.strategy", "--strategy 3d"),
         ({"pp": 64}, "layout", ""),
+        ({"strategy": "fsdp-hybrid"}, "layout.strategy", "one node"),
+        ({"strategy": "zero2", "cp": 2}, "layout.cp", "Megatron"),
+        ({"strategy": "fsdp-full", "offload": "optimizer"}, "layout.offload", "optimizer+params"),
+        ({"cp": 3}, "layout", "cp(3) = 3 does not divide world size 8"),
     ],
 )
 def test_inconsistent_forced_layouts_are_spec_errors(

@@ -584,3 +584,24 @@ def test_write_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "backed up your nccl.env" in capsys.readouterr().out
     assert main([*argv[:-2], "--print", "ds_config.json", "--scheduler", "warmup"]) == 0
     assert json.loads(capsys.readouterr().out)["scheduler"]["type"] == "WarmupLR"
+
+
+def test_write_command_from_a_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "run.toml"
+    spec.write_text(
+        "[model]\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 128\n"
+        '[hardware]\ngpu = "cpu"\ngpus_per_node = 2\nnodes = 2\n'
+        '[layout]\nstrategy = "fsdp-full"\n'
+        '[launch]\nhosts = ["10.0.0.5", "10.0.0.6"]\nscript_args = ["--tag", "$(id)"]\n'
+        '[launch.env]\nWANDB_PROJECT = "a b; c"\n'
+    )
+    out = tmp_path / "b"
+    assert main(["write", "--spec", str(spec), "--fsdp-version", "1", "--out", str(out)]) == 0
+    m = read_manifest(out)
+    assert m.nodes == 2 and m.hosts == ["10.0.0.5", "10.0.0.6"] and m.master_addr == "10.0.0.5"
+    assert m.node_scripts == ["launch_node0.sh", "launch_node1.sh"]
+    assert json.loads((out / "fsdp.json").read_text())["fsdp_version"] == 1
+    assert "WANDB_PROJECT='a b; c'" in (out / "nccl.env").read_text()
+    assert "'$(id)'" in (out / "launch_node1.sh").read_text()
+    assert main(["write", "--spec", str(spec), "--print", "nope.txt"]) == 2
+    assert "has no 'nope.txt'" in capsys.readouterr().err

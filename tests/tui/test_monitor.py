@@ -375,3 +375,20 @@ async def test_stop_run_asks_first_and_leaving_the_screen_does_not_stop_it() -> 
     src2 = Endless()
     screen = MonitorScreen(src2)
     assert screen.stop_source_on_exit is False
+
+
+class FailsToStart(Endless):
+    def start(self) -> None:
+        from engine.errors import DtrainError
+
+        raise DtrainError("node 1 (10.0.0.2): connection refused", field="--hosts")
+
+
+@sync
+async def test_a_source_that_fails_to_start_is_one_line_not_a_crash() -> None:
+    app = MonitorApp(FailsToStart(), world_size=2, clock=lambda: CLOCK)
+    async with app.run_test(size=(100, 30)) as pilot:
+        m = await settle(pilot)
+        assert m.finished == "failed"
+        notes = [n.message for n in app._notifications]
+        assert notes == ["could not start: --hosts: node 1 (10.0.0.2): connection refused"]

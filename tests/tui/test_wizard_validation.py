@@ -45,7 +45,7 @@ async def _invalid(tmp_path: Path) -> None:
         assert app.wizard.current == "model"
         # Odd input: unicode, pasted text, huge numbers, negatives, empty; none crashes.
         assert focused_id(app) == "f-heads"
-        for text in ("八", "9" * 5000, "-4", "", "1e400", "0x10", "４"):
+        for text in ("八", "-4", "", "1e400", "0x10", "3.5"):
             await retype(pilot, text) if text else await pilot.press("ctrl+a", "ctrl+k")
             assert _row(app, "heads").error, text
             assert app.wizard.step_errors["model"]
@@ -54,6 +54,10 @@ async def _invalid(tmp_path: Path) -> None:
         heads.post_message(events.Paste("12 heads\npasted from a doc"))
         await pilot.pause()
         assert heads.value and _row(app, "heads").error
+        await pilot.press("ctrl+a", "ctrl+k")
+        heads.post_message(events.Paste("9" * 5000))  # huge: Python refuses such int strings
+        await pilot.pause()
+        assert _row(app, "heads").error
         await retype(pilot, "4")
         assert _row(app, "heads").error == ""
         assert not app.wizard.step_errors["model"]
@@ -115,7 +119,10 @@ async def _sources(tmp_path: Path) -> None:
         # config.json: the path input completes directories (→ accepts).
         await pilot.press("shift+tab", "right", "tab")
         assert focused_id(app) == "f-config_path"
-        await retype(pilot, str(tmp_path / "my-mo"))
+        path_input = app.screen.query_one("#f-config_path", Input)
+        await pilot.press("ctrl+a", "ctrl+k")
+        path_input.post_message(events.Paste(str(tmp_path) + "/"))  # a pasted directory …
+        await pilot.press("m", "y", "-", "m", "o")  # … then typed: the rest is suggested
         await pilot.pause(0.2)
         await pilot.press("right")
         assert app.screen.query_one("#f-config_path", Input).value == str(cfg) + "/"
@@ -123,7 +130,9 @@ async def _sources(tmp_path: Path) -> None:
         assert app.spec.model.config_path is not None
         summary = text_of(app, "#model-summary")
         assert "2 layers" in summary and "(2 kv)" in summary
-        await retype(pilot, str(tmp_path / "missing.json"))
+        await pilot.press("ctrl+a", "ctrl+k")
+        path_input.post_message(events.Paste(str(tmp_path / "missing.json")))
+        await pilot.pause()
         assert "does not exist" in _row(app, "config_path").error
         # A bare parameter count.
         await pilot.press("shift+tab", "right", "right", "tab")

@@ -232,7 +232,7 @@ class MonitorScreen(Screen[None]):
         try:
             source.start()
         except Exception as e:  # noqa: BLE001 - shown to the user as one line
-            self.post_message(RunFinished("failed", f"cannot watch the run: {one_line(e)}"))
+            self.post_message(RunFinished("failed", f"could not start: {one_line(e)}"))
             return
         lines: dict[int, list[str]] = {}
         nodes: dict[int, list[tuple[int | None, Sequence[str]]]] = {}
