@@ -1,9 +1,14 @@
 """SSH fan-out: time for the SSH backend to connect to every node, upload the bundle by SFTP and
 start each node's script, for 1 node and for 8 nodes (8 real sshd on 127.0.0.1, 8 ports).
 
-Nodes are handled in parallel, so 8 nodes should take well under 1.5x one node. The node
-scripts only print a line and exit (this measures the launch path, not training). Each figure is
-the median of several rounds. Last line: ``one_node_s=.. eight_nodes_s=.. ratio=..``.
+"Start" is the whole of ``SshBackend.start()``: connect (key exchange, host key check, auth),
+SFTP upload, start the node wrapper, wait until every node reports ready, then tell every node
+"go". Nodes are handled in parallel, so 8 nodes should take well under 1.5x one node. The node
+scripts only print a line and exit (this measures the launch path, not training). Each node's
+account has a home of its own (tests/e2e/sshd.py), as a fresh cluster account would: this
+machine's ~/.bashrc is not run per session. All 8 servers share this machine's cores with the
+client, which real nodes do not. Each figure is the median of several rounds.
+Last line: ``one_node_s=.. eight_nodes_s=.. ratio=..``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from engine.specs import Host  # noqa: E402
 from tests.e2e.launch_util import collect, make_bundle  # noqa: E402
 from tests.e2e.sshd import sshd_path, start_many  # noqa: E402
 
-ROUNDS = 5
+ROUNDS = 7
 
 
 def _time_start(work: Path, servers: list, key: Path, kh: Path, n: int, tag: str) -> float:

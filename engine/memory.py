@@ -50,8 +50,6 @@ GIB = 1024**3
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
 # allgather_bucket_size are 5e8 elements.
 DS_BUCKET_ELEMENTS = 500_000_000
-# torch DDP buckets gradients 25 MiB at a time (bucket_cap_mb=25); two are in flight.
-DDP_BUCKET_BYTES = 2 * 25 * 1024**2
 # Fraction of an accelerator's memory a plan may use: the CUDA context, NCCL's buffers and the
 # caching allocator's fragmentation take the rest (typically 5–10% on 80 GB parts).
 USABLE_FRACTION = 0.90
@@ -158,7 +156,8 @@ def model_states(
     splits) and sharded ``nd`` ways by ZeRO / FSDP, in the framework's own convention (checked
     against a real run in tests/engine/test_real_memory.py):
 
-    * ``ddp`` (torch DDP, autocast): fp32 params (the master copy) and fp32 grads, plus states.
+    * ``ddp`` (torch DDP, autocast): fp32 params (the master copy) and fp32 grads, plus states;
+      the all-reduce buckets copy the grads (buffers).
     * ``deepspeed``: 16-bit params, a 16-bit gradient partition and the fp32 gradient partition
       ``step()`` makes from it (both alive during the conversion), fp32 master and states.
       Stage 2: ``2Ψ + (2+4+K)Ψ/N`` (DeepSpeed's ``2Ψ + 18Ψ/N`` for Adam). Stage 1 is the same
@@ -182,7 +181,11 @@ def model_states(
     fp32_grad = 4 if mixed else 0  # DeepSpeed's fp32 gradient partition under mixed precision
     nd = max(1, nd)
     if framework == Framework.DDP:
-        return States(4 * psi, 4 * psi, states * psi, buffers=DDP_BUCKET_BYTES)
+        # DDP's all-reduce buckets hold a second copy of the gradients unless the model is wrapped
+        # with gradient_as_bucket_view=True ("the saved memory size will be equal to the total
+        # gradients size", torch.nn.parallel.DistributedDataParallel docs); the shipped trainer
+        # uses the default.
+        return States(4 * psi, 4 * psi, states * psi, buffers=4 * psi)
     if framework == Framework.DEEPSPEED:
         bucket = min(DS_BUCKET_ELEMENTS, psi) * pb
         if zero_stage == 0:

@@ -361,6 +361,8 @@ def _strategies(ctx: _Ctx, tp: int, pp: int, cp: int, ep: int, dp: int) -> list[
         chosen = tuple(Strategy)
     out: list[Strategy] = []
     for s in chosen:
+        if (lay.offload or Offload.NONE) not in _OFFLOADS_OF[s]:
+            continue
         if s == Strategy.THREE_D:
             if ctx.gpu.vendor == "cpu" and lay.strategy is None and lay.framework is None:
                 continue  # Megatron needs CUDA
@@ -377,8 +379,6 @@ def _strategies(ctx: _Ctx, tp: int, pp: int, cp: int, ep: int, dp: int) -> list[
         if s == Strategy.FSDP_HYBRID and ctx.nodes == 1:
             continue
         if lay.zero_stage is not None and _ZERO_OF[s] != lay.zero_stage:
-            continue
-        if (lay.offload or Offload.NONE) not in _OFFLOADS_OF[s]:
             continue
         if (
             dp == 1
@@ -691,7 +691,7 @@ def plan(spec: Spec) -> Plan:
     if not cands:
         raise SpecError(
             f"no valid layout for {world} GPU(s) with the forced settings "
-            f"{spec.layout.model_dump(exclude_none=True)}; relax the forced layout",
+            f"{spec.layout.model_dump(exclude_none=True, mode='json')}; relax the forced layout",
             field="layout",
         )
     seq = spec.training.seq_len
@@ -801,35 +801,6 @@ def plan(spec: Spec) -> Plan:
                     )
                 )
 
-    if dims.is_moe:
-        ep = flow.draft.ep if flow else 1
-        path.append(
-            PathStep(
-                question="Is it a mixture-of-experts model?",
-                answer=f"yes: ep={ep}" if ep > 1 else "yes, but ep=1",
-                reason=(
-                    f"{dims.num_experts} experts, top-{dims.experts_per_token}: expert parallelism "
-                    f"places {dims.num_experts // ep} expert(s) per GPU and routes tokens with all-to-all"
-                    if ep > 1
-                    else "no expert-parallel layout fits this world size"
-                ),
-            )
-        )
-    if seq >= LONG_SEQUENCE:
-        cp = flow.draft.cp if flow else 1
-        path.append(
-            PathStep(
-                question=f"Is the sequence long (>= {LONG_SEQUENCE // 1024}K tokens)?",
-                answer=f"yes: cp={cp}" if cp > 1 else "yes, but cp=1",
-                reason=(
-                    f"context parallelism splits the {seq}-token sequence into {cp} chunks of "
-                    f"{seq // cp} (ring attention), dividing activations by {cp}"
-                    if cp > 1
-                    else "activations fit without splitting the sequence"
-                ),
-            )
-        )
-
     # Search near the flowchart's outcome. Offload stays the last resort: it never replaces a
     # layout that fits without it.
     near = pool
@@ -869,6 +840,34 @@ def plan(spec: Spec) -> Plan:
                 f"{_shortfall(ctx, chosen)}; add GPUs or nodes, shorten --seq-len, or use "
                 "--recompute full / --offload"
             )
+    if dims.is_moe:
+        ep = chosen.draft.ep
+        path.append(
+            PathStep(
+                question="Is it a mixture-of-experts model?",
+                answer=f"yes: ep={ep}" if ep > 1 else "yes, but ep=1",
+                reason=(
+                    f"{dims.num_experts} experts, top-{dims.experts_per_token}: expert parallelism "
+                    f"places {dims.num_experts // ep} expert(s) per GPU and routes tokens with all-to-all"
+                    if ep > 1
+                    else "no expert-parallel layout fits this world size"
+                ),
+            )
+        )
+    if seq >= LONG_SEQUENCE:
+        cp = chosen.draft.cp
+        path.append(
+            PathStep(
+                question=f"Is the sequence long (>= {LONG_SEQUENCE // 1024}K tokens)?",
+                answer=f"yes: cp={cp}" if cp > 1 else "yes, but cp=1",
+                reason=(
+                    f"context parallelism splits the {seq}-token sequence into {cp} chunks of "
+                    f"{seq // cp} (ring attention), dividing activations by {cp}"
+                    if cp > 1
+                    else "activations fit without splitting the sequence"
+                ),
+            )
+        )
     d = chosen.draft
     if d.tp > 1:
         inside = d.tp <= ctx.gpn

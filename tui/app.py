@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -20,7 +20,6 @@ from textual.screen import Screen
 from textual.timer import Timer
 
 from engine.errors import DtrainError, one_line
-from engine.plan import Plan
 from engine.specs import Spec, demo_spec
 from tui import services
 from tui.format import count, seconds
@@ -34,6 +33,10 @@ from tui.messages import (
     PlanStarted,
 )
 from tui.screens.step import StepPane
+
+if TYPE_CHECKING:
+    from engine.plan import Plan
+    from tui.screens.wizard import WizardScreen
 
 DEFAULT_PROFILE = "local-cpu-demo"
 """The built-in profile the wizard opens on when no ``--profile`` is given."""
@@ -94,7 +97,7 @@ class DtrainApp(App[int]):
         return WizardScreen()
 
     @property
-    def wizard(self) -> Any:
+    def wizard(self) -> WizardScreen | None:
         """The wizard screen (under the monitor or help screen when those are open)."""
         from tui.screens.wizard import WizardScreen
 
@@ -252,7 +255,7 @@ class DtrainApp(App[int]):
     async def _goto(self, step: str) -> None:
         wiz = self.wizard
         if wiz is not None:
-            while self.screen is not wiz:
+            while len(self.screen_stack) > 1 and self.screen is not wiz:
                 self.pop_screen()
             await wiz.go(step)
 

@@ -14,10 +14,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.plan import Plan
 from engine.specs import ModelDims, ModelSpec, NetworkTier, Spec
+
+if TYPE_CHECKING:
+    from engine.plan import Plan
 
 
 class Unavailable(Exception):

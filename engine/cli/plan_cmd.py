@@ -2,7 +2,8 @@
 (see :mod:`engine.cli.spec_options`), runs :func:`engine.planner.plan`, and prints either a
 readable report (summary, flowchart path with reasons, memory table for the recommended layout and
 the alternatives, estimates, warnings) or, with ``--json``, the ``Plan.to_json_dict()`` object
-documented in the README. Imports no torch: it must answer in well under half a second."""
+documented in the README; exits 1 (after printing) when the layout does not fit, 2 on bad input.
+Imports no torch: it must answer in well under half a second."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         render(result, sys.stdout)
-    return 0
+    # Scripts can gate on it: 1 when the recommended (or forced) layout does not fit.
+    return 0 if result.recommended.fits else 1
 
 
 def _gib(n: int) -> str:

@@ -33,7 +33,14 @@ from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
 from engine.specs import Host
 
 BUNDLE_TAR = "bundle.tar"
-_PGID_RE = re.compile(rb"^@@dtrain-pgid (\d+)$")
+_READY_RE = re.compile(rb"^@@dtrain-ready (\d+)$")
+# What a wrapper's early exit status means (see remote_command).
+_EARLY_EXIT = {
+    96: "--remote-setup failed",
+    97: "cannot enter the remote work directory",
+    98: "cannot unpack the bundle (is tar installed?)",
+    99: "start cancelled",
+}
 
 # Kill, on one node, every process whose environment carries DTRAIN_RUN_ID=$RID (torchrun starts
 # its ranks in sessions of their own, so a process-group kill alone can miss them).
@@ -119,6 +126,7 @@ class SshBackend(Backend):
         self._killed: set[int] = set()
         self._node_clients: list[Any] = []
         self._keys: dict[str, Any] = {}
+        self._went: set[int] = set()
         self._tar: bytes | None = None
 
     # ------------------------------------------------------------------ host resolution
@@ -254,61 +262,94 @@ class SshBackend(Backend):
     def _start(self) -> None:
         cfg = self._ssh_config()
         targets = [self._target(i, h, cfg) for i, h in enumerate(self.options.hosts)]
+        n = len(targets)
+        self._node_clients = [None] * n
+        self._remote_dirs = [""] * n
+        self._chans = [None] * n
 
-        # Connect to every node at once and upload as soon as each is connected; nothing is
-        # started anywhere until every node is connected and has the bundle (all or nothing).
-        def prepare(t: Target) -> tuple[Any, str]:
+        # Every node at once: connect, upload, start the wrapper, which runs --remote-setup,
+        # unpacks the bundle, reports ready and then waits for "go". Only when every node is
+        # ready does any node get "go": a node that can't be reached, fails auth or whose setup
+        # fails is named and nothing runs anywhere (all or nothing).
+        def prepare(t: Target) -> None:
             client = self._connect(t, cfg)
-            try:
-                return client, self._upload(t, client)
-            except BaseException:
-                client.close()
-                raise
+            self._node_clients[t.node] = client
+            self._remote_dirs[t.node] = self._upload(t, client)
+            self._launch_node(t)
+            self._wait_ready(t)
 
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+        errors: list[str] = []
+        keys: list[tuple[str, str, str, str]] = []
+        with ThreadPoolExecutor(max_workers=min(32, n)) as pool:
             futs = [pool.submit(prepare, t) for t in targets]
-            results: list[Any] = []
-            dirs: list[str] = []
-            errors: list[str] = []
-            key_error = False
-            keys: list[tuple[str, str, str, str]] = []
             for t, f in zip(targets, futs, strict=True):
                 try:
-                    client, remote_dir = f.result()
-                    results.append(client)
-                    dirs.append(remote_dir)
+                    f.result()
                 except Exception as e:  # noqa: BLE001 - every node's failure is reported
-                    results.append(None)
-                    dirs.append("")
                     if isinstance(e, HostKeyError):
-                        key_error = True
                         keys.extend(e.keys)
                     errors.append(e.message if isinstance(e, LaunchError) else f"{t.label}: {e}")
-        self._clients.extend(c for c in results if c is not None)
+        self._clients.extend(c for c in self._node_clients if c is not None)
         for note in self._notes:
             self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
         if errors:
-            # Leave nothing behind on the nodes that were ready.
-            for client, remote_dir in zip(results, dirs, strict=True):
-                if client is not None and remote_dir:
-                    with contextlib.suppress(Exception):
-                        parent = str(PurePosixPath(remote_dir).parent)
-                        _run_quiet(
-                            client,
-                            f"rm -rf -- {shlex.quote(remote_dir)}; rmdir -- {shlex.quote(parent)} 2>/dev/null; true",
-                        )
+            self._abort_prepared()
             msg = "; ".join(errors) + " — nothing was started"
-            if key_error:
+            if keys:
                 raise HostKeyError(msg, field="ssh", keys=keys)
             raise LaunchError(msg, field="ssh")
-        self._node_clients = results
-        self._remote_dirs = dirs
-        # Start every node, then wait for each wrapper to report its process group.
-        self._chans = [None] * len(targets)
-        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-            list(pool.map(self._launch_node, targets))
-        # Started: every node's sshd has accepted its command. Each wrapper reports its process
-        # group on its first line; until then stop() finds the run's processes by DTRAIN_RUN_ID.
+        for t in targets:  # every node is ready: go (milliseconds apart)
+            chan = self._chans[t.node]
+            assert chan is not None
+            try:
+                chan.sendall(b"go\n")
+                self._went.add(t.node)
+            except Exception as e:  # noqa: BLE001
+                raise LaunchError(
+                    f"{t.label}: connection lost while starting: {e}", field="ssh"
+                ) from None
+
+    def _wait_ready(self, t: Target) -> None:
+        chan = self._chans[t.node]
+        deadline = time.monotonic() + max(
+            self.options.connect_timeout_s, self.options.hang_timeout_s
+        )
+        with self._pgid_seen:
+            while t.node not in self._pgids:
+                if chan is None or chan.exit_status_ready() or chan.closed:
+                    code = (
+                        chan.recv_exit_status()
+                        if chan is not None and chan.exit_status_ready()
+                        else None
+                    )
+                    why = _EARLY_EXIT.get(code or 0, f"exited with status {code}")
+                    raise LaunchError(
+                        f"{t.label}: {why} before starting (see its log in the run directory)",
+                        field="ssh",
+                    )
+                if time.monotonic() > deadline:
+                    raise LaunchError(
+                        f"{t.label}: not ready after {deadline:.0f}s (--remote-setup still running?)",
+                        field="ssh",
+                    )
+                self._pgid_seen.wait(0.05)
+
+    def _abort_prepared(self) -> None:
+        """After a failed start: close every wrapper before "go" (they exit without running
+        anything) and remove what was uploaded."""
+        for chan in self._chans:
+            if chan is not None:
+                with contextlib.suppress(Exception):
+                    chan.shutdown_write()
+        for client, remote_dir in zip(self._node_clients, self._remote_dirs, strict=True):
+            if client is not None and remote_dir:
+                parent = str(PurePosixPath(remote_dir).parent)
+                with contextlib.suppress(Exception):
+                    _run_quiet(
+                        client,
+                        f"rm -rf -- {shlex.quote(remote_dir)}; "
+                        f"rmdir -- {shlex.quote(parent)} 2>/dev/null; true",
+                    )
 
     def _remote_base(self, sftp: Any) -> str:
         wd = self.options.remote_workdir
@@ -368,14 +409,18 @@ class SshBackend(Backend):
         setup = self.options.remote_setup
         inner = "\n".join(
             [
-                'echo "@@dtrain-pgid $$"',
                 f"RID={shlex.quote(rid)}",
                 _SWEEP_FN,
                 # --remote-setup is a shell command by design (e.g. activating an environment).
-                f"{setup}" if setup else ":",
+                "{",
+                setup or ":",
+                "} || exit 96",
                 exports or ":",
                 f"cd {shlex.quote(remote_dir)} || exit 97",
                 f"tar -xf {BUNDLE_TAR} && rm -f {BUNDLE_TAR} || exit 98",
+                # Ready (and our process group id); then nothing runs until dtrain-tui says go.
+                'echo "@@dtrain-ready $$"',
+                'IFS= read -r go && [ "$go" = go ] || exit 99',
                 "exec 3<&0",
                 f'DTRAIN_RUN_ID="$RID" bash ./{shlex.quote(script)} </dev/null &',
                 "child=$!",
@@ -409,7 +454,7 @@ class SshBackend(Backend):
 
     def _control_line(self, node: int, stream: str, line: bytes) -> bool:
         if stream == STDOUT and node not in self._pgids:
-            m = _PGID_RE.match(line)
+            m = _READY_RE.match(line)
             if m:
                 with self._pgid_seen:
                     self._pgids[node] = int(m.group(1))
@@ -476,9 +521,9 @@ class SshBackend(Backend):
                 time.sleep(0.05)
 
     def _teardown_after_failed_start(self) -> None:
-        for i, chan in enumerate(self._chans):
-            if chan is not None:
-                self._kill_node(i, "start failed")
+        for i in sorted(self._went):  # only nodes told "go" run anything
+            self._kill_node(i, "start failed")
+        self._abort_prepared()
         self._close()
 
     def _close(self) -> None:

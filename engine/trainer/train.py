@@ -310,7 +310,10 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
             log("FSDP1 needs a GPU: running FSDP2 (fully_shard) with the same sharding on CPU")
         version = 2
     if version == 2:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        try:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError:  # torch 2.4/2.5 kept FSDP2 under _composable
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
         reshard = cfg.get("reshard_after_forward")
         if reshard is None:
@@ -319,7 +322,10 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
         if mp_dtype is not None:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
         if cfg.get("cpu_offload") and device.type == "cuda":
-            from torch.distributed.fsdp import CPUOffloadPolicy
+            try:
+                from torch.distributed.fsdp import CPUOffloadPolicy
+            except ImportError:
+                from torch.distributed._composable.fsdp import CPUOffloadPolicy
 
             kw["offload_policy"] = CPUOffloadPolicy()
         for blk in model.blocks:

@@ -46,8 +46,12 @@ class Sshd:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.host_key = keygen(self.dir / "host_ed25519")
         self.client_key = client_key
+        # Each "node" gets a home of its own (like a fresh cluster account): the login shell
+        # then reads no ~/.bashrc of this machine's user, and "~" on the node is this directory.
+        self.home = self.dir / "home"
+        self.home.mkdir(exist_ok=True)
         auth = self.dir / "authorized_keys"
-        auth.write_text(Path(f"{client_key}.pub").read_text())
+        auth.write_text(f'environment="HOME={self.home}" ' + Path(f"{client_key}.pub").read_text())
         auth.chmod(0o600)
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -74,6 +78,7 @@ class Sshd:
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
                 "PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nMaxStartups 100\n"
                 "MaxSessions 50\nSubsystem sftp internal-sftp\nLogLevel ERROR\n"
+                "PermitUserEnvironment yes\n"
             )
             self.proc = subprocess.Popen(
                 [exe, "-D", "-e", "-f", str(cfg)],

@@ -160,6 +160,8 @@ def test_stop_ends_stopped_and_kills_everything(tmp_path: Path) -> None:
     got: list[object] = []
     while not any(isinstance(e, LineEvent) and e.rank == 1 for e in got):
         got.extend(backend.poll(0.2))
+    # A line is on disk before any consumer sees it.
+    assert (tmp_path / "run" / "logs" / "rank1.stdout.log").read_text() == "hello\n"
     backend.stop()
     collect(backend, timeout=30)
     assert backend.state == "stopped"

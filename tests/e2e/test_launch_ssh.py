@@ -102,8 +102,8 @@ def test_two_nodes_two_ranks_each_over_ssh(
     assert info["hosts"] == [f"127.0.0.1:{s.port}" for s in servers]
     cmd = (tmp_path / "run" / "commands" / "node1.txt").read_text()
     assert cmd.startswith("exec setsid -w bash -c ") and "launch_node1.sh" in cmd
-    # The pgid control line is consumed, never shown or logged.
-    assert not any(isinstance(e, LineEvent) and "@@dtrain-pgid" in e.line for e in events)
+    # The wrapper's control line is consumed, never shown or logged.
+    assert not any(isinstance(e, LineEvent) and "@@dtrain" in e.line for e in events)
     assert wait_no_pids(backend.run_id) == []
 
 
@@ -270,3 +270,53 @@ def test_ssh_config_alias_and_proxy_jump(
     assert backend.state == "succeeded", read_run(tmp_path / "run")["reason"]
     assert [e.line for e in events if isinstance(e, LineEvent) and e.rank == 0] == ["via root"]
     assert len(backend._clients) == 2  # the bastion, then the node through it
+
+
+def test_remote_setup_failing_on_one_node_starts_nothing_anywhere(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    servers, key, kh = cluster
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    b = _fake_two_node_bundle(tmp_path, f"touch {marks}/started-$$\n")
+    # Fails on node 1 only: sshd puts the server port in SSH_CONNECTION's 4th field.
+    setup = f'[ "$(echo $SSH_CONNECTION | cut -d" " -f4)" != {servers[1].port} ]'
+    backend = SshBackend(b, tmp_path / "run", _opts(servers, key, kh, tmp_path, remote_setup=setup))
+    with pytest.raises(LaunchError) as ei:
+        backend.start()
+    assert f"node 1 (127.0.0.1:{servers[1].port}): --remote-setup failed" in str(ei.value)
+    time.sleep(1.0)  # node 0 was ready and waiting: it must have exited without running
+    assert list(marks.iterdir()) == []
+    assert read_run(tmp_path / "run")["state"] == "failed"
+    assert wait_no_pids(backend.run_id) == []
+
+
+def test_key_from_ssh_agent_only(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key file given: the key lives in a real ssh-agent and is never read from disk by us."""
+    servers, key, kh = cluster
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", str(key)], env=env, check=True, capture_output=True)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh keys to fall back on
+        b = _fake_two_node_bundle(tmp_path, "echo '[default0]:agent ok'\n")
+        backend = SshBackend(
+            b, tmp_path / "run", _opts(servers, key, kh, tmp_path, identity_file=None)
+        )
+        backend.start()
+        events = collect(backend)
+        assert backend.state == "succeeded", read_run(tmp_path / "run")["reason"]
+        assert [e.line for e in events if isinstance(e, LineEvent) and e.rank in (0, 2)] == [
+            "agent ok",
+            "agent ok",
+        ]
+    finally:
+        agent.terminate()
+        agent.wait(5)

@@ -41,9 +41,25 @@ class Tmux:
         }
         env_args = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
         subprocess.run(
-            ["tmux", "-L", self.socket, "-f", os.devnull, "new-session", "-d", "-x", "120",
-             "-y", "40", "-c", str(self.workdir), *env_args, command],
-            check=True, timeout=30,
+            [
+                "tmux",
+                "-L",
+                self.socket,
+                "-f",
+                os.devnull,
+                "new-session",
+                "-d",
+                "-x",
+                "120",
+                "-y",
+                "40",
+                "-c",
+                str(self.workdir),
+                *env_args,
+                command,
+            ],
+            check=True,
+            timeout=30,
         )
 
     def keys(self, *keys: str) -> None:
@@ -73,7 +89,9 @@ def tmux(tmp_path: Path) -> Iterator[Tmux]:
     t.kill()
 
 
-def test_wizard_in_tmux_reaches_the_decision_and_writes_the_bundle(tmux: Tmux, tmp_path: Path) -> None:
+def test_wizard_in_tmux_reaches_the_decision_and_writes_the_bundle(
+    tmux: Tmux, tmp_path: Path
+) -> None:
     done = tmp_path / "exit-code"
     tmux.start(f"{EXE} --config-dir {tmp_path / 'profiles'}; echo $? > {done}; sleep 30")
     tmux.wait_for("1 Model")  # the first screen

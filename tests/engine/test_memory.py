@@ -86,6 +86,7 @@ def test_framework_states_follow_the_paper_where_they_should() -> None:
     assert dist.params + dist.grads + dist.optimizer == pytest.approx(6 * psi + 12 * psi / 8)
     ddp = model_states(psi, 8, framework=Framework.DDP, strategy=Strategy.DDP, zero_stage=0, **kw)  # type: ignore[arg-type]
     assert ddp.params + ddp.grads + ddp.optimizer == 16 * psi
+    assert ddp.buffers == 4 * psi  # DDP's buckets copy the fp32 grads (gradient_as_bucket_view off)
     fsdp = model_states(
         psi, 8, framework=Framework.FSDP, strategy=Strategy.FSDP_FULL, zero_stage=3, **kw
     )  # type: ignore[arg-type]

@@ -73,6 +73,24 @@ def test_plan_human_output_and_spec_file(tmp_path: Path) -> None:
     assert data["forced"] and data["recommended"]["strategy"] == "zero3"
 
 
+def test_a_layout_that_does_not_fit_exits_1_after_printing() -> None:
+    r = _run(
+        "--model",
+        "llama-2-7b",
+        "--gpu",
+        "a100-80gb",
+        "--gpus-per-node",
+        "8",
+        "--strategy",
+        "ddp",
+        "--json",
+    )
+    assert r.returncode == 1
+    data = json.loads(r.stdout)
+    assert data["forced"] and not data["recommended"]["fits"]
+    assert data["alternatives"][0]["fits"]
+
+
 def _bad_config(tmp_path: Path) -> str:
     p = tmp_path / "config.json"
     p.write_text('{"model_type": "llama", "hidden_size": 4096,,}')

@@ -75,7 +75,10 @@ async def _dense(tmp_path: Path) -> None:
         status = text_of(app, "#plan-status")
         assert plan.recommended.strategy.value in status and "tokens/s" in status
         chart = text_of(app, "#flowchart")
-        assert "Does the model fit on one GPU?" in chart and f"◀ {plan.recommended.strategy.value}" in chart
+        assert (
+            "Does the model fit on one GPU?" in chart
+            and f"◀ {plan.recommended.strategy.value}" in chart
+        )
         assert plan.path[0].reason.split()[0] in chart  # the planner's own reasons are listed
         cards = app.screen.query("MemoryBars")
         assert len(cards) == 1 + min(len(plan.alternatives), 3)

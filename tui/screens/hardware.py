@@ -82,8 +82,7 @@ class HardwareStep(StepPane):
         for g in self.gpus:
             prec = g.default_precision()
             label = Text(f"{g.key:<12}", style="bold", no_wrap=True, overflow="ellipsis")
-            label.append(f"{gb(g.memory_bytes):>8} {g.peak_tflops(prec):>6g} TF {prec.value:<4} ")
-            label.append(g.name, style="dim")
+            label.append(f"{gb(g.memory_bytes):>8} {g.peak_tflops(prec):>6g} TF {prec.value}")
             ol.add_option(Option(label, id=g.key))
         self._highlight(hw.gpu)
 

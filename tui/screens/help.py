@@ -57,7 +57,7 @@ class HelpScreen(ModalScreen[None]):
             steps.add_row(k, what)
         with VerticalScroll(id="help-body"):
             yield Static(Text("Keys", style="bold underline"))
-            yield Static(keys)
+            yield Static(keys, id="help-keys")
             yield Static(Text("\nSteps", style="bold underline"))
             yield Static(steps)
             yield Static(Text("\nEsc closes this help.", style="dim"))

@@ -49,6 +49,8 @@ def step_class(step: str) -> type[StepPane]:
     module = importlib.import_module(f"tui.screens.{step}")
     cls: type[StepPane] = getattr(module, _STEP_CLASS_NAMES[step])
     return cls
+
+
 INPUT_STEPS = ("model", "hardware", "network", "training")
 """The steps whose spec parts the planner needs; planning waits until all four are valid."""
 
@@ -79,9 +81,9 @@ class WizardScreen(Screen[None]):
         yield Header(show_clock=False, icon="≡")
         with Horizontal(id="main"):
             yield StepNav(list(STEP_TITLES), id="nav")
-            # Only the first step is built now; the others when first visited (start-up speed).
-            with ContentSwitcher(id="steps", initial=f"step-{STEP_KEYS[0]}"):
-                yield step_class(STEP_KEYS[0])()
+            # Steps are built when first visited, the first one right after the first frame:
+            # the frame (sidebar, status line, keys) is on screen before the fields are built.
+            yield ContentSwitcher(id="steps")
         with Horizontal(id="navbar"):
             yield Button("◀ Back", id="back", compact=True)
             yield Static("", id="status-line", markup=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Horizontal
 from textual.suggester import Suggester
 from textual.widget import Widget
 from textual.widgets import Input, Label, Static
@@ -15,11 +14,14 @@ class FieldRow(Widget):
     The input's id is ``f-<name>``, so a step finds its fields by spec field name."""
 
     DEFAULT_CSS = """
-    FieldRow { height: auto; layout: vertical; margin-bottom: 0; }
-    FieldRow > Horizontal { height: auto; }
+    FieldRow {
+        height: auto; layout: grid; grid-size: 2; grid-columns: 20 1fr; grid-rows: auto;
+    }
     FieldRow .field-label { width: 20; padding-right: 1; color: $text-muted; }
     FieldRow Input { width: 1fr; }
-    FieldRow .field-error { color: $text-error; padding-left: 20; height: auto; display: none; }
+    FieldRow .field-error {
+        column-span: 2; color: $text-error; padding-left: 20; height: auto; display: none;
+    }
     FieldRow.-invalid .field-error { display: block; }
     FieldRow.-invalid .field-label { color: $text-error; }
     """
@@ -44,17 +46,16 @@ class FieldRow(Widget):
         self._error: str | None = None
 
     def compose(self) -> ComposeResult:
-        with Horizontal():
-            yield Label(self._label, classes="field-label")
-            yield Input(
-                self._value,
-                placeholder=self._placeholder,
-                id=f"f-{self.field_name}",
-                compact=True,
-                suggester=self._suggester,
-                max_length=self._max_length,
-                select_on_focus=False,
-            )
+        yield Label(self._label, classes="field-label")
+        yield Input(
+            self._value,
+            placeholder=self._placeholder,
+            id=f"f-{self.field_name}",
+            compact=True,
+            suggester=self._suggester,
+            max_length=self._max_length,
+            select_on_focus=False,
+        )
         yield Static("", classes="field-error", markup=False)
 
     @property
