@@ -28,7 +28,34 @@ _COMMANDS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The module that registers each subcommand: `dtrain-tui plan` imports plan_cmd alone, and the
+# bare `dtrain-tui` (the wizard) none of them; `--help` and unknown words still see all.
+_MODULE_OF = {
+    "model": "engine.cli.model_cmd",
+    "gpus": "engine.cli.model_cmd",
+    "plan": "engine.cli.plan_cmd",
+    "write": "engine.cli.write_cmd",
+    "launch": "engine.cli.launch_cmd",
+    "monitor": "engine.cli.monitor_cmd",
+    "profiles": "engine.cli.profiles_cmd",
+}
+_NONE = ""
+
+
+def _commands_needed(words: list[str]) -> str | None:
+    """The one module to import for ``words``, ``_NONE`` for none, None for all."""
+    if any(w in ("-h", "--help") for w in words):
+        return None
+    for i, w in enumerate(words):
+        if w.startswith("-"):
+            continue
+        if i > 0 and words[i - 1] in ("--profile", "--config-dir"):
+            continue
+        return _MODULE_OF.get(w)
+    return _NONE
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dtrain-tui",
         description="Plan, configure, launch and watch distributed training.",
@@ -37,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-dir", type=Path, metavar="DIR", help="profiles directory root")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for modname in _COMMANDS:
+        if only is not None and modname != only:
+            continue
         try:
             mod = importlib.import_module(modname)
         except ModuleNotFoundError as e:
@@ -48,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_commands_needed(words))
+    args = parser.parse_args(words)
     try:
         if args.command is None:
             from tui.app import run_app

@@ -119,6 +119,7 @@ class Backend(ABC):
         self._nodes: list[NodeState] = []
         self._state = "starting"
         self._final = threading.Event()
+        self._finishing = False
         self._stop_requested = False
         self._failure: tuple[int | None, int | None, str] | None = None  # (rank, node, reason)
         self._last_activity = time.monotonic()
@@ -536,8 +537,9 @@ class Backend(ABC):
 
     def _finish(self, state: str, message: str) -> None:
         with self._cond:
-            if self._final.is_set():
+            if self._final.is_set() or self._finishing:
                 return
+            self._finishing = True
             self._state = state
         for t in self._threads:
             t.join(2.0)
