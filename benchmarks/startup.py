@@ -132,7 +132,9 @@ def main() -> None:
     time_to_first_screen()  # warm the file cache (byte-code, fonts of the terminal layer)
     results = [time_to_first_screen() for _ in range(runs)]
     for i, (wall, cpu, ready) in enumerate(results, 1):
-        print(f"run {i}: first frame {wall:.3f} s ({cpu:.2f} s CPU), model step built {ready:.3f} s")
+        print(
+            f"run {i}: first frame {wall:.3f} s ({cpu:.2f} s CPU), model step built {ready:.3f} s"
+        )
     times = [r[0] for r in results]
     cpus = [r[1] for r in results]
     readies = [r[2] for r in results]

@@ -46,7 +46,8 @@ PLAN_DELAY_S = 0.12
 
 
 class DtrainApp(App[int]):
-    """The wizard. ``spec`` is the starting spec; ``out_dir`` where the bundle is written;
+    """The wizard. ``spec`` is the starting spec (None: the built-in default profile, else the
+    embedded demo); ``out_dir`` where the bundle is written;
     ``run_root`` where launched runs keep their logs."""
 
     CSS_PATH = "app.tcss"
@@ -68,7 +69,7 @@ class DtrainApp(App[int]):
         show_timings: bool = True,
     ) -> None:
         super().__init__()
-        self.spec: Spec = spec if spec is not None else demo_spec()
+        self._spec: Spec | None = spec
         self.out_dir = out_dir if out_dir is not None else Path("dtrain-bundle")
         self.run_root: Path | None = run_root
         """Where runs keep their logs; None: the engine's default (user data dir)."""
@@ -81,6 +82,8 @@ class DtrainApp(App[int]):
         self.plan: Plan | None = None
         self.plan_elapsed_s = 0.0
         self.bundle: dict[str, str] = {}
+        self.bundle_wanted = False
+        self._bundle_generation = -1
         self.plan_failure = ""
         self.bundle_error = ""
         self.planning = False
@@ -90,6 +93,18 @@ class DtrainApp(App[int]):
         self.last_status = ""
         if profile_name:
             self.sub_title = f"profile {profile_name}"
+
+    @property
+    def spec(self) -> Spec:
+        """The spec being edited. Without one given, the built-in default profile is read on
+        first use, after the first frame is drawn (start-up speed)."""
+        if self._spec is None:
+            self._spec = initial_spec(None, self.config_dir)
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: Spec) -> None:
+        self._spec = value
 
     def get_default_screen(self) -> Screen[Any]:
         from tui.screens.wizard import WizardScreen
@@ -154,6 +169,11 @@ class DtrainApp(App[int]):
             self.post_message(PlanFailed(one_line(e) or type(e).__name__, generation))
             return
         self.post_message(PlanComputed(plan, generation, time.perf_counter() - t0))
+        if self.bundle_wanted:
+            self._render(plan, generation)
+
+    def _render(self, plan: Plan, generation: int) -> None:
+        """Render the bundle (in a worker thread) and post the result."""
         try:
             files = services.render_bundle(plan)
         except Exception as e:  # noqa: BLE001
@@ -161,10 +181,26 @@ class DtrainApp(App[int]):
             return
         self.post_message(BundleRendered(files, generation))
 
+    def want_bundle(self) -> None:
+        """The configs step is open: from now on every plan is rendered too (until then the
+        writers are not run, so typing in the first steps costs one plan per pause, no more)."""
+        self.bundle_wanted = True
+        if self.plan is not None and self._bundle_generation != self.plan_generation:
+            self._render_worker(self.plan, self.plan_generation)
+
+    @work(thread=True, exclusive=True, group="render", exit_on_error=False, description="rendering")
+    def _render_worker(self, plan: Plan, generation: int) -> None:
+        self._render(plan, generation)
+
     @property
     def idle(self) -> bool:
         """No plan pending or running (tests and the benchmark wait for this)."""
-        return self._plan_timer is None and not self.planning
+        return (
+            self._plan_timer is None
+            and not self.planning
+            and (not self.bundle_wanted or self.plan is None
+                 or self._bundle_generation == self.plan_generation or bool(self.bundle_error))
+        )
 
     def on_plan_started(self, message: PlanStarted) -> None:
         wiz = self.wizard
@@ -200,6 +236,7 @@ class DtrainApp(App[int]):
         if message.generation != self.plan_generation:
             return
         self.bundle = message.files
+        self._bundle_generation = message.generation
         self.bundle_error = ""
         self._show_bundle_state()
 
@@ -347,7 +384,7 @@ class DtrainApp(App[int]):
         if wiz.step_errors.get("launch") or wiz.launch is None:
             self.goto("launch")
             return
-        if self.plan is None or not self.bundle:
+        if self.plan is None:
             wiz.launch.show_result("no plan yet: finish the earlier steps", ok=False)
             return
         wiz.launch.show_result("writing the bundle and starting…", ok=True)
@@ -418,7 +455,8 @@ def initial_spec(profile: str | None, config_dir: Path | None) -> Spec:
 
 def run_app(profile: str | None = None, config_dir: Path | None = None) -> int:
     """Run the wizard in this terminal; returns the process exit code."""
-    spec = initial_spec(profile, config_dir)
+    # An explicit profile is read now, so a bad name is one line on the terminal, not a screen.
+    spec = initial_spec(profile, config_dir) if profile else None
     app = DtrainApp(spec, config_dir=config_dir, profile_name=profile)
     result = app.run()
     return int(result or 0)

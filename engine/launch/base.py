@@ -43,6 +43,8 @@ _TABLE_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
 # Seconds between SIGTERM and SIGKILL when stopping a node.
 STOP_GRACE_S = 5.0
 SUPERVISE_INTERVAL_S = 0.1
+# Seconds a node's output may stay open after its script ended (a leftover child holds it).
+LINGER_S = 5.0
 
 
 class LaunchError(DtrainError):
@@ -95,6 +97,7 @@ class NodeState:
     lost: str = ""
     """Why the node was lost (connection dropped), or empty."""
     open_streams: int = 0
+    exited_at: float | None = None
     table_rank: int | None = None
     root_cause: bool = False
     rank_exits: dict[int, int] = field(default_factory=dict)
@@ -424,6 +427,14 @@ class Backend(ABC):
             if st.lost and not finished:
                 self._fail(None, st.node, f"node {st.node} ({st.host}): {st.lost}")
                 finished, code = True, None
+            if finished and streams_open > 0 and not st.lost:
+                # The script ended but something it left behind still holds its output open:
+                # give the pipes a moment to drain, then clean up what was left.
+                if st.exited_at is None:
+                    st.exited_at = time.monotonic()
+                if time.monotonic() - st.exited_at > LINGER_S:
+                    self._safe_kill(st.node, "the node script ended; stopping what it left behind")
+                    streams_open = 0
             if not finished or (streams_open > 0 and not st.lost):
                 all_done = False
                 continue

@@ -105,11 +105,11 @@ class SkyPilotBackend(Backend):
         task.workdir = str(self.run.bundle)
         task.update_envs(self.node_env())
         if self.options.sky_cloud:
-            clouds = {
-                r.copy(cloud=sky.CLOUD_REGISTRY.from_str(self.options.sky_cloud))
-                for r in task.resources
-            }
-            task.set_resources(clouds)
+            try:
+                cloud = sky.CLOUD_REGISTRY.from_str(self.options.sky_cloud)
+            except Exception as e:  # noqa: BLE001
+                raise LaunchError(f"{e}", field="--sky-cloud") from None
+            task.set_resources({r.copy(cloud=cloud) for r in task.resources})
         return task
 
     def _start(self) -> None:

@@ -156,7 +156,7 @@ class SshBackend(Backend):
         return Target(
             node=node,
             label=f"node {node} ({host})",
-            hostname=str(c.get("hostname", host.host)),
+            hostname=str(c.get("hostname", host.host)).strip("[]"),  # [::1] -> ::1
             port=int(host.port or c.get("port", 22)),
             user=host.user or c.get("user"),
             identity=ident,
@@ -171,6 +171,38 @@ class SshBackend(Backend):
             with open(path, "a", encoding="utf-8") as f:
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
+    def _jump_chain(self, t: Target, cfg: Any, depth: int) -> Any:
+        """Connect through ``ProxyJump a[,b...]`` hop by hop; a channel to ``t`` at the end."""
+        if depth >= 4:
+            raise LaunchError(
+                f"{t.label}: ProxyJump nests too deep (a loop in ssh config?)", field="ssh"
+            )
+        assert t.proxy_jump is not None
+        try:
+            hops = [Host.parse(h) for h in t.proxy_jump.split(",") if h.strip()]
+        except ValueError as e:
+            raise LaunchError(f"{t.label}: ProxyJump: {e}", field="ssh") from None
+        sock = None
+        for k, hop in enumerate(hops):
+            ht = self._target(t.node, hop, cfg)
+            ht.label = f"{t.label} via jump host {hop}"
+            if k > 0:
+                ht.proxy_jump = None  # the chain is spelled out: no hop's own ProxyJump
+            client = self._connect(ht, cfg, depth + 1, sock=sock)
+            self._clients.append(client)
+            if k + 1 < len(hops):
+                nxt = self._target(t.node, hops[k + 1], cfg)
+                dest = (nxt.hostname, nxt.port)
+            else:
+                dest = (t.hostname, t.port)
+            try:
+                sock = client.get_transport().open_channel("direct-tcpip", dest, ("127.0.0.1", 0))
+            except Exception as e:  # noqa: BLE001
+                raise LaunchError(
+                    f"{ht.label}: cannot forward to {dest[0]}:{dest[1]}: {e}", field="ssh"
+                ) from None
+        return sock
+
     def _load_key(self, path: str) -> Any:
         """The private key at ``path``, parsed once for all nodes (None: let paramiko try the
         file itself, e.g. a key needing a passphrase the agent holds). Kept in memory only."""
@@ -184,18 +216,11 @@ class SshBackend(Backend):
                     self._keys[path] = None
             return self._keys[path]
 
-    def _connect(self, t: Target, cfg: Any, depth: int = 0) -> Any:
+    def _connect(self, t: Target, cfg: Any, depth: int = 0, sock: Any = None) -> Any:
         import paramiko
 
-        sock = None
-        if t.proxy_jump and depth < 4:
-            jump_host = Host.parse(t.proxy_jump.split(",")[0])
-            jt = self._target(t.node, jump_host, cfg)
-            jt.label = f"{t.label} via jump host {jump_host}"
-            jump = self._connect(jt, cfg, depth + 1)
-            self._clients.append(jump)
-            transport = jump.get_transport()
-            sock = transport.open_channel("direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0))
+        if sock is None and t.proxy_jump and t.proxy_jump.lower() != "none":
+            sock = self._jump_chain(t, cfg, depth)
         client = paramiko.SSHClient()
         kh = self._known_hosts_path()
         if kh.is_file():
@@ -417,7 +442,7 @@ class SshBackend(Backend):
                 "} || exit 96",
                 exports or ":",
                 f"cd {shlex.quote(remote_dir)} || exit 97",
-                f"tar -xf {BUNDLE_TAR} && rm -f {BUNDLE_TAR} || exit 98",
+                f"tar -xf {BUNDLE_TAR} || exit 98",  # (the tar stays: one process fewer per node)
                 # Ready (and our process group id); then nothing runs until dtrain-tui says go.
                 'echo "@@dtrain-ready $$"',
                 'IFS= read -r go && [ "$go" = go ] || exit 99',

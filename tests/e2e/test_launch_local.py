@@ -217,3 +217,12 @@ def test_ctrl_c_on_the_cli_stops_every_rank_and_exits_130(tmp_path: Path) -> Non
     info = json.loads((run / "run.json").read_text())
     assert info["state"] == "stopped"
     assert wait_no_pids(info["run_id"]) == []
+
+
+def test_leftover_child_holding_the_output_does_not_keep_the_run_alive(tmp_path: Path) -> None:
+    b = _fake_bundle(tmp_path, "setsid sleep 300 &\necho '[default0]:bye'\nexit 0\n")
+    backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=600))
+    backend.start()
+    collect(backend, timeout=30)
+    assert backend.state == "succeeded"
+    assert wait_no_pids(backend.run_id) == []

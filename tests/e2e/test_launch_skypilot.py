@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from engine.events import LineEvent, RankExit
-from engine.launch import LaunchOptions
+from engine.launch import LaunchError, LaunchOptions
 from engine.launch.rundir import read_run
 from engine.launch.skypilot import SkyPilotBackend, cluster_name_for
 from tests.e2e.launch_util import collect, write_bundle
@@ -114,6 +114,13 @@ def test_task_is_what_skypilot_loads_from_the_bundle(bundle: Path, tmp_path: Pat
     assert "torchrun" in task.run and "--tee 3" in task.run
     assert task.workdir == str(b.run.bundle)
     assert task.envs["DTRAIN_RUN_ID"] == b.run_id
+    aws = _backend(bundle, tmp_path / "aws", sky_cloud="aws")
+    aws.run.create(bundle)
+    assert {str(r.cloud) for r in aws.build_task().resources} == {"AWS"}
+    bad = _backend(bundle, tmp_path / "bad", sky_cloud="nocloud")
+    bad.run.create(bundle)
+    with pytest.raises(LaunchError, match="--sky-cloud"):
+        bad.build_task()
     assert cluster_name_for("Custom ZeRO2 1x2!") == "custom-zero2-1x2"
     assert cluster_name_for("7b") == "dtrain-7b"
 

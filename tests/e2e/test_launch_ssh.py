@@ -257,7 +257,8 @@ def test_ssh_config_alias_and_proxy_jump(
     cfg = tmp_path / "ssh_config"
     cfg.write_text(
         f"Host trainer-1\n  HostName 127.0.0.1\n  Port {servers[1].port}\n  User root\n"
-        f"  IdentityFile {key}\n  ProxyJump bastion\n"
+        f"  IdentityFile {key}\n  ProxyJump bastion,hop2\n"
+        f"Host hop2\n  HostName 127.0.0.1\n  Port {servers[1].port}\n  IdentityFile {key}\n"
         f"Host bastion\n  HostName 127.0.0.1\n  Port {servers[0].port}\n  IdentityFile {key}\n"
     )
     b = make_bundle(tmp_path / "b", nodes=1, steps=1)
@@ -269,7 +270,7 @@ def test_ssh_config_alias_and_proxy_jump(
     events = collect(backend)
     assert backend.state == "succeeded", read_run(tmp_path / "run")["reason"]
     assert [e.line for e in events if isinstance(e, LineEvent) and e.rank == 0] == ["via root"]
-    assert len(backend._clients) == 2  # the bastion, then the node through it
+    assert len(backend._clients) == 3  # bastion, hop2 through it, the node through both
 
 
 def test_remote_setup_failing_on_one_node_starts_nothing_anywhere(

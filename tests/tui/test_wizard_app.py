@@ -50,6 +50,23 @@ async def _app_wide(tmp_path: Path) -> None:
         await pilot.press("enter")
         await settle(pilot)
         assert (tmp_path / "out" / "bundle.json").exists()
+        # Ctrl+O: the profiles dialog; loading a built-in profile refills every step.
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+        from textual.widgets import DataTable
+
+        from tui.screens.profiles import ProfilesScreen
+
+        assert isinstance(app.screen, ProfilesScreen)
+        table = app.screen.query_one(DataTable)
+        row = table.get_row_index("single-node-8xh100")
+        table.move_cursor(row=row)
+        await pilot.press("l")
+        await settle(pilot)
+        assert not isinstance(app.screen, ProfilesScreen)
+        assert app.profile_name == "single-node-8xh100"
+        assert app.spec.hardware.gpus_per_node == 8 and app.spec.hardware.gpu != "cpu"
+        assert app.plan is not None and app.plan.world_size == app.spec.hardware.world_size
         await pilot.press("ctrl+q")
     assert app.return_code == 0
 

@@ -7,6 +7,8 @@ import asyncio
 import json
 from pathlib import Path
 
+from textual.widgets import OptionList
+
 from engine.specs import Strategy, demo_spec
 from tests.tui.wizard_support import focused_id, retype, settle, text_of
 from tui.app import DtrainApp
@@ -92,9 +94,44 @@ async def _dense(tmp_path: Path) -> None:
         await settle(pilot)
         result = text_of(app, "#write-result")
         assert result.startswith("✓ wrote") and str(out.resolve()) in result
-    written = json.loads((out / "plan.json").read_text())
-    assert written["model"]["name"] == "llama-3-8b"
-    assert (out / "launch_node1.sh").exists() and (out / "bundle.json").exists()
+        written = json.loads((out / "plan.json").read_text())
+        assert written["model"]["name"] == "llama-3-8b"
+        assert (out / "launch_node1.sh").exists() and (out / "bundle.json").exists()
+        # Back to training, halve the batch: the configs step now diffs against what is on disk.
+        await pilot.press("ctrl+b", "ctrl+b")
+        assert app.wizard.current == "training"
+        await pilot.press("tab")
+        assert focused_id(app) == "f-global_batch"
+        await retype(pilot, "256")
+        await pilot.press("ctrl+n", "ctrl+n")
+        await settle(pilot)
+        assert app.wizard.current == "configs"
+        names = sorted(app.bundle)
+        file_list = app.screen.query_one("#file-list", OptionList)
+        labels = [str(file_list.get_option_at_index(i).prompt) for i in range(len(names))]
+        assert "~ plan.json" in labels and "= train.py" in labels
+        file_list.highlighted = names.index("plan.json")
+        await pilot.pause()
+        preview = text_of(app, "#preview-body")
+        assert "differs from" in preview and "Diff against the output directory" in preview
+        assert '-    "global_batch": 512' in preview or "-" in preview.split("Diff")[1]
+        # A file the user edited is never overwritten silently: the first ^s refuses …
+        edited = (out / "nccl.env").read_text() + "# my tweak\n"
+        (out / "nccl.env").write_text(edited)
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        result = text_of(app, "#write-result")
+        assert result.startswith("✗") and "nccl.env" in result and "press ^s again" in result
+        assert (
+            json.loads((out / "plan.json").read_text())["spec"]["training"]["global_batch"] == 512
+        )
+        # … the second one backs it up and writes.
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert "backed up 1 edited file" in text_of(app, "#write-result")
+    assert json.loads((out / "plan.json").read_text())["spec"]["training"]["global_batch"] == 256
+    backups = list(out.glob("nccl.env.bak-*"))
+    assert len(backups) == 1 and backups[0].read_text() == edited
 
 
 def test_moe_model_to_written_bundle_and_forced_layout(tmp_path: Path) -> None:
@@ -127,6 +164,19 @@ async def _moe(tmp_path: Path) -> None:
         assert app.plan is not None and app.plan.forced
         assert app.plan.recommended.strategy == Strategy.ZERO3
         assert "(forced)" in text_of(app, "#plan-status")
+        # An impossible degree: the planner's one-line refusal is shown and blocks Next.
+        await pilot.press("tab")
+        assert focused_id(app) == "f-tp"
+        await retype(pilot, "3")
+        await settle(pilot)
+        assert app.plan is None
+        refusal = text_of(app, "#plan-status")
+        assert refusal.startswith("✗") and "3" in refusal
+        await pilot.press("ctrl+n")
+        assert app.wizard.current == "decision"
+        await pilot.press("ctrl+a", "ctrl+k")
+        await settle(pilot)
+        assert app.plan is not None and app.plan.recommended.strategy == Strategy.ZERO3
         await pilot.press("ctrl+n")
         assert app.wizard.current == "configs"
         await pilot.press("ctrl+s")

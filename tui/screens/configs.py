@@ -188,6 +188,7 @@ class ConfigsStep(StepPane):
     def show_result(self, message: str, *, ok: bool) -> None:
         res = self.query_one("#write-result", Static)
         res.update(("✓ " if ok else "✗ ") + message)
+        res.add_class("-shown")
         res.set_class(ok, "-ok")
         res.set_class(not ok, "-error")
         self.refresh_files()

@@ -98,4 +98,5 @@ class LaunchStep(StepPane):
     def show_result(self, message: str, *, ok: bool) -> None:
         res = self.query_one("#launch-result", Static)
         res.update(("✓ " if ok else "✗ ") + message)
+        res.add_class("-shown")
         res.set_class(not ok, "-error")

@@ -208,6 +208,7 @@ class WizardScreen(Screen[None]):
         self.current = step
         switcher.current = f"step-{step}"
         if step == "configs":
+            self.dtrain.want_bundle()
             cast("ConfigsStep", pane).refresh_files()
         target = pane.first_focus()
         if target is not None:
