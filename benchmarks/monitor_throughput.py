@@ -205,6 +205,12 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
                     await asyncio.sleep(0.001)
                 if len(pings) > n:
                     key_delays.append(pings[-1] - sent)
+                    if args.verbose and key_delays[-1] > 0.1:
+                        print(
+                            f"# key {1000 * key_delays[-1]:.0f} ms at t={sent - t0:.1f}s, "
+                            f"{m.delivered:,} lines",
+                            file=sys.stderr,
+                        )
                 next_key = time.perf_counter() + 0.1
             if writers and all(w.poll() is not None for w in writers):
                 ranks = json.loads((run / "run.json").read_text())["ranks"]

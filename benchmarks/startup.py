@@ -39,12 +39,15 @@ from engine.specs import demo_spec
 async def main():
     app = DtrainApp(demo_spec(), plan_delay_s=0.01)
     async with app.run_test(size=(120, 40)) as pilot:
-        for step in ("decision", "configs"):
+        async def settle():
             for _ in range(400):
                 await pilot.pause(0.02)
                 if app.idle and not any(w.is_running for w in app.workers):
                     break
+        for step in ("decision", "configs"):
+            await settle()
             assert await app.wizard.go(step), step
+        await settle()
         assert app.plan is not None and app.bundle, "no plan or bundle"
     print(" ".join(f"{m}={int(m in sys.modules)}" for m in %r))
 

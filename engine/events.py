@@ -2,11 +2,14 @@
 
 Backends (``engine.launch``) produce these; they know nothing about widgets. Consumers pull them in
 batches from an :class:`EventSource` (a reader thread collects lines and hands over a list every
-50–250 ms), never one message per line.
+50–250 ms), never one message per line. Fast sources (launch backends, run-directory tails) emit
+:class:`LineBatch` (lines of one rank and stream); :class:`LineEvent` is for the odd single
+line. Every consumer must handle both (:func:`per_line` flattens, off the hot path).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,6 +67,21 @@ class RunStateChanged:
 
 
 Event = LineEvent | LineBatch | RankExit | RunStateChanged
+
+
+def per_line(events: Iterable[Event]) -> list[Event]:
+    """``events`` with every :class:`LineBatch` spelled out as one :class:`LineEvent` per line,
+    in order: for consumers that want a line at a time (tests, simple printers), not for hot
+    paths."""
+    out: list[Event] = []
+    for ev in events:
+        if isinstance(ev, LineBatch):
+            out.extend(
+                LineEvent(ev.node, ev.rank, ev.stream, line, ev.ts, ev.host) for line in ev.lines
+            )
+        else:
+            out.append(ev)
+    return out
 
 
 class EventSource(Protocol):

@@ -137,6 +137,11 @@ class DtrainApp(App[int]):
             bad = next(
                 s for s in ("model", "hardware", "network", "training") if wiz.step_errors.get(s)
             )
+            if self._plan_timer is not None:
+                self._plan_timer.stop()
+                self._plan_timer = None
+            self.plan_generation += 1  # a plan still running for the old spec is now stale
+            self.planning = False
             self.plan = None
             self._planned_spec = None
             self.plan_failure = f"fix the {bad} step first: {wiz.step_errors[bad][0]}"
@@ -198,8 +203,11 @@ class DtrainApp(App[int]):
         return (
             self._plan_timer is None
             and not self.planning
-            and (not self.bundle_wanted or self.plan is None
-                 or self._bundle_generation == self.plan_generation or bool(self.bundle_error))
+            and (
+                not self.bundle_wanted
+                or self.plan is None
+                or self._bundle_generation == self.plan_generation
+            )
         )
 
     def on_plan_started(self, message: PlanStarted) -> None:
@@ -213,6 +221,7 @@ class DtrainApp(App[int]):
         self.planning = self._plan_timer is not None
         self.plan = message.plan
         self.plan_failure = ""
+        self.bundle_error = ""
         self.plan_elapsed_s = message.elapsed_s
         wiz = self.wizard
         if wiz is not None:
@@ -244,6 +253,7 @@ class DtrainApp(App[int]):
         if message.generation != self.plan_generation:
             return
         self.bundle = {}
+        self._bundle_generation = message.generation
         self.bundle_error = f"The writers refused this plan: {message.message}"
         self._show_bundle_state()
 
@@ -273,7 +283,7 @@ class DtrainApp(App[int]):
         if self.bundle:
             configs.show_files(self.bundle)
         else:
-            configs.show_error(self.bundle_error or "No bundle yet.")
+            configs.show_error(self.bundle_error or "Rendering the bundle…")
 
     def status_text(self) -> str:
         if self.plan is None:
@@ -341,10 +351,8 @@ class DtrainApp(App[int]):
         self.action_replan()
 
     def action_write_bundle(self) -> None:
-        if self.plan is None or not self.bundle:
-            self._write_result(
-                "nothing to write yet: the plan or the bundle is not ready", ok=False
-            )
+        if self.plan is None:
+            self._write_result("nothing to write yet: the plan is not ready", ok=False)
             return
         force, self._force_next_write = self._force_next_write, False
         self._write_worker(self.plan, self.out_dir, force)

@@ -16,13 +16,6 @@ if TYPE_CHECKING:  # annotations only: importing them costs start-up time
 
 
 @dataclass
-class SpecEdited(Message):
-    """A step changed its part of the spec (``section`` is a Spec field name)."""
-
-    section: str
-
-
-@dataclass
 class StepValidated(Message):
     """A step re-checked its fields; ``errors`` is empty when the step is valid."""
 
@@ -64,6 +57,8 @@ class BundleRendered(Message):
 
 @dataclass
 class BundleRenderFailed(Message):
+    """The writers refused the plan of ``generation``; ``message`` is their one-line reason."""
+
     message: str
     generation: int
 
@@ -78,14 +73,9 @@ class BundleWritten(Message):
 
 @dataclass
 class BundleWriteFailed(Message):
+    """Writing the bundle failed (or was refused: files the user edited); one line."""
+
     message: str
-
-
-@dataclass
-class StepChanged(Message):
-    """The wizard moved to step ``step``."""
-
-    step: str
 
 
 # ---- monitor (owned by the monitor screen; posted from its reader thread) -------------------

@@ -180,11 +180,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_events(events: list[Any], out: Any) -> None:
-    from engine.events import LineEvent, RankExit
+    from engine.events import LineBatch, LineEvent, RankExit
 
-    lines = []
+    lines: list[str] = []
     for ev in events:
-        if isinstance(ev, LineEvent):
+        if isinstance(ev, LineBatch):
+            tag = f"[rank {ev.rank}] " if ev.rank is not None else f"[node {ev.node}] "
+            lines.extend(f"{tag}{x}\n" for x in ev.lines)
+        elif isinstance(ev, LineEvent):
             tag = f"[rank {ev.rank}]" if ev.rank is not None else f"[node {ev.node}]"
             lines.append(f"{tag} {ev.line}\n")
         elif isinstance(ev, RankExit) and ev.exit_code not in (0,):

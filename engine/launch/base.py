@@ -31,12 +31,43 @@ from typing import Any
 
 from engine.bundle import BundleManifest, read_manifest
 from engine.errors import DtrainError
-from engine.events import STDERR, STDOUT, Event, LineEvent, RankExit, RunStateChanged
+from engine.events import STDERR, STDOUT, Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.launch.rundir import RunDir, default_run_dir, iso
 from engine.specs import Host
 
 # torchrun --tee 3: "[default<local_rank>]:" before each line of a rank.
 _TEE_RE = re.compile(rb"^\[default(\d+)\]:")
+_TEE_STR_RE = re.compile(r"\[default(\d+)\]:")
+# Where lines without a tee prefix end: before the next line that has one.
+_NEXT_TAGGED_RE = re.compile(r"\n(?=\[default\d+\]:)")
+_Key = tuple[int, int | None]
+# Per local rank "L": (search for the end of a run of "[defaultL]:" lines, "\n[defaultL]:",
+# len("[defaultL]:"), L).
+_RunOf = tuple[Callable[[str, int], "re.Match[str] | None"], str, int, int]
+_RUNS: dict[str, _RunOf] = {}
+
+
+def _run_of(local: str) -> _RunOf:
+    prefix = f"[default{local}]:"
+    run = (
+        re.compile(r"\n(?!" + re.escape(prefix) + ")").search,
+        "\n" + prefix,
+        len(prefix),
+        int(local),
+    )
+    _RUNS[local] = run
+    return run
+
+
+def _shown(line: str) -> str:
+    """A line as shown: bytes that are not UTF-8 (kept by ``surrogateescape``) become U+FFFD."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return line
+
+
 _TABLE_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _TABLE_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _TABLE_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
@@ -303,65 +334,143 @@ class Backend(ABC):
                     chunk = b""
                 if not chunk:
                     if tail:
-                        self._ingest(node, stream, [tail])
+                        self._ingest(node, stream, tail + b"\n")
                     break
-                data = tail + chunk
-                parts = data.split(b"\n")
-                tail = parts.pop()
-                if parts:
-                    self._ingest(node, stream, parts)
+                cut = chunk.rfind(b"\n") + 1
+                if not cut:
+                    tail += chunk
+                    continue
+                whole = chunk[:cut]  # the whole chunk (no copy) when it ends with a newline
+                self._ingest(node, stream, tail + whole if tail else whole)
+                tail = chunk[cut:]
         finally:
             with self._cond:
                 self._nodes[node].open_streams -= 1
 
     def _split(self, node: int, raw: bytes) -> tuple[int, int | None, bytes]:
-        """(node, global rank or None, line without launcher prefixes) for one raw line."""
+        """(node, global rank or None, line without launcher prefixes) for one raw line.
+        A subclass overriding this gets the per-line path (slower, for exotic prefixes)."""
         mt = _TEE_RE.match(raw)
         if mt:
             return node, node * self.manifest.gpus_per_node + int(mt.group(1)), raw[mt.end() :]
         return node, None, raw
 
-    def _ingest(self, node: int, stream: str, lines: list[bytes]) -> None:
-        # The hot path (hundreds of thousands of lines a second): locals, no per-line hooks
-        # unless a subclass overrides them.
+    def _ingest(self, node: int, stream: str, data: bytes) -> None:
+        """Handle ``data`` (whole lines, each ending in a newline) read from one stream: write
+        every rank's lines to its log with one call (flushed), then emit one
+        :class:`LineBatch` per (rank, stream), so no line reaches a consumer before the run
+        directory has it.
+
+        The hot path (hundreds of thousands of lines a second) works per run of consecutive
+        lines of one rank, not per line: the chunk is decoded once, a run's end is found with
+        one regex search (the first line without the run's prefix), its lines come out of one
+        ``str.split`` on "newline + prefix", prefixes already gone, and each rank's file gets
+        them back encoded, exact (invalid UTF-8 round-trips through ``surrogateescape``). Only
+        lines without a rank prefix are looked at one by one."""
         ts = time.time()
-        cls = type(self)
-        ctrl = self._control_line if cls._control_line is not Backend._control_line else None
-        split = self._split if cls._split is not Backend._split else None
-        tee = _TEE_RE.match
-        base = node * self.manifest.gpus_per_node
-        per_target: dict[tuple[int, int | None], list[bytes]] = {}
-        events: list[Event] = []
-        add = events.append
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        try:
+            text = data.decode("utf-8")
+            dirty = False
+        except UnicodeDecodeError:
+            text = data.decode("utf-8", "surrogateescape")
+            dirty = True
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")  # a CR before the newline is not part of a line
+        if type(self)._split is not Backend._split:
+            groups = self._group_per_line(node, stream, text)
+        else:
+            groups = self._group_runs(node, stream, text)
         hosts = [st.host for st in self._nodes]
-        rank: int | None
-        for raw in lines:
-            if raw[-1:] == b"\r":
-                raw = raw[:-1]
-            if ctrl is not None and ctrl(node, stream, raw):
-                continue
-            if split is not None:
-                n, rank, body = split(node, raw)
-            else:
-                n = node
-                m = tee(raw)
-                if m is not None:
-                    rank, body = base + int(m.group(1)), raw[m.end() :]
-                else:
-                    rank, body = None, raw
-            if rank is None:
-                self._scan_table(n, body)
-            key = (n, rank)
-            chunk = per_target.get(key)
-            if chunk is None:
-                per_target[key] = chunk = []
-            chunk.append(body)
-            add(LineEvent(n, rank, stream, body.decode("utf-8", "replace"), ts, hosts[n]))
-        for (n, rank), chunk in per_target.items():
-            chunk.append(b"")
-            self.run.append(n, rank, stream, b"\n".join(chunk))
+        events: list[Event] = []
+        for (n, rank), lines in groups.items():
+            lines.append("")
+            self.run.append(n, rank, stream, "\n".join(lines).encode("utf-8", "surrogateescape"))
+            lines.pop()
+            if dirty:
+                lines = [_shown(x) for x in lines]
+            events.append(LineBatch(n, rank, stream, tuple(lines), ts, hosts[n]))
         self._last_activity = time.monotonic()
         self._emit_many(events)
+
+    def _group_runs(self, node: int, stream: str, text: str) -> dict[_Key, list[str]]:
+        """{(node, rank): [lines without prefixes, in order]} for ``text`` (whole lines) split
+        by torchrun's ``[default<L>]:`` tee prefixes. ``_control_line`` sees only the lines
+        without a rank prefix."""
+        cls = type(self)
+        ctrl = self._control_line if cls._control_line is not Backend._control_line else None
+        base = node * self.manifest.gpus_per_node
+        groups: dict[_Key, list[str]] = {}
+        tee, next_tagged, runs = _TEE_STR_RE.match, _NEXT_TAGGED_RE.search, _RUNS
+        pos, end_all = 0, len(text)
+        while pos < end_all:
+            m = tee(text, pos)
+            if m is None:  # lines with no rank prefix, up to the next line that has one
+                nm = next_tagged(text, pos)
+                end = nm.end() if nm is not None else end_all
+                self._untagged(node, stream, text[pos:end], ctrl, groups)
+                pos = end
+                continue
+            g = m.group(1)
+            run = runs.get(g)
+            if run is None:
+                run = _run_of(g)
+            run_end, sep, plen, local = run
+            em = run_end(text, pos)
+            end = em.end() if em is not None else end_all
+            # Every line up to ``end`` starts with this run's prefix: split on "\n" + prefix.
+            lines = text[pos + plen : end - 1].split(sep)
+            key = (node, base + local)
+            lst = groups.get(key)
+            if lst is None:
+                groups[key] = lines
+            else:
+                lst += lines
+            pos = end
+        return groups
+
+    def _untagged(
+        self,
+        node: int,
+        stream: str,
+        run: str,
+        ctrl: Callable[[int, str, bytes], bool] | None,
+        groups: dict[_Key, list[str]],
+    ) -> None:
+        """Lines of ``node`` no rank prefix names (launcher chatter, torchrun's failure table)."""
+        lines = run.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        kept = groups.setdefault((node, None), [])
+        for line in lines:
+            raw = line.encode("utf-8", "surrogateescape")
+            if ctrl is not None and ctrl(node, stream, raw):
+                continue
+            self._scan_table(node, raw)
+            kept.append(line)
+        if not kept:
+            del groups[(node, None)]
+
+    def _group_per_line(self, node: int, stream: str, text: str) -> dict[_Key, list[str]]:
+        """Like :meth:`_group_runs`, line by line through the subclass's ``_split``."""
+        cls = type(self)
+        ctrl = self._control_line if cls._control_line is not Backend._control_line else None
+        groups: dict[_Key, list[str]] = {}
+        lines = text.split("\n")
+        lines.pop()  # text ends with a newline
+        for line in lines:
+            raw = line.encode("utf-8", "surrogateescape")
+            if ctrl is not None and ctrl(node, stream, raw):
+                continue
+            n, rank, body = self._split(node, raw)
+            if rank is None:
+                self._scan_table(n, body)
+            lst = groups.get((n, rank))
+            if lst is None:
+                groups[(n, rank)] = lst = []
+            lst.append(body.decode("utf-8", "surrogateescape"))
+        return groups
 
     def _scan_table(self, node: int, body: bytes) -> None:
         """Follow torchrun's ChildFailedError table in a node's unattributed lines."""

@@ -11,6 +11,7 @@ run's ``DTRAIN_RUN_ID`` in its environment (found through /proc): nothing of the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 import shlex
@@ -24,6 +25,18 @@ from pathlib import Path
 
 from engine.events import STDERR, STDOUT
 from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
+
+# Bytes asked of a node's pipe per read, and the pipe size asked for (Linux; unprivileged
+# processes may go up to /proc/sys/fs/pipe-max-size, 1 MiB by default). Under a firehose a big
+# pipe means fewer, bigger reads: the reader's cost per line falls and ranks block less.
+READ_BYTES = 1 << 20
+PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def _grow_pipe(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
 
 
 def free_port() -> int:
@@ -122,7 +135,8 @@ class LocalBackend(Backend):
             assert proc.stdout is not None and proc.stderr is not None
             for stream, pipe in ((STDOUT, proc.stdout), (STDERR, proc.stderr)):
                 fd = pipe.fileno()
-                self._add_stream(i, stream, functools.partial(os.read, fd, 65536))
+                _grow_pipe(fd)
+                self._add_stream(i, stream, functools.partial(os.read, fd, READ_BYTES))
 
     def _node_exit(self, node: int) -> tuple[bool, int | None]:
         code = self._procs[node].poll()

@@ -3,12 +3,18 @@
 Start is all or nothing: connect to every node (``~/.ssh/config`` through paramiko's own
 ``SSHConfig``: alias, user, port, identity file, ProxyJump; key file by path or the agent), check
 each host key against known_hosts (an unknown key is refused, with its SHA256 fingerprint, unless
-the user accepts new keys; a changed key is always refused), upload the bundle by SFTP, and only
-when every node is ready start each node's script. A node that cannot be reached or fails auth is
-reported by name and nothing is started.
+the user accepts new keys; a changed key is always refused), and start one wrapper per node, which
+receives the bundle (one tar) on its stdin, unpacks it, runs ``--remote-setup`` and reports ready;
+only when every node is ready does any node get "go" and start its script. A node that cannot be
+reached, fails auth or whose setup fails is reported by name and nothing is started; the wrappers
+that were ready remove what they unpacked.
+
+Per node that is one TCP connection (key exchange, one public-key auth) and one exec channel: no
+SFTP session, no second channel, no further round trips. ssh config and known_hosts are read
+once per start and a key file is parsed once for all nodes; the bundle is tarred once.
 
 On each node the script runs under ``setsid`` (its own session and process group) inside a small
-bash wrapper that prints the group id first (``@@dtrain-pgid N``, consumed here, never logged)
+bash wrapper that prints the group id first (``@@dtrain-ready N``, consumed here, never logged)
 and watches the SSH channel's stdin: when the connection drops, stdin reaches EOF and the wrapper
 kills the group and every process tagged with the run's ``DTRAIN_RUN_ID``. ``stop`` does the same
 over a fresh channel. Nothing typed by the user reaches a remote shell unquoted, except
@@ -32,15 +38,18 @@ from engine.events import STDERR, STDOUT
 from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
 from engine.specs import Host
 
-BUNDLE_TAR = "bundle.tar"
 _READY_RE = re.compile(rb"^@@dtrain-ready (\d+)$")
 # What a wrapper's early exit status means (see remote_command).
 _EARLY_EXIT = {
     96: "--remote-setup failed",
     97: "cannot enter the remote work directory",
-    98: "cannot unpack the bundle (is tar installed?)",
+    98: "cannot receive or unpack the bundle (are head and tar installed?)",
     99: "start cancelled",
 }
+
+# Client-side preference among the ciphers paramiko offers: AES-GCM first (one AEAD pass per
+# packet instead of AES-CTR plus a separate HMAC); the rest of paramiko's order follows unchanged.
+_PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 # Kill, on one node, every process whose environment carries DTRAIN_RUN_ID=$RID (torchrun starts
 # its ranks in sessions of their own, so a process-group kill alone can miss them).
@@ -105,8 +114,8 @@ class _HostKeyPolicy:
                 field="host key",
                 keys=[(self.label, "unknown", key.get_name(), fp)],
             )
-        self.backend._record_host_key(hostname, key)
-        self.backend._notes.append(f"{self.label}: accepted new host key {key.get_name()} {fp}")
+        if self.backend._record_host_key(hostname, key):
+            self.backend._notes.append(f"{self.label}: accepted new host key {key.get_name()} {fp}")
 
 
 class SshBackend(Backend):
@@ -120,7 +129,6 @@ class SshBackend(Backend):
         self._chans: list[Any] = []
         self._pgids: dict[int, int] = {}
         self._pgid_seen = threading.Condition()
-        self._remote_dirs: list[str] = []
         self._kh_lock = threading.Lock()
         self._notes: list[str] = []
         self._killed: set[int] = set()
@@ -128,6 +136,9 @@ class SshBackend(Backend):
         self._keys: dict[str, Any] = {}
         self._went: set[int] = set()
         self._tar: bytes | None = None
+        self._host_keys: Any = None  # known_hosts, parsed once per start
+        self._recorded: set[tuple[str, str]] = set()
+        self._aborted = False
 
     # ------------------------------------------------------------------ host resolution
 
@@ -163,13 +174,37 @@ class SshBackend(Backend):
             proxy_jump=c.get("proxyjump"),
         )
 
-    def _record_host_key(self, hostname: str, key: Any) -> None:
-        """Append an accepted key to the known_hosts file (never other key material)."""
+    def _load_known_hosts(self) -> Any:
+        """known_hosts as paramiko ``HostKeys``, read once for all nodes (empty when missing)."""
+        import paramiko
+
+        kh = self._known_hosts_path()
+        keys = paramiko.HostKeys()
+        if kh.is_file():
+            try:
+                keys.load(str(kh))
+            except Exception as e:  # noqa: BLE001
+                raise LaunchError(
+                    f"{kh}: cannot read known hosts: {e}", field="--known-hosts"
+                ) from None
+        return keys
+
+    def _record_host_key(self, hostname: str, key: Any) -> bool:
+        """Append an accepted key to the known_hosts file (never other key material), once per
+        start; later connections (another node through the same jump host) then check it as a
+        known key. False when it was already recorded."""
         path = self._known_hosts_path()
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with self._kh_lock:
+            if (hostname, line) in self._recorded:
+                return False
+            self._recorded.add((hostname, line))
+            if self._host_keys is not None:
+                self._host_keys.add(hostname, key.get_name(), key)
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+                f.write(line)
+            return True
 
     def _jump_chain(self, t: Target, cfg: Any, depth: int) -> Any:
         """Connect through ``ProxyJump a[,b...]`` hop by hop; a channel to ``t`` at the end."""
@@ -223,13 +258,15 @@ class SshBackend(Backend):
             sock = self._jump_chain(t, cfg, depth)
         client = paramiko.SSHClient()
         kh = self._known_hosts_path()
-        if kh.is_file():
-            try:
-                client.load_host_keys(str(kh))
-            except Exception as e:  # noqa: BLE001
-                raise LaunchError(
-                    f"{kh}: cannot read known hosts: {e}", field="--known-hosts"
-                ) from None
+        # Only this host's known keys (from the known_hosts read once for every node), under
+        # the name paramiko checks: "[host]:port", or "host" for port 22.
+        name = known_hosts_name(t.hostname, t.port)
+        with self._kh_lock:
+            if self._host_keys is None:
+                self._host_keys = self._load_known_hosts()
+            known = self._host_keys.lookup(name)
+            for ktype, key in (known or {}).items():
+                client.get_host_keys().add(name, ktype, key)
         # Duck-typed policy (paramiko is imported only inside functions, so no subclass here).
         client.set_missing_host_key_policy(cast(Any, _HostKeyPolicy(self, t.label)))
         to = self.options.connect_timeout_s
@@ -247,6 +284,7 @@ class SshBackend(Backend):
                 banner_timeout=to,
                 auth_timeout=to,
                 sock=sock,
+                transport_factory=_transport,
             )
         except HostKeyError:
             client.close()
@@ -289,17 +327,21 @@ class SshBackend(Backend):
         targets = [self._target(i, h, cfg) for i, h in enumerate(self.options.hosts)]
         n = len(targets)
         self._node_clients = [None] * n
-        self._remote_dirs = [""] * n
         self._chans = [None] * n
+        # Once for every node, before any connection: the tar, known_hosts, the key file.
+        self._bundle_tar()
+        with self._kh_lock:
+            self._host_keys = self._load_known_hosts()
+        for t in targets:
+            if len(t.identity) == 1:
+                self._load_key(t.identity[0])
 
-        # Every node at once: connect, upload, start the wrapper, which runs --remote-setup,
-        # unpacks the bundle, reports ready and then waits for "go". Only when every node is
-        # ready does any node get "go": a node that can't be reached, fails auth or whose setup
-        # fails is named and nothing runs anywhere (all or nothing).
+        # Every node at once: connect, start the wrapper (one exec channel), which receives the
+        # bundle on stdin, unpacks it, runs --remote-setup, reports ready and then waits for
+        # "go". Only when every node is ready does any node get "go": a node that can't be
+        # reached, fails auth or whose setup fails is named and nothing runs anywhere.
         def prepare(t: Target) -> None:
-            client = self._connect(t, cfg)
-            self._node_clients[t.node] = client
-            self._remote_dirs[t.node] = self._upload(t, client)
+            self._node_clients[t.node] = self._connect(t, cfg)
             self._launch_node(t)
             self._wait_ready(t)
 
@@ -360,32 +402,46 @@ class SshBackend(Backend):
                 self._pgid_seen.wait(0.05)
 
     def _abort_prepared(self) -> None:
-        """After a failed start: close every wrapper before "go" (they exit without running
-        anything) and remove what was uploaded."""
-        for chan in self._chans:
-            if chan is not None:
+        """After a failed start: close every wrapper's stdin before "go" (it then removes what
+        it unpacked and exits without running anything) and wait until they did. A wrapper still
+        busy (a slow --remote-setup) has its directory removed over a fresh channel instead."""
+        if self._aborted:
+            return
+        self._aborted = True
+        waiting: list[int] = []
+        for node, chan in enumerate(self._chans):
+            if chan is not None and node not in self._went:
                 with contextlib.suppress(Exception):
                     chan.shutdown_write()
-        for client, remote_dir in zip(self._node_clients, self._remote_dirs, strict=True):
-            if client is not None and remote_dir:
-                parent = str(PurePosixPath(remote_dir).parent)
-                with contextlib.suppress(Exception):
-                    _run_quiet(
-                        client,
-                        f"rm -rf -- {shlex.quote(remote_dir)}; "
-                        f"rmdir -- {shlex.quote(parent)} 2>/dev/null; true",
-                    )
+                waiting.append(node)
+        deadline = time.monotonic() + 3.0
+        for node in waiting:
+            chan = self._chans[node]
+            while not (chan.exit_status_ready() or chan.closed) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        for node in waiting:
+            chan, client = self._chans[node], self._node_clients[node]
+            if chan.exit_status_ready() or chan.closed or client is None:
+                continue
+            with contextlib.suppress(Exception):
+                _run_quiet(
+                    client,
+                    f"dir={self._remote_dir_expr(node)}; "
+                    'rm -rf -- "$dir"; rmdir -- "${dir%/*}" 2>/dev/null; true',
+                )
 
-    def _remote_base(self, sftp: Any) -> str:
+    def _remote_dir_expr(self, node: int) -> str:
+        """Shell expression of the node's fresh directory under --remote-workdir (one per node:
+        on a shared filesystem, an NFS home, nodes must not race). ``~`` is the remote $HOME; a
+        relative path is under the login directory. Always absolute, always quoted."""
         wd = self.options.remote_workdir
-        home = sftp.normalize(".")
-        if wd == "~":
-            return str(home)
-        if wd.startswith("~/"):
-            return str(PurePosixPath(home) / wd[2:])
+        rel = str(PurePosixPath(self.run_id) / f"node{node}")
+        if wd == "~" or wd.startswith("~/"):
+            rest = wd[2:].strip("/")
+            return '"$HOME"/' + shlex.quote(str(PurePosixPath(rest) / rel) if rest else rel)
         if not wd.startswith("/"):
-            return str(PurePosixPath(home) / wd)
-        return wd
+            return '"$PWD"/' + shlex.quote(str(PurePosixPath(wd) / rel))
+        return shlex.quote(str(PurePosixPath(wd) / rel))
 
     def _bundle_tar(self) -> bytes:
         """The run's bundle as one uncompressed tar (modes kept), built once for all nodes."""
@@ -402,31 +458,9 @@ class SshBackend(Backend):
                 self._tar = buf.getvalue()
             return self._tar
 
-    def _upload(self, t: Target, client: Any) -> str:
-        """SFTP the bundle (one tar, unpacked by the node's command) into a fresh directory."""
-        import io
-
-        try:
-            sftp = client.open_sftp()
-        except Exception as e:  # noqa: BLE001
-            raise LaunchError(f"{t.label}: cannot open SFTP: {e}", field="ssh") from None
-        try:
-            # One directory per node: on a shared filesystem (NFS home) nodes must not race.
-            base = PurePosixPath(self._remote_base(sftp)) / self.run_id / f"node{t.node}"
-            _sftp_makedirs(sftp, base)
-            sftp.putfo(io.BytesIO(self._bundle_tar()), str(base / BUNDLE_TAR), confirm=True)
-            return str(base)
-        except LaunchError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise LaunchError(
-                f"{t.label}: upload to {self.options.remote_workdir} failed: {e}", field="ssh"
-            ) from None
-        finally:
-            sftp.close()
-
-    def remote_command(self, node: int, remote_dir: str) -> str:
-        """The exact command sent to ``node`` (also written to RUN/commands/node<i>.txt)."""
+    def remote_command(self, node: int) -> str:
+        """The exact command sent to ``node`` (also written to RUN/commands/node<i>.txt). Its
+        stdin first carries the bundle tar (exactly its size, read by ``head -c``), then "go"."""
         env = self.node_env()
         rid = env.pop("DTRAIN_RUN_ID")
         exports = " ".join(f"export {k}={shlex.quote(v)};" for k, v in sorted(env.items()))
@@ -436,16 +470,22 @@ class SshBackend(Backend):
             [
                 f"RID={shlex.quote(rid)}",
                 _SWEEP_FN,
+                f"dir={self._remote_dir_expr(node)}",
+                # Undo this node's part of a start that did not happen.
+                'dtrain_clean() { cd / && rm -rf -- "$dir"; rmdir -- "${dir%/*}" 2>/dev/null; }',
+                'mkdir -p -- "$dir" || exit 97',
+                # The bundle, straight from the channel (no SFTP session, no file to unpack).
+                f'head -c {len(self._bundle_tar())} | tar -xf - -C "$dir" '
+                "|| { dtrain_clean; exit 98; }",
                 # --remote-setup is a shell command by design (e.g. activating an environment).
                 "{",
                 setup or ":",
-                "} || exit 96",
+                "} || { dtrain_clean; exit 96; }",
                 exports or ":",
-                f"cd {shlex.quote(remote_dir)} || exit 97",
-                f"tar -xf {BUNDLE_TAR} || exit 98",  # (the tar stays: one process fewer per node)
+                'cd -- "$dir" || { dtrain_clean; exit 97; }',
                 # Ready (and our process group id); then nothing runs until dtrain-tui says go.
                 'echo "@@dtrain-ready $$"',
-                'IFS= read -r go && [ "$go" = go ] || exit 99',
+                'IFS= read -r go && [ "$go" = go ] || { dtrain_clean; exit 99; }',
                 "exec 3<&0",
                 f'DTRAIN_RUN_ID="$RID" bash ./{shlex.quote(script)} </dev/null &',
                 "child=$!",
@@ -462,7 +502,9 @@ class SshBackend(Backend):
         return f"exec setsid -w bash -c {shlex.quote(inner)}"
 
     def _launch_node(self, t: Target) -> None:
-        cmd = self.remote_command(t.node, self._remote_dirs[t.node])
+        """Start the node's wrapper on one exec channel and send it the bundle on stdin."""
+        tar = self._bundle_tar()
+        cmd = self.remote_command(t.node)
         self.run.write_command(t.node, cmd)
         client = self._node_clients[t.node]
         transport = client.get_transport()
@@ -476,6 +518,14 @@ class SshBackend(Backend):
         self._chans[t.node] = chan
         self._add_stream(t.node, STDOUT, lambda: chan.recv(65536))
         self._add_stream(t.node, STDERR, lambda: chan.recv_stderr(65536))
+        try:
+            chan.sendall(tar)
+        except Exception as e:  # noqa: BLE001
+            if not (chan.closed or chan.exit_status_ready()):
+                raise LaunchError(
+                    f"{t.label}: sending the bundle failed: {e}", field="ssh"
+                ) from None
+            # The wrapper exited before reading it all: _wait_ready reports why.
 
     def _control_line(self, node: int, stream: str, line: bytes) -> bool:
         if stream == STDOUT and node not in self._pgids:
@@ -557,6 +607,18 @@ class SshBackend(Backend):
                 c.close()
 
 
+def _transport(sock: Any, **kwargs: Any) -> Any:
+    """paramiko Transport preferring AES-GCM (see _PREFERRED_CIPHERS); same algorithms offered."""
+    import paramiko
+
+    t = paramiko.Transport(sock, **kwargs)
+    opts = t.get_security_options()
+    offered = list(opts.ciphers)
+    first = [c for c in _PREFERRED_CIPHERS if c in offered]
+    opts.ciphers = tuple(first + [c for c in offered if c not in first])
+    return t
+
+
 def _run_quiet(client: Any, cmd: str, timeout: float = 10.0) -> int:
     """Run ``cmd`` on a connected client; its exit status (-1 on timeout)."""
     chan = client.get_transport().open_session()
@@ -567,24 +629,3 @@ def _run_quiet(client: Any, cmd: str, timeout: float = 10.0) -> int:
     status = int(chan.recv_exit_status()) if chan.exit_status_ready() else -1
     chan.close()
     return status
-
-
-def _sftp_makedirs(sftp: Any, path: PurePosixPath) -> None:
-    """mkdir -p over SFTP, deepest first (one request when the parent exists)."""
-    try:
-        sftp.mkdir(str(path))
-        return
-    except OSError:
-        pass
-    try:
-        sftp.stat(str(path))
-        return  # exists (maybe made meanwhile by another node sharing this filesystem)
-    except OSError:
-        pass
-    if path.parent == path:
-        raise OSError(f"cannot create {path}")
-    _sftp_makedirs(sftp, path.parent)
-    try:
-        sftp.mkdir(str(path))
-    except OSError:
-        sftp.stat(str(path))

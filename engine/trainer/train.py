@@ -152,8 +152,15 @@ class Config:
                 else ("fsdp" if (bundle / "fsdp.json").exists() else "ddp")
             )
         if fw == "megatron":
+            # A 3D plan exists because one replica does not fit: a full-size DDP replica would
+            # run out of memory. Keep the real widths (so collectives have the real shapes) but
+            # only two blocks, and say so: this is a cluster smoke test, not the real run.
+            if args.layers is None and self.layers > 2:
+                self.layers = 2
             print(
-                f"{PREFIX} megatron layouts run here as DDP (the example trainer has no TP/PP)",
+                f"{PREFIX} note: the example trainer has no TP/PP; this 3D plan runs as a "
+                f"{self.layers}-block data-parallel smoke test over every rank. Train the real "
+                "model with Megatron-LM and megatron_args.txt",
                 flush=True,
             )
             fw = "ddp"

@@ -179,10 +179,13 @@ def write_bundle(out: Path, *args: str, steps: int = 3, nodes: int = 1) -> Path:
 
 
 def collect(backend: Any, timeout: float = 180.0) -> list[Any]:
-    """Poll ``backend`` until done; every event, in order."""
+    """Poll ``backend`` until done; every event, in order, line batches spelled out line by
+    line (:func:`engine.events.per_line`)."""
+    from engine.events import per_line
+
     events: list[Any] = []
     deadline = time.monotonic() + timeout
     while not backend.done:
         assert time.monotonic() < deadline, "run did not end in time"
-        events.extend(backend.poll(0.2))
+        events.extend(per_line(backend.poll(0.2)))
     return events

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import LineEvent, RankExit, RunStateChanged
+from engine.events import LineEvent, RankExit, RunStateChanged, per_line
 from engine.launch import LaunchOptions
 from engine.launch.local import LocalBackend
 from engine.launch.rundir import read_run
@@ -108,7 +108,7 @@ def test_sigkill_one_rank_fails_the_run_naming_it_and_leaves_no_process(tmp_path
     deadline = time.monotonic() + 120
     while not any(isinstance(e, LineEvent) and e.rank == 1 and "step=2/" in e.line for e in events):
         assert time.monotonic() < deadline and not backend.done, "rank 1 never reached step 2"
-        events.extend(backend.poll(0.2))
+        events.extend(per_line(backend.poll(0.2)))
     pid = rank_pid(backend.run_id, 1)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -159,7 +159,7 @@ def test_stop_ends_stopped_and_kills_everything(tmp_path: Path) -> None:
     backend.start()
     got: list[object] = []
     while not any(isinstance(e, LineEvent) and e.rank == 1 for e in got):
-        got.extend(backend.poll(0.2))
+        got.extend(per_line(backend.poll(0.2)))
     # A line is on disk before any consumer sees it.
     assert (tmp_path / "run" / "logs" / "rank1.stdout.log").read_text() == "hello\n"
     backend.stop()
@@ -226,3 +226,41 @@ def test_leftover_child_holding_the_output_does_not_keep_the_run_alive(tmp_path:
     collect(backend, timeout=30)
     assert backend.state == "succeeded"
     assert wait_no_pids(backend.run_id) == []
+
+
+def test_odd_output_is_split_per_rank_exactly_on_disk_and_in_events(tmp_path: Path) -> None:
+    # Runs of one rank, interleaved ranks, lines with no rank prefix, CRLF, empty lines, a
+    # prefix look-alike inside a line, bad UTF-8 and a last line with no newline.
+    raw = (
+        b"[default0]:a1\n[default0]:a2\r\n[default1]:b1\n\nlauncher says hi\r\n"
+        b"[default1]:b2 [default0]:not a prefix\n[default0]:\n[default]:no rank\n"
+        b"[default1]:bad \xff\xfe utf8\n[default0]:a3\n[default1]:b3 no newline"
+    )
+    (tmp_path / "raw.bin").write_bytes(raw)
+    b = _fake_bundle(tmp_path, f"cat {tmp_path / 'raw.bin'}\ncat {tmp_path / 'raw.bin'} >&2\n")
+    backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=60))
+    backend.start()
+    events = collect(backend, timeout=60)
+
+    # What each target must hold, line by line (an independent, obvious split).
+    want: dict[int | None, list[bytes]] = {}
+    for line in raw.split(b"\n"):
+        line = line.removesuffix(b"\r")
+        rank = None
+        for r in (0, 1):
+            if line.startswith(f"[default{r}]:".encode()):
+                rank, line = r, line[len(f"[default{r}]:") :]
+        want.setdefault(rank, []).append(line + b"\n")
+    logs = tmp_path / "run" / "logs"
+    for stream in ("stdout", "stderr"):
+        for r in (0, 1):
+            assert (logs / f"rank{r}.{stream}.log").read_bytes() == b"".join(want[r])
+            shown = [
+                e.line
+                for e in events
+                if isinstance(e, LineEvent) and e.rank == r and e.stream == stream
+            ]
+            assert shown == [x[:-1].decode("utf-8", "replace") for x in want[r]]
+    # Unattributed lines of both streams go to the node log.
+    assert (logs / "node0.log").read_bytes().count(b"launcher says hi\n") == 2
+    assert backend.state == "succeeded"

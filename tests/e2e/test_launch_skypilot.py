@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.events import LineEvent, RankExit
+from engine.events import LineEvent, RankExit, per_line
 from engine.launch import LaunchError, LaunchOptions
 from engine.launch.rundir import read_run
 from engine.launch.skypilot import SkyPilotBackend, cluster_name_for
@@ -183,7 +183,7 @@ def test_stop_cancels_the_job_and_downs_only_on_request(
     b.start()
     got: list[object] = []
     while not any(isinstance(e, LineEvent) and e.line.startswith("W1122") for e in got):
-        got.extend(b.poll(0.1))
+        got.extend(per_line(b.poll(0.1)))
     b.stop()
     collect(b, timeout=30)
     assert b.state == "stopped"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import LineEvent
+from engine.events import LineEvent, per_line
 from engine.launch import LaunchError, LaunchOptions
 from engine.launch.rundir import read_run
 from engine.launch.ssh import HostKeyError, SshBackend
@@ -122,7 +122,7 @@ def test_sigkill_a_rank_on_node_1_fails_naming_it_and_cleans_every_node(
     deadline = time.monotonic() + 120
     while not any(isinstance(e, LineEvent) and e.rank == 3 and "step=2/" in e.line for e in seen):
         assert time.monotonic() < deadline and not backend.done
-        seen.extend(backend.poll(0.2))
+        seen.extend(per_line(backend.poll(0.2)))
     pid = rank_pid(backend.run_id, 3)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -145,7 +145,7 @@ def test_connection_drop_fails_the_run_and_the_node_cleans_itself_up(
     backend.start()
     got: list[object] = []
     while sum(isinstance(e, LineEvent) and e.line == "up" for e in got) < 2:
-        got.extend(backend.poll(0.2))
+        got.extend(per_line(backend.poll(0.2)))
     assert len(run_pids(backend.run_id)) >= 4
     # The network to node 1 goes away: its TCP connection is cut under paramiko.
     backend._node_clients[1].get_transport().sock.shutdown(2)

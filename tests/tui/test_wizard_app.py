@@ -49,7 +49,7 @@ async def _app_wide(tmp_path: Path) -> None:
         await pilot.pause(0.5)
         await pilot.press("enter")
         await settle(pilot)
-        assert (tmp_path / "out" / "bundle.json").exists()
+        assert (tmp_path / "out" / "bundle.json").exists(), text_of(app, "#status-line")
         # Ctrl+O: the profiles dialog; loading a built-in profile refills every step.
         await pilot.press("ctrl+o")
         await pilot.pause(0.2)

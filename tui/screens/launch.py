@@ -11,7 +11,7 @@ from textual.containers import Horizontal
 from textual.widgets import Button, Select, Static
 
 from engine.specs import Backend, LaunchSpec
-from tui.screens.step import StepPane
+from tui.screens.step import StepPane, set_text
 from tui.widgets.field_row import FieldRow
 
 
@@ -84,10 +84,16 @@ class LaunchStep(StepPane):
         where = (
             "this machine" if backend == "local" else ", ".join(model.hosts) or "a SkyPilot cluster"
         )
-        self.query_one("#launch-summary", Static).update(
-            f"{self.dtrain.spec.hardware.world_size} rank(s) on {where}; "
+        hw = self.dtrain.spec.hardware
+        text = (
+            f"{hw.world_size} rank(s), {hw.nodes} node(s) × {hw.gpus_per_node}, on {where}; "
             f"the bundle is written to {self.dtrain.out_dir} first."
         )
+        if backend == "local" and hw.nodes > 1:
+            text += (
+                f"\n⚠ local runs every node's ranks on this machine ({hw.world_size} processes)."
+            )
+        set_text(self.query_one("#launch-summary", Static), text)
         return []
 
     @on(Button.Pressed, "#start")
