@@ -74,6 +74,10 @@ _TABLE_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
 # Seconds between SIGTERM and SIGKILL when stopping a node.
 STOP_GRACE_S = 5.0
 SUPERVISE_INTERVAL_S = 0.1
+# Output queued for the consumer (bytes since its last poll) above which a stream reader pauses,
+# for at most PENDING_WAIT_S per read.
+MAX_PENDING_BYTES = 2 << 20
+PENDING_WAIT_S = 0.25
 # Seconds a node's output may stay open after its script ended (a leftover child holds it).
 LINGER_S = 5.0
 
@@ -139,6 +143,7 @@ class Backend(ABC):
     """Abstract launch backend. Use: ``start()``, then ``poll()`` until ``done``; ``stop()``."""
 
     name = "base"
+    max_pending_bytes = MAX_PENDING_BYTES
 
     def __init__(
         self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
@@ -149,6 +154,8 @@ class Backend(ABC):
         self.run = RunDir(run_dir or default_run_dir(self.manifest.name))
         self.run_id = f"{self.run.path.name}-{int(time.time() * 1000) % 10**8}"
         self._events: list[Event] = []
+        self._pending_bytes = 0
+        """Bytes of lines queued since the consumer's last poll."""
         self._cond = threading.Condition()
         self._nodes: list[NodeState] = []
         self._state = "starting"
@@ -254,6 +261,9 @@ class Backend(ABC):
             if not self._events and not self._final.is_set():
                 self._cond.wait(timeout)
             out, self._events = self._events, []
+            if self._pending_bytes:
+                self._pending_bytes = 0
+                self._cond.notify_all()
             return out
 
     def stop(self) -> None:
@@ -392,7 +402,19 @@ class Backend(ABC):
                 lines = [_shown(x) for x in lines]
             events.append(LineBatch(n, rank, stream, tuple(lines), ts, hosts[n]))
         self._last_activity = time.monotonic()
-        self._emit_many(events)
+        with self._cond:
+            self._events.extend(events)
+            self._pending_bytes += len(data)
+            self._cond.notify_all()
+            if self._pending_bytes > self.max_pending_bytes:
+                # The consumer is behind (a busy screen): stop reading for a moment, as a
+                # terminal does, instead of taking the GIL from it and piling up memory. The
+                # ranks block on their pipe meanwhile; the wait is bounded, so a consumer that
+                # does not poll only slows this down.
+                self._cond.wait_for(
+                    lambda: self._pending_bytes <= self.max_pending_bytes or self._final.is_set(),
+                    PENDING_WAIT_S,
+                )
 
     def _group_runs(self, node: int, stream: str, text: str) -> dict[_Key, list[str]]:
         """{(node, rank): [lines without prefixes, in order]} for ``text`` (whole lines) split

@@ -114,7 +114,7 @@ class _HostKeyPolicy:
                 field="host key",
                 keys=[(self.label, "unknown", key.get_name(), fp)],
             )
-        if self.backend._record_host_key(hostname, key):
+        if self.backend._record_host_key(hostname, key, self.label):
             self.backend._notes.append(f"{self.label}: accepted new host key {key.get_name()} {fp}")
 
 
@@ -137,7 +137,6 @@ class SshBackend(Backend):
         self._went: set[int] = set()
         self._tar: bytes | None = None
         self._host_keys: Any = None  # known_hosts, parsed once per start
-        self._recorded: set[tuple[str, str]] = set()
         self._aborted = False
 
     # ------------------------------------------------------------------ host resolution
@@ -189,18 +188,30 @@ class SshBackend(Backend):
                 ) from None
         return keys
 
-    def _record_host_key(self, hostname: str, key: Any) -> bool:
+    def _record_host_key(self, hostname: str, key: Any, label: str) -> bool:
         """Append an accepted key to the known_hosts file (never other key material), once per
         start; later connections (another node through the same jump host) then check it as a
-        known key. False when it was already recorded."""
+        known key. False when another connection of this start already accepted this very key;
+        a different key for the same host (two connections racing, one of them intercepted) is
+        refused as changed."""
         path = self._known_hosts_path()
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with self._kh_lock:
-            if (hostname, line) in self._recorded:
-                return False
-            self._recorded.add((hostname, line))
-            if self._host_keys is not None:
-                self._host_keys.add(hostname, key.get_name(), key)
+            if self._host_keys is None:
+                self._host_keys = self._load_known_hosts()
+            known = self._host_keys.lookup(hostname)
+            if known:
+                if key in known.values():
+                    return False
+                first = next(iter(known.values()))
+                raise HostKeyError(
+                    f"{label}: host key CHANGED for {hostname} while starting: got "
+                    f"{key.get_name()} {fingerprint(key)}, another connection accepted "
+                    f"{fingerprint(first)}; refusing",
+                    field="host key",
+                    keys=[(label, "changed", key.get_name(), fingerprint(key))],
+                )
+            self._host_keys.add(hostname, key.get_name(), key)
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
                 f.write(line)
@@ -378,9 +389,8 @@ class SshBackend(Backend):
 
     def _wait_ready(self, t: Target) -> None:
         chan = self._chans[t.node]
-        deadline = time.monotonic() + max(
-            self.options.connect_timeout_s, self.options.hang_timeout_s
-        )
+        limit = max(self.options.connect_timeout_s, self.options.hang_timeout_s)
+        deadline = time.monotonic() + limit
         with self._pgid_seen:
             while t.node not in self._pgids:
                 if chan is None or chan.exit_status_ready() or chan.closed:
@@ -396,7 +406,7 @@ class SshBackend(Backend):
                     )
                 if time.monotonic() > deadline:
                     raise LaunchError(
-                        f"{t.label}: not ready after {deadline:.0f}s (--remote-setup still running?)",
+                        f"{t.label}: not ready after {limit:.0f}s (--remote-setup still running?)",
                         field="ssh",
                     )
                 self._pgid_seen.wait(0.05)
@@ -454,7 +464,7 @@ class SshBackend(Backend):
                 with tarfile.open(fileobj=buf, mode="w") as tar:
                     for path in sorted(self.run.bundle.iterdir()):
                         if path.name != "logs":
-                            tar.add(path, arcname=path.name)
+                            tar.add(path, arcname=path.name, filter=_owned_by_extractor)
                 self._tar = buf.getvalue()
             return self._tar
 
@@ -605,6 +615,13 @@ class SshBackend(Backend):
         for c in self._clients:
             with contextlib.suppress(Exception):
                 c.close()
+
+
+def _owned_by_extractor(info: Any) -> Any:
+    """No local owner in the tar: unpacked (even as root) the files belong to the remote user."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
 
 
 def _transport(sock: Any, **kwargs: Any) -> Any:

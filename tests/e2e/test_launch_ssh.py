@@ -146,7 +146,11 @@ def test_connection_drop_fails_the_run_and_the_node_cleans_itself_up(
     got: list[object] = []
     while sum(isinstance(e, LineEvent) and e.line == "up" for e in got) < 2:
         got.extend(per_line(backend.poll(0.2)))
-    assert len(run_pids(backend.run_id)) >= 4
+    # "up" is printed before the sleeps are forked: give them a moment to exist.
+    deadline = time.monotonic() + 10
+    while len(run_pids(backend.run_id)) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(run_pids(backend.run_id)) >= 6  # per node: the script, setsid sleep, sleep
     # The network to node 1 goes away: its TCP connection is cut under paramiko.
     backend._node_clients[1].get_transport().sock.shutdown(2)
     collect(backend, timeout=60)
@@ -248,6 +252,36 @@ def test_hostile_values_never_reach_a_shell_unquoted(
     # Hosts are validated before anything runs: a hostile host is one clear error.
     with pytest.raises(ValueError, match="is not a host"):
         Host.parse("127.0.0.1;touch PWNED4")
+
+
+def test_bundle_arrives_on_stdin_under_the_remote_home(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    """``~/runs`` is under each node's own $HOME; the bundle is unpacked there from the one exec
+    channel (no SFTP, no tar file left behind), with its files and modes intact."""
+    servers, key, kh = cluster
+    b = _fake_two_node_bundle(tmp_path, 'echo "[default0]:$PWD"\nls -l launch_node0.sh >&2\n')
+    (b / "data.bin").write_bytes(bytes(range(256)) * 64)  # binary, and past one SSH packet
+    backend = SshBackend(
+        b, tmp_path / "run", _opts(servers, key, kh, tmp_path, remote_workdir="~/runs")
+    )
+    backend.start()
+    events = collect(backend)
+    assert backend.state == "succeeded", read_run(tmp_path / "run")["reason"]
+    pwds = {e.rank: e.line for e in events if isinstance(e, LineEvent) and e.rank in (0, 2)}
+    want = [str(s.home / "runs" / backend.run_id / f"node{i}") for i, s in enumerate(servers)]
+    assert [pwds[0], pwds[2]] == want
+    for d in want:
+        assert sorted(p.name for p in Path(d).iterdir()) == sorted(
+            p.name for p in b.iterdir() if p.name != "logs"
+        )
+        assert (Path(d) / "data.bin").read_bytes() == (b / "data.bin").read_bytes()
+        assert os.access(Path(d) / "launch_node0.sh", os.X_OK) == os.access(
+            b / "launch_node0.sh", os.X_OK
+        )
+    cmd = (tmp_path / "run" / "commands" / "node0.txt").read_text()
+    assert '"$HOME"/' in cmd and "head -c " in cmd
+    assert wait_no_pids(backend.run_id) == []
 
 
 def test_ssh_config_alias_and_proxy_jump(

@@ -243,6 +243,12 @@ class MonitorScreen(Screen[None]):
         last_state_post = last_post
         changed = False
         while not worker.is_cancelled and not self._stop_reader.is_set():
+            if changed and not self._ready.is_set():
+                # The screen is still taking in the last batch: leave new lines with the source
+                # (its own reader keeps them) instead of competing with the UI thread for the
+                # GIL; key presses are answered sooner and the next batch is bigger.
+                self._ready.wait(0.05)
+                continue
             done = source.done
             events = [] if done else source.poll(0.02)
             if events:
@@ -341,10 +347,8 @@ class MonitorScreen(Screen[None]):
                 if nbuf is None:
                     nbuf = self.node_buffers[node] = PaneBuffer(self.max_lines, tagged=True)
                     new_panes = new_panes or self.view == "node"
-                for tag, chunk in chunks:
-                    nbuf.extend(chunk, tag)
-            for tag, chunk in msg.nccl:
-                self.nccl_buffer.extend(chunk, tag)
+                nbuf.extend_chunks(chunks)
+            self.nccl_buffer.extend_chunks(msg.nccl)
             self.snapshot = msg.snapshot
             for r in msg.snapshot.ranks:
                 if r not in self.rank_buffers:
@@ -361,7 +365,10 @@ class MonitorScreen(Screen[None]):
             if now - self._chrome_at >= CHROME_INTERVAL_S or new_panes:
                 self._render_chrome()
         finally:
-            self._ready.set()
+            # Ready for the next batch once this one is on screen: the reader does not take
+            # the GIL from the UI thread while it paints.
+            if not self.call_after_refresh(self._ready.set):
+                self._ready.set()
             self.max_batch_ms = max(self.max_batch_ms, 1000 * (time.perf_counter() - t0))
 
     def on_run_finished(self, msg: RunFinished) -> None:

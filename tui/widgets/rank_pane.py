@@ -46,10 +46,30 @@ class PaneBuffer:
         self.total = 0
 
     def extend(self, lines: Sequence[str], tag: int | None = None) -> None:
+        n = len(lines)
+        keep = self.texts.maxlen
+        if keep is not None and n > keep:
+            lines = lines[n - keep :]  # the older ones would be pushed out at once
         self.texts.extend(lines)
         if self.tags is not None:
             self.tags.extend(repeat(NO_TAG if tag is None else tag, len(lines)))
-        self.total += len(lines)
+        self.total += n
+
+    def extend_chunks(self, chunks: Sequence[tuple[int | None, Sequence[str]]]) -> None:
+        """``extend`` with each (tag, lines) chunk in order; chunks that the newer ones would
+        push out are only counted, so a batch costs at most the lines the pane keeps."""
+        need = self.texts.maxlen
+        start = len(chunks)
+        if need is None:
+            start = 0
+        else:
+            while start > 0 and need > 0:
+                start -= 1
+                need -= len(chunks[start][1])
+        for i in range(start):
+            self.total += len(chunks[i][1])
+        for tag, lines in chunks[start:]:
+            self.extend(lines, tag)
 
     @property
     def first_index(self) -> int:
@@ -186,7 +206,12 @@ class RankPane(ScrollView, can_focus=True):
         self._update_view()
         self.virtual_size = Size(self.size.width, len(self.lines))
         if at_end:
-            self._to_end()
+            if self.size.height > 0:
+                # Now, so the frame that shows the new lines is the one at the end (a deferred
+                # scroll paints the pane twice per batch).
+                self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+            else:
+                self._to_end()
         elif self.pattern is None and evicted > 0:
             # Keep the rows under the reader still while old lines fall off the top.
             self.scroll_to(y=max(0, self.scroll_y - evicted), animate=False, immediate=True)
