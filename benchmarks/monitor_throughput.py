@@ -241,6 +241,9 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         "lines_per_s": delivered / elapsed if elapsed else 0.0,
         "max_key_delay_ms": 1000 * max(key_delays) if key_delays else -1.0,
         "p50_key_delay_ms": 1000 * sorted(key_delays)[len(key_delays) // 2] if key_delays else -1.0,
+        "p95_key_delay_ms": (
+            1000 * sorted(key_delays)[int(len(key_delays) * 0.95)] if key_delays else -1.0
+        ),
         "keys": float(len(key_delays)),
         "max_timer_lag_ms": 1000 * max(lags) if lags else -1.0,
         "rss_growth_mb": rss1 - rss0,
@@ -277,6 +280,7 @@ def main() -> int:
     print(
         f"mode={args.mode} lines={int(res['lines'])} complete={int(ok)} "
         f"lines_per_s={res['lines_per_s']:.0f} max_key_delay_ms={res['max_key_delay_ms']:.1f} "
+        f"p95_key_delay_ms={res['p95_key_delay_ms']:.1f} "
         f"max_timer_lag_ms={res['max_timer_lag_ms']:.1f} rss_growth_mb={res['rss_growth_mb']:.1f} "
         f"cpu_us_per_line={res['cpu_us_per_line']:.2f} max_batch_ui_ms={res['max_batch_ui_ms']:.1f} "
         f"load_avg={res['load_avg_1m']:.1f}"

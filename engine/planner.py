@@ -135,6 +135,9 @@ class _Ctx:
 
 
 def _gib(n: float) -> str:
+    """Bytes for a reason line: GiB, or MiB below 1 GiB so small models don't read as 0.0 GiB."""
+    if abs(n) < 1024**3:
+        return f"{n / 1024**2:.1f} MiB"
     return f"{n / 1024**3:.1f} GiB"
 
 

@@ -27,6 +27,7 @@ import contextlib
 import os
 import re
 import shlex
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -281,6 +282,17 @@ class SshBackend(Backend):
         # Duck-typed policy (paramiko is imported only inside functions, so no subclass here).
         client.set_missing_host_key_policy(cast(Any, _HostKeyPolicy(self, t.label)))
         to = self.options.connect_timeout_s
+        if sock is None:
+            try:
+                sock = socket.create_connection((t.hostname, t.port), timeout=to)
+            except OSError as e:
+                raise LaunchError(
+                    f"{t.label}: cannot connect to {t.hostname}:{t.port}: {e.strerror or e}",
+                    field="ssh",
+                ) from None
+            # SSH start-up is many small request/response messages: without TCP_NODELAY each
+            # one waits out Nagle plus the peer's delayed ACK (~40 ms a round trip).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         pkey = self._load_key(t.identity[0]) if len(t.identity) == 1 else None
         try:
             client.connect(

@@ -264,3 +264,23 @@ def test_odd_output_is_split_per_rank_exactly_on_disk_and_in_events(tmp_path: Pa
     # Unattributed lines of both streams go to the node log.
     assert (logs / "node0.log").read_bytes().count(b"launcher says hi\n") == 2
     assert backend.state == "succeeded"
+
+
+def test_a_consumer_that_falls_behind_slows_the_readers_but_loses_nothing(tmp_path: Path) -> None:
+    # Past max_pending_bytes unread, the stream reader pauses (bounded): the run still ends
+    # while nobody polls, and then every line is there, in order, on disk and in the events.
+    n = 3000
+    body = (
+        f"python3 -c 'import sys\nfor i in range({n}): "
+        f'print(f"[default0]:line {{i:05d}} " + "x" * 100)\''
+        "\n"
+    )
+    b = _fake_bundle(tmp_path, body)
+    backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=60))
+    backend.max_pending_bytes = 4096
+    backend.start()
+    assert backend.wait(60) == "succeeded"
+    events = collect(backend, timeout=10)
+    want = [f"line {i:05d} " + "x" * 100 for i in range(n)]
+    assert [e.line for e in events if isinstance(e, LineEvent) and e.rank == 0] == want
+    assert (tmp_path / "run" / "logs" / "rank0.stdout.log").read_text().splitlines() == want

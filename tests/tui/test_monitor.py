@@ -287,6 +287,29 @@ def test_line_pattern() -> None:
         LinePattern("re:(")
 
 
+def test_pane_buffer_keeps_the_same_tail_and_count_when_a_batch_overflows_it() -> None:
+    # A batch bigger than the pane skips the lines it would push out at once: the kept
+    # lines, their tags and the count must be those of feeding every line in turn.
+    chunks: list[tuple[int | None, list[str]]] = [
+        (r % 3 if r % 4 else None, [f"r{r} line {i}" for i in range(n)])
+        for r, n in enumerate([3, 0, 7, 1, 12, 5, 9, 2])
+    ]
+    for keep in (1, 4, 10, 25, 100):
+        fast, slow = PaneBuffer(keep, tagged=True), PaneBuffer(keep, tagged=True)
+        fast.extend_chunks(chunks)
+        for tag, lines in chunks:
+            for line in lines:
+                slow.extend([line], tag)
+        assert (list(fast.texts), fast.tags, fast.total) == (
+            list(slow.texts),
+            slow.tags,
+            slow.total,
+        )
+        one = PaneBuffer(keep)
+        one.extend([x for _, lines in chunks for x in lines])
+        assert list(one.texts) == list(slow.texts) and one.total == slow.total
+
+
 # ---- snapshots ----------------------------------------------------------------------------------
 
 

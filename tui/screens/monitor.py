@@ -171,6 +171,7 @@ class MonitorScreen(Screen[None]):
         self._relayout_pending = False
         self._gc_saved: tuple[int, ...] = gc.get_threshold()
         self._chrome_at = 0.0
+        self._strip_len = -1
         self._stop_armed_at = 0.0
         self._switch_saved = sys.getswitchinterval()
         for r in range(world_size):
@@ -495,7 +496,7 @@ class MonitorScreen(Screen[None]):
             header.append(f"  filter {self.pattern.text!r}", "bold yellow")
         if snap.errors:
             header.append(f"  {len(snap.errors)} errors", "bold red")
-        self.query_one("#mon-header", Static).update(header)
+        self.query_one("#mon-header", Static).update(header, layout=False)  # one row, always
 
         strip = Text(overflow="fold")
         for r in sorted(snap.ranks):
@@ -516,7 +517,10 @@ class MonitorScreen(Screen[None]):
                 strip.append(f"r{r}{glyph}{exit_text(st.exit_code)} ", sty)
             else:
                 strip.append(f"r{r}{glyph} ", sty)
-        self.query_one("#mon-strip", Static).update(strip)
+        # The strip wraps to at most two rows: a layout only when its length changed.
+        strip_len = len(strip.plain)
+        self.query_one("#mon-strip", Static).update(strip, layout=strip_len != self._strip_len)
+        self._strip_len = strip_len
 
         for pane in self._grid_panes():
             pane.border_title = self._pane_title(pane.key)

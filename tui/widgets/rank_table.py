@@ -55,11 +55,19 @@ class RankTable(Static):
         self.idle_after_s = idle_after_s
         self.selected: int | None = None
         self._last: Snapshot | None = None
+        self._shown: Text | None = None
+        self._rows = -1
 
     def show(self, snap: Snapshot, selected: int | None = None) -> None:
         self._last = snap
         self.selected = selected
-        self.update(self.render_table(snap))
+        table = self.render_table(snap)
+        if table == self._shown:  # same text and styles
+            return
+        # Lay the screen out again only when the table's height may change (rows added).
+        rows = table.plain.count("\n")
+        self.update(table, layout=rows != self._rows)
+        self._shown, self._rows = table, rows
 
     def render_table(self, snap: Snapshot) -> Text:
         out = Text(no_wrap=True, overflow="ellipsis")
