@@ -305,7 +305,8 @@ class Backend(ABC):
         return None
 
     def _control_line(self, node: int, stream: str, line: bytes) -> bool:
-        """Hook: consume a backend control line (not logged); True when consumed."""
+        """Hook: consume a backend control line (not logged); True when consumed. Sees the lines
+        without a torchrun rank prefix (and every line when ``_split`` is overridden)."""
         return False
 
     def _close(self) -> None:
