@@ -114,7 +114,10 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
     src.add_argument("--spec", type=Path, metavar="FILE", help="spec file (TOML or YAML)")
     # SUPPRESS: a value given before the subcommand (`dtrain-tui --config-dir X plan`) is kept.
     src.add_argument(
-        "--profile", metavar="NAME", default=argparse.SUPPRESS, help="saved profile or built-in preset"
+        "--profile",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help="saved profile or built-in preset",
     )
     src.add_argument(
         "--config-dir",
