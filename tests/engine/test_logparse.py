@@ -27,7 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = next(
     (
         p
-        for p in (REPO / "shared/fixtures/logs", REPO.parent / "shared/fixtures/logs")
+        # A copy ships in tests/data/logs (licences in its README); ../shared is the original.
+        for p in (
+            REPO / "tests/data/logs",
+            REPO / "shared/fixtures/logs",
+            REPO.parent / "shared/fixtures/logs",
+        )
         if p.is_dir()
     ),
     REPO.parent / "shared/fixtures/logs",
