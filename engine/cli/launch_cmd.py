@@ -139,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
             )
         spec = spec_from_args(args)
         spec_launch = spec.launch
+        if args.profile:
+            from profiles.store import ProfileStore
+
+            # "Rerun last week's job": the profile list sorts and shows by last use.
+            ProfileStore(getattr(args, "config_dir", None)).mark_used(args.profile)
         from engine.planner import plan as make_plan
         from engine.writers import write_bundle
 
