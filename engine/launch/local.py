@@ -28,8 +28,10 @@ from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
 
 # Bytes asked of a node's pipe per read, and the pipe size asked for (Linux; unprivileged
 # processes may go up to /proc/sys/fs/pipe-max-size, 1 MiB by default). Under a firehose a big
-# pipe means fewer, bigger reads: the reader's cost per line falls and ranks block less.
-READ_BYTES = 1 << 20
+# pipe means fewer, bigger reads: the reader's cost per line falls and ranks block less. A read
+# is a quarter of the pipe: one read's processing holds the GIL in pieces of a few ms at most
+# (a consumer such as the monitor's UI thread waits on it), and the pipe still buffers the rest.
+READ_BYTES = 256 << 10
 PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 

@@ -53,6 +53,11 @@ SWITCH_INTERVAL_S = 0.001
 """GIL hand-over interval while the monitor is open (CPython's default is 5 ms): the reader
 thread is CPU-bound under a firehose, and each of the few event-loop hops a key press takes
 waits up to one interval for the GIL."""
+SOURCE_PENDING_BYTES = 128 << 10
+"""Output a launch backend may queue for the monitor before its readers wait for a poll (at
+most one read's worth goes on while the screen paints; its default is megabytes)."""
+PANES_PER_FRAME = 6
+"""Panes that take in new lines per frame (a batch's panes are spread over several frames)."""
 CHROME_INTERVAL_S = 0.25
 """Header, rank strip, table, chart and pane titles redraw at most this often under a firehose
 (panes themselves follow every batch); a state change (exit, finish) redraws at once."""
@@ -235,6 +240,11 @@ class MonitorScreen(Screen[None]):
         except Exception as e:  # noqa: BLE001 - shown to the user as one line
             self.post_message(RunFinished("failed", f"could not start: {one_line(e)}"))
             return
+        if getattr(source, "max_pending_bytes", 0) > SOURCE_PENDING_BYTES:
+            # A launch backend's readers pause once this much output waits for our next poll:
+            # while the screen paints (and this thread waits for it) they soon stop taking the
+            # GIL from the UI thread, instead of reading on for megabytes.
+            source.max_pending_bytes = SOURCE_PENDING_BYTES  # type: ignore[attr-defined]
         lines: dict[int, list[str]] = {}
         nodes: dict[int, list[tuple[int | None, Sequence[str]]]] = {}
         nccl: list[tuple[int | None, Sequence[str]]] = []
@@ -359,18 +369,34 @@ class MonitorScreen(Screen[None]):
             self.batches += 1
             if new_panes:
                 await self._relayout()
-            for pane in self._grid_panes():
-                pane.sync()
-            self.query_one("#nccl-pane", RankPane).sync()
             now = time.monotonic()
             if now - self._chrome_at >= CHROME_INTERVAL_S or new_panes:
                 self._render_chrome()
+            self._sync_panes([*self._grid_panes(), self.query_one("#nccl-pane", RankPane)])
+        except BaseException:
+            self._ready.set()
+            raise
         finally:
-            # Ready for the next batch once this one is on screen: the reader does not take
-            # the GIL from the UI thread while it paints.
-            if not self.call_after_refresh(self._ready.set):
-                self._ready.set()
             self.max_batch_ms = max(self.max_batch_ms, 1000 * (time.perf_counter() - t0))
+
+    def _sync_panes(self, panes: list[RankPane]) -> None:
+        """Show the new lines in ``panes``, :data:`PANES_PER_FRAME` per frame: a frame that
+        repaints every pane of a 160x48 grid holds the event loop for tens of ms, several small
+        ones let key presses in between. Ready for the next batch once this one is on screen:
+        the reader does not take the GIL from the UI thread while it paints."""
+        try:
+            for pane in panes[:PANES_PER_FRAME]:
+                if pane.is_attached:
+                    pane.sync()
+        except BaseException:
+            self._ready.set()
+            raise
+        rest = panes[PANES_PER_FRAME:]
+        if rest:
+            if not self.call_after_refresh(self._sync_panes, rest):
+                self._sync_panes(rest)
+        elif not self.call_after_refresh(self._ready.set):
+            self._ready.set()
 
     def on_run_finished(self, msg: RunFinished) -> None:
         self.finished = msg.state

@@ -20,7 +20,7 @@ from itertools import repeat
 
 from rich.segment import Segment
 from rich.style import Style
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -302,25 +302,61 @@ class RankPane(ScrollView, can_focus=True):
 
     # ---- drawing -----------------------------------------------------------------------
 
+    def notify_style_update(self) -> None:
+        self._styles = None
+        super().notify_style_update()
+
+    def _row_styles(self) -> tuple[Style, Style, Style]:
+        """(base, tag, error) styles: looked up once per style change, not once per row (each
+        lookup walks the DOM, and under a firehose every visible row of every pane is redrawn
+        several times a second: those walks were a third of a frame's cost)."""
+        key = (self.has_focus, frozenset(self.classes), self.app.current_theme.name)
+        cached = self._styles
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        base = self.rich_style
+        styles = (
+            base,
+            base + self.get_component_rich_style("rank-pane--tag"),
+            base + self.get_component_rich_style("rank-pane--error"),
+        )
+        self._styles = (key, styles)
+        return styles
+
+    _styles: tuple[object, tuple[Style, Style, Style]] | None = None
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._render_ctx = (
+            self.scrollable_content_region.width,
+            int(self.scroll_y),
+            *self._row_styles(),
+        )
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._render_ctx = None
+
+    _render_ctx: tuple[int, int, Style, Style, Style] | None = None
+
     def render_line(self, y: int) -> Strip:
-        width = self.scrollable_content_region.width
-        row = int(self.scroll_y) + y
+        ctx = self._render_ctx
+        if ctx is None:
+            ctx = (self.scrollable_content_region.width, int(self.scroll_y), *self._row_styles())
+        width, scroll_y, base, tag_style, error_style = ctx
+        row = scroll_y + y
         lines = self.lines
         if row >= len(lines) or width <= 0:
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, base)
         text = lines[row]
-        base = self.rich_style
         segments: list[Segment] = []
         tags = self.tags
         if tags is not None:
             tag = tag_text(tags[row])
-            segments.append(
-                Segment(f"{tag:>4}│ ", base + self.get_component_rich_style("rank-pane--tag"))
-            )
+            segments.append(Segment(f"{tag:>4}│ ", tag_style))
         text = text.expandtabs(4)
         style = base
         if classify_error(text) is not None:
-            style = base + self.get_component_rich_style("rank-pane--error")
+            style = error_style
         if row == self._highlight_row:
             style = style + Style(reverse=True)
         if self.pattern is not None:
