@@ -404,7 +404,3 @@ _NETWORKS: dict[NetworkTier, NetworkType] = {
 def get_network(tier: NetworkTier | str) -> NetworkType:
     """The catalog entry for a network tier."""
     return _NETWORKS[NetworkTier(tier)]
-
-
-def list_networks() -> list[NetworkType]:
-    return list(_NETWORKS.values())

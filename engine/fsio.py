@@ -30,3 +30,14 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def unused_path(path: Path, tag: str, ext: str = "") -> Path:
+    """``NAME<tag><ext>`` beside ``path``, or ``NAME<tag>-<n><ext>`` when that is taken, so a
+    backup never replaces an earlier one (``ds_config.json.bak-<time>``, ``p.toml.v1.bak``)."""
+    candidate = path.with_name(f"{path.name}{tag}{ext}")
+    n = 1
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}{tag}-{n}{ext}")
+        n += 1
+    return candidate

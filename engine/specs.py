@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -467,9 +467,6 @@ class Spec(_Strict):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     layout: LayoutSpec = Field(default_factory=LayoutSpec)
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
-
-
-Positive = Annotated[int, Field(ge=1)]
 
 
 def demo_spec() -> Spec:

@@ -34,7 +34,7 @@ from tomlkit.exceptions import TOMLKitError
 from tomlkit.toml_document import TOMLDocument
 
 from engine.errors import validation_messages
-from engine.fsio import atomic_write_text
+from engine.fsio import atomic_write_text, unused_path
 from engine.specs import Spec
 from profiles.schema import (
     SCHEMA_VERSION,
@@ -634,9 +634,4 @@ def _valid_name(stem: str) -> bool:
 def _free_backup(path: Path, tag: int | str) -> Path:
     """``NAME.toml.v1.bak`` (or ``.broken.bak``), numbered if one is already there."""
     label = f"v{tag}" if isinstance(tag, int) else tag
-    cand = path.with_name(f"{path.name}.{label}.bak")
-    i = 1
-    while cand.exists():
-        cand = path.with_name(f"{path.name}.{label}.{i}.bak")
-        i += 1
-    return cand
+    return unused_path(path, f".{label}", ".bak")

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from engine.bundle import MANIFEST, BundleManifest
 from engine.errors import DtrainError
-from engine.fsio import atomic_write_text
+from engine.fsio import atomic_write_text, unused_path
 from engine.plan import Plan
 from engine.specs import Framework
 from engine.writers.common import (
@@ -199,15 +199,6 @@ def _previous(out: Path) -> tuple[dict[str, str], bool]:
         return {}, False
 
 
-def _backup_name(path: Path, stamp: str) -> Path:
-    candidate = path.with_name(f"{path.name}.bak-{stamp}")
-    n = 1
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}.bak-{stamp}-{n}")
-        n += 1
-    return candidate
-
-
 def write_bundle(
     plan: Plan,
     out_dir: Path,
@@ -265,7 +256,7 @@ def write_bundle(
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     for name, _why in conflicts:
         path = out / name
-        bak = _backup_name(path, stamp)
+        bak = unused_path(path, f".bak-{stamp}")
         os.replace(path, bak)
         report.backed_up[name] = bak.name
         if name in files:
