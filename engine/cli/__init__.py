@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from engine.errors import DtrainError, one_line
 
@@ -55,8 +56,15 @@ def _commands_needed(words: list[str]) -> str | None:
     return _NONE
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line naming the option, plus where to look; not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dtrain-tui",
         description="Plan, configure, launch and watch distributed training.",
     )

@@ -108,6 +108,13 @@ _LAUNCH_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
 ]
 
 
+def _metavar(kw: dict[str, Any]) -> dict[str, Any]:
+    """``--layers N`` in help, not ``--layers MODEL__LAYERS`` (the dest)."""
+    if "metavar" in kw or "choices" in kw:
+        return kw
+    return {**kw, "metavar": "N" if kw.get("type") in (int, float) else "VALUE"}
+
+
 def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -> None:
     """Add the spec options (and, with ``launch``, the launch options) to ``parser``."""
     src = parser.add_argument_group("spec source")
@@ -128,10 +135,10 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
     )
     g = parser.add_argument_group("model")
     for opt, fld, kw in _MODEL_OPTS:
-        g.add_argument(opt, dest=f"model__{fld}", default=None, **kw)
+        g.add_argument(opt, dest=f"model__{fld}", default=None, **_metavar(kw))
     g = parser.add_argument_group("hardware, network, training, forced layout")
     for opt, sec, fld, kw in _OTHER_OPTS:
-        g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **kw)
+        g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
     g.add_argument(
         "--sequence-parallel",
         dest="layout__sequence_parallel",
@@ -141,7 +148,7 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
     if launch:
         g = parser.add_argument_group("launch")
         for opt, sec, fld, kw in _LAUNCH_OPTS:
-            g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **kw)
+            g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
         g.add_argument(
             "--hosts",
             dest="launch__hosts",
