@@ -32,6 +32,8 @@ def validation_messages(exc: ValidationError, prefix: str = "") -> list[str]:
         msg = str(err.get("msg", "invalid"))
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
+        if err.get("type") == "finite_number":
+            msg = "must be a finite number (not nan or inf)"
         if err.get("type") == "extra_forbidden":
             msg = "unknown key (check its spelling; `dtrain-tui plan --help` lists the keys)"
         # A model-level validator already names its field: don't repeat the section.

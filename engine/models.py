@@ -60,12 +60,18 @@ def _cfg(c: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+MAX_DIM = 2**31
+"""Largest dimension read from a config.json: a 10**30 hidden size is a broken file, not a model."""
+
+
 def _need_int(c: dict[str, Any], field: str, *keys: str, default: int | None = None) -> int:
     v = _cfg(c, *keys, default=default)
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+        shown = repr(v)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise SpecError(
-            f"config.json has no positive integer {keys[0]!r} (got {v!r}); fix the file or pass "
-            "--layers/--hidden/--heads/--vocab instead",
+            f"config.json has no positive integer {keys[0]!r} up to {MAX_DIM} (got {shown}); "
+            "fix the file or pass --layers/--hidden/--heads/--vocab instead",
             field=f"model.config_path ({field})",
         )
     return v
@@ -91,7 +97,7 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
         layers = _need_int(c, "layers", "n_layer")
         heads = _need_int(c, "heads", "n_head")
         kv = heads
-        ffn = _cfg(c, "n_inner") or 4 * h
+        ffn = _need_int(c, "ffn", "n_inner", default=4 * h)
         vocab = _need_int(c, "vocab", "vocab_size")
         arch = _Arch(
             norm_bias=True, qkv_bias=True, o_bias=True, mlp_bias=True, learned_positions=True
@@ -129,7 +135,7 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
         else:
             kv = heads
         bias = bool(c.get("bias", False))
-        ffn = _cfg(c, "ffn_hidden_size") or 4 * h
+        ffn = _need_int(c, "ffn", "ffn_hidden_size", default=4 * h)
         vocab = _need_int(c, "vocab", "vocab_size")
         norms = 2 if new_arch else (1 if c.get("parallel_attn", True) else 2)
         if new_arch and c.get("num_ln_in_parallel_attn") == 1:
@@ -148,7 +154,7 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
         kv = _need_int(c, "kv_heads", "num_key_value_heads", default=heads)
         ffn = _need_int(c, "ffn", "intermediate_size")
         vocab = _need_int(c, "vocab", "vocab_size")
-        head_dim = _cfg(c, "head_dim") or h // heads
+        head_dim = _need_int(c, "head_dim", "head_dim", default=max(h // heads, 1))
         gated = True
         tie = bool(c.get("tie_word_embeddings", mt in ("gemma", "gemma2")))
         max_pos = _cfg(c, "max_position_embeddings")
@@ -305,6 +311,15 @@ def load_hf_config(path: Path) -> ModelDims:
     except json.JSONDecodeError as e:
         raise SpecError(
             f"{p} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
+            field="model.config_path",
+        ) from None
+    except RecursionError:
+        raise SpecError(
+            f"{p} nests too deeply to be a Hugging Face config.json", field="model.config_path"
+        ) from None
+    except ValueError:  # an integer of more than 4300 digits
+        raise SpecError(
+            f"{p} holds a number too long to be a model dimension; fix the file",
             field="model.config_path",
         ) from None
     if not isinstance(data, dict):

@@ -32,6 +32,8 @@ class RankStatus(StrEnum):
     """Ended with exit code 0."""
     FAILED = "failed"
     """Ended with a non-zero code, a signal, or was lost."""
+    STOPPED = "stopped"
+    """Stopped by the user's stop (no exit code of its own): not a failure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,8 @@ class RankState:
             return "exited 0"
         if self.status is RankStatus.FAILED:
             return "failed " + exit_text(self.exit_code)
+        if self.status is RankStatus.STOPPED:
+            return "stopped"
         if self.status is RankStatus.RUNNING and self.last_line_ts is not None:
             idle = now - self.last_line_ts
             if idle >= idle_after_s:
@@ -227,7 +231,12 @@ class MonitorState:
         st = self.rank(ev.rank, ev.node, ev.host)
         st.exit_code = ev.exit_code
         st.reason = ev.reason
-        st.status = RankStatus.EXITED if ev.exit_code == 0 else RankStatus.FAILED
+        if ev.exit_code == 0:
+            st.status = RankStatus.EXITED
+        elif ev.exit_code is None and ev.reason == "stopped":  # the launcher stopped it
+            st.status = RankStatus.STOPPED
+        else:
+            st.status = RankStatus.FAILED
         st.hung = False
 
     def ingest_run_state(self, ev: RunStateChanged) -> None:
@@ -235,7 +244,7 @@ class MonitorState:
         self.run_message = ev.message
         for r in ev.failed_ranks:
             st = self.rank(r)
-            if st.status not in (RankStatus.EXITED, RankStatus.FAILED):
+            if st.status not in (RankStatus.EXITED, RankStatus.FAILED, RankStatus.STOPPED):
                 st.status = RankStatus.FAILED
         if ev.state in ("succeeded", "failed", "stopped"):
             for st in self.ranks.values():

@@ -13,9 +13,16 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Self
+from typing import Self, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class Precision(StrEnum):
@@ -105,8 +112,35 @@ class PPSchedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+def _number_kinds(annotation: object) -> tuple[bool, bool]:
+    """(takes a number, takes a bool) for a field's annotation such as ``int | None``."""
+    args = get_args(annotation) or (annotation,)
+    number = any(a in (int, float) for a in args)
+    return number, bool in args
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+    # allow_inf_nan=False: nan/inf are refused as "not a finite number" before any range check
+    # (which would report nan as "should be ≤ 10000"), so no config file ever holds Infinity.
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_enum_values=False, allow_inf_nan=False
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lax_numbers(cls, v: object, info: ValidationInfo) -> object:
+        """A number field takes a number: not ``yes``/``true`` (YAML's bools, which pydantic
+        would read as 1) and not a string of non-ASCII digits (``"٣"``)."""
+        if not isinstance(v, bool | str) or info.field_name is None:
+            return v
+        number, takes_bool = _number_kinds(cls.model_fields[info.field_name].annotation)
+        if not number or takes_bool:
+            return v
+        if isinstance(v, bool):
+            raise ValueError(f"must be a number, not {str(v).lower()}")
+        if not v.isascii():
+            raise ValueError(f"{v!r} is not a number; use the digits 0-9")
+        return v
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
@@ -162,9 +196,31 @@ class ModelSpec(_Strict):
     @classmethod
     def _count(cls, v: object) -> object:
         return None if v is None else parse_count(v)
+        from engine.errors import DtrainError
+        from engine.models import preset_config
+
+        try:
+            preset_config(v)
+        except DtrainError as e:
+            raise ValueError(e.message) from None
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        source = "config_path" if self.config_path is not None else "preset" if self.preset else ""
+        if source:
+            # A preset or config.json sets every dimension: a --layers beside it would be
+            # silently ignored, so it is refused instead.
+            if self.config_path is not None and self.preset:
+                raise ValueError(
+                    "model.preset: give one model source, a preset or a config.json, not both"
+                )
+            for name in _DIMENSION_FIELDS:
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"model.{name}: the {source.replace('_', ' ')} sets the model's dimensions; "
+                        f"drop {name}, or drop the {source.replace('_', ' ')} and give every dimension"
+                    )
         if self.heads is not None and self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(
                 f"model.kv_heads: {self.kv_heads} must divide model.heads ({self.heads}); "
@@ -190,6 +246,21 @@ class ModelSpec(_Strict):
     def has_source(self) -> bool:
         """True when some source of model dimensions was given."""
         return bool(self.config_path or self.preset or self.params or (self.layers and self.hidden))
+
+
+_DIMENSION_FIELDS = (
+    "params",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "vocab",
+    "ffn",
+    "gated_mlp",
+    "num_experts",
+    "experts_per_token",
+)
+"""ModelSpec fields a preset or a config.json would override (so they are refused beside one)."""
 
 
 class ModelDims(BaseModel):
@@ -350,9 +421,12 @@ class LayoutSpec(_Strict):
         return any(v is not None for v in self.model_dump().values())
 
 
+# No part may start with "-": the name reaches ssh, pdsh and the hostfile, where "-oX" is an option.
 _HOST_RE = re.compile(
-    r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.\-]*)@)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$"
+    r"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.\-]*)@)?(?P<host>[A-Za-z0-9_.][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?"
 )
+ADDR_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.\-]*|\[?[0-9A-Fa-f:.]+\]?")
+"""A rendezvous address: a host name or an IP (IPv6 may be bracketed); matched whole."""
 
 
 class Host(BaseModel):
@@ -366,10 +440,11 @@ class Host(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> Host:
-        m = _HOST_RE.match(text.strip())
+        m = _HOST_RE.fullmatch(text.strip())
         if not m:
             raise ValueError(
-                f"{text!r} is not a host; write [user@]host[:port] with letters, digits, . _ - only"
+                f"{text!r} is not a host; write [user@]host[:port] with letters, digits, . _ - only "
+                "(not starting with -)"
             )
         port = m.group("port")
         return cls(host=m.group("host"), user=m.group("user"), port=int(port) if port else None)
@@ -426,6 +501,16 @@ class LaunchSpec(_Strict):
         for h in v:
             Host.parse(h)
         return [h.strip() for h in v]
+
+    @field_validator("master_addr")
+    @classmethod
+    def _master_addr(cls, v: str | None) -> str | None:
+        if v is not None and not ADDR_RE.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a host name or IP address; use letters, digits and . _ - : only "
+                "(not starting with -)"
+            )
+        return v
 
     @field_validator("env")
     @classmethod

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import itertools
 import os
-import shutil
+import stat
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,7 +35,7 @@ from tomlkit.exceptions import TOMLKitError
 from tomlkit.toml_document import TOMLDocument
 
 from engine.errors import validation_messages
-from engine.fsio import atomic_write_text, unused_path
+from engine.fsio import atomic_write_text, sweep_stale_temps
 from engine.specs import Spec
 from profiles.schema import (
     SCHEMA_VERSION,
@@ -374,10 +375,8 @@ class ProfileStore:
             return _validate(_unwrap(doc), path, name)
         migrate(doc, _where(path))
         prof = _validate(_unwrap(doc), path, name)  # a broken old file stays untouched
-        backup = _free_backup(path, version)
         try:
-            shutil.copy2(path, backup)
-            os.chmod(backup, FILE_MODE)
+            _backup(path, version)
             atomic_write_text(path, doc.as_string(), mode=FILE_MODE)
         except OSError:
             # A read-only config dir: use the migrated profile in memory, leave the file be.
@@ -395,8 +394,20 @@ class ProfileStore:
     # ------------------------------------------------------------------ writing
 
     def _ensure_dir(self) -> None:
+        """Create the profiles dir (0700); tighten an existing one of ours to 0700. Never
+        through a symlink: a profiles dir linked to a shared directory keeps that directory's
+        mode (the files in it are 0600 all the same)."""
         self.profiles_dir.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        os.chmod(self.profiles_dir, DIR_MODE)
+        try:
+            fd = os.open(self.profiles_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return  # a symlink (ELOOP) or unreadable: leave its mode alone
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != DIR_MODE:
+                os.fchmod(fd, DIR_MODE)
+        finally:
+            os.close(fd)
 
     def save(self, profile: Profile, *, name: str | None = None, overwrite: bool = True) -> Path:
         """Write ``profile`` as ``<profiles dir>/NAME.toml`` (NAME: ``name`` or the profile's).
@@ -409,6 +420,8 @@ class ProfileStore:
         if prof.profile.created is None:
             prof.profile.created = now_utc()
         check_secrets(prof.model_dump(mode="json", exclude_none=True), where=f"profile {name!r}")
+        # Temp files of a save that was killed outright (SIGKILL) are no one's: clear them.
+        sweep_stale_temps(self.profiles_dir)
         # Whole-model validation (model_copy skips it): catches a spec assembled field by field.
         try:
             prof = Profile.model_validate(prof.model_dump())
@@ -429,12 +442,12 @@ class ProfileStore:
                 start = migrate(doc, _where(path))
                 if start < SCHEMA_VERSION:  # keep the original, as load does
                     with _fs(path):
-                        shutil.copy2(path, _free_backup(path, start))
+                        _backup(path, start)
                 old = _validate(_unwrap(doc), path, name)
             except ProfileError:
                 # The file is broken: keep it beside the new one rather than lose it.
                 with _fs(path):
-                    shutil.copy2(path, _free_backup(path, "broken"))
+                    _backup(path, "broken")
                 doc, old = None, None
         elif self.is_builtin(name):
             try:
@@ -631,7 +644,31 @@ def _valid_name(stem: str) -> bool:
     return True
 
 
-def _free_backup(path: Path, tag: int | str) -> Path:
-    """``NAME.toml.v1.bak`` (or ``.broken.bak``), numbered if one is already there."""
+def _backup(path: Path, tag: int | str) -> Path:
+    """Copy ``path`` to a new ``NAME.toml.v1.bak`` (or ``.broken.bak``), numbered if one is
+    already there, 0600. The backup is created with O_EXCL | O_NOFOLLOW: a name taken by
+    anything, a planted symlink included, is skipped, never written or chmodded through."""
     label = f"v{tag}" if isinstance(tag, int) else tag
-    return unused_path(path, f".{label}", ".bak")
+    with path.open("rb") as src:
+        data = src.read()
+        st = os.fstat(src.fileno())
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for n in itertools.count():
+        backup = path.with_name(f"{path.name}.{label}{f'-{n}' if n else ''}.bak")
+        try:
+            fd = os.open(backup, flags, FILE_MODE)
+        except FileExistsError:
+            continue
+        try:
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), FILE_MODE)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                os.utime(f.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
+            raise
+        return backup
+    raise AssertionError("unreachable")

@@ -467,4 +467,8 @@ def run_app(profile: str | None = None, config_dir: Path | None = None) -> int:
     spec = initial_spec(profile, config_dir) if profile else None
     app = DtrainApp(spec, config_dir=config_dir, profile_name=profile)
     result = app.run()
+    # Textual's App.run returns (None) after an unhandled exception, once it has printed the
+    # traceback; a crash must never look like success to the shell.
+    if app._exception is not None or (app.return_code or 0) != 0:
+        return app.return_code or 1
     return int(result or 0)

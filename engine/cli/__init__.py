@@ -4,18 +4,20 @@ profiles) import only what they use, so ``plan --json`` starts fast and never lo
 
 Each subcommand lives in its own module exposing ``register(subparsers)``; errors a person can act
 on (:class:`engine.errors.DtrainError`, pydantic validation) print as one line and exit 2.
+Ctrl-C anywhere, even while the first modules load, exits 130 without a traceback: this module
+imports only the standard library at the top (pydantic comes with engine.errors, inside main).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
-
-from engine.errors import DtrainError, one_line
 
 # Subcommand modules, each with register(subparsers); a missing one is skipped so the CLI
 # keeps working while a command is being built.
@@ -85,8 +87,56 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_commands_needed(words))
+    # While the modules load, Ctrl-C is only recorded: raised inside an extension module's
+    # initialisation (pydantic-core's Rust init importing datetime) it makes Rust print a panic
+    # and a traceback before Python could catch anything. Loading takes a fraction of a second;
+    # a Ctrl-C that came meanwhile ends the command right after it, exit 130. Then Ctrl-C is
+    # KeyboardInterrupt again, but remembered: a library that turns it into an error of its own
+    # still ends as an interrupt.
+    interrupted: list[int] = []
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.append(signum)
+        if not loading:
+            raise KeyboardInterrupt
+
+    loading = True
+    saved = None
+    with contextlib.suppress(ValueError):  # ValueError: not the main thread
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            saved = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        words = list(sys.argv[1:] if argv is None else argv)
+        import pydantic_core  # noqa: F401 - the extension module, loaded while Ctrl-C waits
+
+        parser = build_parser(_commands_needed(words))
+        loading = False
+        if interrupted:
+            return _interrupted()
+        return _main(parser, words, interrupted)
+    except KeyboardInterrupt:
+        return _interrupted()
+    except BaseException as e:
+        # A Ctrl-C that a library (pydantic's Rust core: a PanicException, a BaseException)
+        # turned into an error of its own.
+        if interrupted and not isinstance(e, SystemExit):
+            return _interrupted()
+        raise
+    finally:
+        if saved is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, saved)
+
+
+def _interrupted() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        print("dtrain-tui: interrupted", file=sys.stderr)
+    return 130
+
+
+def _main(parser: argparse.ArgumentParser, words: list[str], interrupted: list[int]) -> int:
+    from engine.errors import DtrainError, one_line
+
     args = parser.parse_args(words)
     try:
         if args.command is None:
@@ -98,18 +148,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DtrainError as e:
         print(f"dtrain-tui: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("dtrain-tui: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         return 0
     except Exception as e:  # noqa: BLE001
+        if interrupted:  # a Ctrl-C some library turned into an error of its own
+            return _interrupted()
         from pydantic import ValidationError
 
         if isinstance(e, ValidationError):
             print(f"dtrain-tui: error: {one_line(e)}", file=sys.stderr)
             return 2
+        if isinstance(e, OSError | RecursionError | UnicodeDecodeError):
+            # A last net: each command names its own field for these; never a traceback.
+            print(f"dtrain-tui: error: {_system_error_line(e)}", file=sys.stderr)
+            return 2
         raise
+
+
+def _system_error_line(e: BaseException) -> str:
+    """One line for a file-system, encoding or nesting error no command caught itself."""
+    if isinstance(e, RecursionError):
+        text = "the input nests too deeply to read"
+    elif isinstance(e, UnicodeDecodeError):
+        text = f"a file is not UTF-8 text (byte {e.start}); save it as UTF-8"
+    elif isinstance(e, OSError) and e.filename:
+        text = f"{e.filename}: {e.strerror or e}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """``dtrain-tui launch``: start a bundle (or a spec/profile, written into the run directory
 first) on a backend, headless, printing every line prefixed by its rank (``[rank 3] ...``) or
 node (``[node 1] ...`` for launcher chatter). Exit code 0 only when every rank exited 0;
-Ctrl-C stops every rank on every node and exits 130."""
+Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stop every rank on every node (SIGTERM, then SIGKILL
+after 5 s) and exit 128 + the signal (130 for Ctrl-C); a second one kills every rank at once."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,6 +90,7 @@ def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: A
         env=dict(sl.env) if sl else {},
         master_port=getattr(args, "launch__master_port", None),
         ssh_config=args.ssh_config,
+        ssh_user=given("ssh_user", sl.ssh_user if sl else None),
         sky_cluster=given("sky_cluster", sl.sky_cluster if sl else None),
         sky_cloud=given("sky_cloud", sl.sky_cloud if sl else None),
         sky_down=bool(args.sky_down or (sl.sky_down if sl else False)),
@@ -115,11 +119,85 @@ def _spec_given(args: argparse.Namespace) -> bool:
     )
 
 
+class _Interrupted(KeyboardInterrupt):
+    """A stop signal that came while the launch was still being set up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP while a launch runs. Installed before anything slow, so no
+    signal ever ends the launcher with a traceback or leaves its ranks behind. While the run is
+    being set up and started a signal interrupts that (the backend undoes a half-done start);
+    once it runs, the handler only records the signal and the main loop stops the run: the first
+    signal asks for a stop, any later one kills every rank at once.
+
+    SIGINT is taken even when inherited as ignored (``cmd &`` in a script): an explicit SIGINT to
+    the launcher is a stop. An ignored SIGHUP (``nohup``) stays ignored."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.live = False
+        """Set once the run is going: record signals instead of interrupting."""
+        self._saved: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            try:
+                self._saved[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (run from a test's thread): no handling
+                return
+
+    def restore(self) -> None:
+        for sig, old in self._saved.items():
+            signal.signal(sig, old)
+        self._saved.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.got.append(signum)
+        if not self.live:
+            raise _Interrupted(signum)
+
+    def exit_code(self) -> int:
+        return 128 + self.got[0]
+
+
+def _say(text: str) -> None:
+    """A line on stderr; a terminal that is gone (SIGHUP) must not stop the stopping."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    stop = _StopSignals()
+    stop.install()
+    try:
+        return _run(args, stop)
+    except _Interrupted as e:
+        _say(f"dtrain-tui: interrupted ({signal.Signals(e.signum).name}) before the run started")
+        return 128 + e.signum
+    except BaseException as e:
+        # An interrupt a library turned into an error of its own (pydantic's Rust core panics
+        # with a BaseException when interrupted while loading).
+        if stop.got and not stop.live and not isinstance(e, SystemExit):
+            _say(f"dtrain-tui: interrupted ({signal.Signals(stop.got[0]).name})")
+            return stop.exit_code()
+        raise
+    finally:
+        stop.restore()
+
+
+def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
     from engine.bundle import read_manifest
+    from engine.cli.spec_options import check_launch_args
     from engine.launch import make_backend
     from engine.launch.rundir import default_run_dir
 
+    check_launch_args(args)  # --hang-timeout, --hosts, --run-dir…, also for a written bundle
     spec_launch = None
     run_dir: Path | None = args.run_dir
     if args.bundle is not None:
@@ -148,6 +226,9 @@ def run(args: argparse.Namespace) -> int:
         from engine.writers import write_bundle
 
         p = make_plan(spec)
+        from engine.writers.common import check_spec_batch
+
+        check_spec_batch(p)  # the bundle must train the global batch asked for
         from engine.writers.common import run_name
 
         run_dir = run_dir or default_run_dir(run_name(p))
@@ -161,31 +242,73 @@ def run(args: argparse.Namespace) -> int:
     options = _options(args, manifest.hosts, spec_launch)
     if kind == "local":
         options.hosts = []
+    elif kind == "ssh" and not options.hosts:
+        raise DtrainError("pass one host per node (--backend ssh needs them)", field="--hosts")
     backend = make_backend(str(kind), bundle_dir, run_dir, options)
-    out = sys.stdout
-    print(f"dtrain-tui: run directory {backend.run.path}", file=sys.stderr, flush=True)
+    _say(f"dtrain-tui: run directory {backend.run.path}")
     try:
         backend.start()
-        while not backend.done:
-            events = backend.poll(0.25)
-            if args.quiet:
-                continue
-            _print_events(events, out)
-    except KeyboardInterrupt:
-        print("dtrain-tui: stopping every rank (Ctrl-C)", file=sys.stderr, flush=True)
-        backend.stop()
-        while not backend.done:
-            _print_events(backend.poll(0.25), out)
-        print(f"dtrain-tui: run {backend.state}: {backend.run.path}", file=sys.stderr)
-        return 130
+    except _Interrupted as e:
+        stop.live = True
+        if backend.state in ("stopped", "failed"):  # start() undid itself
+            _say(f"dtrain-tui: run stopped while starting ({signal.Signals(e.signum).name})")
+            return 128 + e.signum
+        # It came just after the start: the run is going, and stops in _drive.
+    stop.live = True
+    return _drive(backend, stop, quiet=bool(args.quiet))
+
+
+# Signal names as the user knows them.
+_HOW: dict[int, str] = {
+    signal.SIGINT: "Ctrl-C",
+    signal.SIGTERM: "SIGTERM",
+    signal.SIGHUP: "SIGHUP",
+}
+KILL_WAIT_S = 30.0
+"""After the run's every process was SIGKILLed, how long to wait for it to end before leaving
+(the reaper sweeps once more when this process exits)."""
+
+
+def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
+    """Print the run until it ends; stop it on the first signal, kill it on the next."""
+    import time
+
+    out: Any = None if quiet else sys.stdout
+    asked = killed = 0
+    killed_at = 0.0
+    while not backend.done:
+        got = len(stop.got)
+        if got > asked:
+            if not asked:
+                how = _HOW.get(stop.got[0], str(stop.got[0]))
+                _say(f"dtrain-tui: stopping every rank ({how})")
+                backend.request_stop(f"stopped by the user ({how})")
+            elif not killed:
+                _say("dtrain-tui: killing every rank now (SIGKILL)")
+                backend.kill()
+                killed, killed_at = 1, time.monotonic()
+            asked = got
+        elif not asked and backend.stopping:
+            asked = -1  # a stop asked for through the run directory: say it once
+            _say("dtrain-tui: stopping every rank (stop requested from the monitor)")
+        if killed and time.monotonic() - killed_at > KILL_WAIT_S:
+            _say("dtrain-tui: the run did not end after SIGKILL; leaving it to the reaper")
+            break
+        events = backend.poll(0.1)
+        if out is not None and events:
+            try:
+                _print_events(events, out)
+            except OSError:  # stdout closed (a pipe reader gone, a terminal hung up)
+                out = None
     info = backend.run.info
     msg = info.get("reason") or ""
-    print(f"dtrain-tui: run {backend.state}: {msg} ({backend.run.path})", file=sys.stderr)
-    return backend.exit_code()
+    _say(f"dtrain-tui: run {backend.state}: {msg} ({backend.run.path})")
+    return stop.exit_code() if stop.got else int(backend.exit_code())
 
 
 def _print_events(events: list[Any], out: Any) -> None:
     from engine.events import LineBatch, LineEvent, RankExit
+    from engine.textsafe import safe_text
 
     lines: list[str] = []
     for ev in events:
@@ -199,7 +322,7 @@ def _print_events(events: list[Any], out: Any) -> None:
             lines.append(f"[rank {ev.rank}] exited: {ev.exit_code} {ev.reason}\n")
     if lines:
         try:
-            out.write("".join(lines))
+            out.write(safe_text("".join(lines)))  # no escape sequence reaches the terminal
             out.flush()
         except BrokenPipeError:
             raise

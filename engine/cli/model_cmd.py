@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import GIB, get_network, list_gpus
+from engine.cli.spec_options import whole_number
 from engine.models import format_count, list_presets, preset_description, resolve_model
 from engine.plan import model_json
 from engine.specs import ModelSpec, NetworkTier
@@ -32,7 +33,7 @@ def register(sub: Any) -> None:
         "experts",
         "experts-per-token",
     ):
-        ins.add_argument(f"--{opt}", type=int)
+        ins.add_argument(f"--{opt}", type=whole_number, metavar="N")
     ins.add_argument("--json", action="store_true", help="print the model object as JSON")
     ins.set_defaults(func=_inspect)
     lst = msub.add_parser("list", help="the built-in presets")

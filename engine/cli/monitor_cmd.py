@@ -53,6 +53,7 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
     """Print the run's lines as they come; return 0 if it succeeded, else 1."""
     from engine.logparse import classify_error
     from engine.runtail import RunDirSource
+    from engine.textsafe import safe_line, safe_text
 
     source = RunDirSource(run_dir)
     source.start()
@@ -66,14 +67,15 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
                     if errors_only:
                         lines = tuple(x for x in lines if classify_error(x) is not None)
                     if lines:
-                        out.write("".join(f"{tag} {x}\n" for x in lines))
+                        # Escape sequences in rank output never reach the terminal.
+                        out.write(safe_text("".join(f"{tag} {x}\n" for x in lines)))
                 elif isinstance(ev, RankExit):
                     how = "exited 0" if ev.exit_code == 0 else f"failed {exit_text(ev.exit_code)}"
-                    reason = f" ({ev.reason})" if ev.reason else ""
+                    reason = f" ({safe_line(ev.reason)})" if ev.reason else ""
                     out.write(f"[rank {ev.rank}] {how}{reason}\n")
                 elif isinstance(ev, RunStateChanged):
                     state = ev.state
-                    msg = f": {ev.message}" if ev.message else ""
+                    msg = f": {safe_line(ev.message)}" if ev.message else ""
                     out.write(f"[run] {ev.state}{msg}\n")
             out.flush()
     finally:

@@ -9,11 +9,16 @@ kept as ``NAME.bak-<UTC time>`` first.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from engine.cli.spec_options import add_spec_options, spec_from_args
 from engine.errors import DtrainError
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,7 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.planner import plan
     from engine.writers.bundle import WriteOptions, render_bundle, write_bundle
-    from engine.writers.common import plan_summary
+    from engine.writers.common import check_spec_batch, plan_summary
     from engine.writers.ds_config import Scheduler
 
     if args.print_file is None and args.out is None:
@@ -70,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise DtrainError("must be 0 or more", field="--warmup-steps")
     spec = spec_from_args(args)
     the_plan = plan(spec)
+    check_spec_batch(the_plan)
     options = WriteOptions(
         scheduler=Scheduler(args.scheduler),
         warmup_steps=args.warmup_steps,
@@ -86,12 +92,36 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(f.text)
         return 0
     out = Path(args.out)
-    report = write_bundle(the_plan, out, force=args.force, options=options)
+    report = write_out(out, lambda: write_bundle(the_plan, out, force=args.force, options=options))
     print(f"plan: {plan_summary(the_plan)}")
     for w in the_plan.warnings:
         print(f"warning: {w}")
     print(f"bundle: {out}")
     for line in report.lines():
         print(f"  {line}")
-    print(f"start it: dtrain-tui launch {out}   (or by hand: {out}/launch_node0.sh)")
+    # Quoted: the line is meant to be pasted into a shell, and a directory may hold spaces or $.
+    print(
+        f"start it: dtrain-tui launch {shlex.quote(str(out))}   "
+        f"(or by hand: {shlex.quote(str(out / 'launch_node0.sh'))})"
+    )
     return 0
+
+
+def write_out(out: Path, write: Callable[[], T], field: str = "--out") -> T:
+    """Run ``write`` (which writes under ``out``); a disk or path problem (a parent that is a
+    file, a dangling symlink, no permission, a full disk) is one line naming ``field``."""
+    if out.is_symlink() and not out.exists():
+        raise DtrainError(
+            f"{out} is a symlink to {out.readlink()}, which does not exist; "
+            "pass a directory, or create the target first",
+            field=field,
+        )
+    try:
+        return write()
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        raise DtrainError(
+            f"cannot write to {out}: {e.strerror or e}{where}; pass a writable directory "
+            "with free space",
+            field=field,
+        ) from None

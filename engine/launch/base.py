@@ -7,9 +7,13 @@ SkyPilot's own backends wrap ``_provision`` / ``_execute``): timing, turning any
 fault policy and the final state. Subclasses only start nodes and hand over their byte streams;
 they know nothing of widgets.
 
-Fault policy: the first rank that exits non-zero, a node whose connection drops, or a run silent
-for ``hang_timeout_s`` ends the run ``failed`` (naming rank, node and host) and every other node is
-stopped; ``stop()`` (Ctrl-C) ends it ``stopped``; it is ``succeeded`` only when every rank exited 0.
+Fault policy: the first rank that exits non-zero, a node whose connection drops, a run silent
+for ``hang_timeout_s``, or a run directory that cannot be written (disk full) ends the run
+``failed`` (naming rank, node and host) and every other node is stopped; ``stop()`` /
+``request_stop()`` (Ctrl-C, SIGTERM, SIGHUP, or ``RUN/stop.request`` written by a monitor) end it
+``stopped``, and ``kill()`` (a second Ctrl-C) cuts the grace period short; it is ``succeeded``
+only when every rank exited 0. run.json names the launcher (pid and start time), so a reader can
+tell a run whose launcher was killed outright from one still going.
 
 Per-rank exit codes come from torchrun: when a node's torchrun exits 0 every local rank exited 0;
 otherwise torchrun's ``ChildFailedError`` table (``rank : R (local_rank: L)`` / ``exitcode : C``,
@@ -19,6 +23,7 @@ printed on the node's stderr) gives each failed rank's code (negative for a sign
 
 from __future__ import annotations
 
+import errno
 import re
 import signal
 import threading
@@ -33,6 +38,7 @@ from engine.bundle import BundleManifest, read_manifest
 from engine.errors import DtrainError
 from engine.events import STDERR, STDOUT, Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.launch.rundir import RunDir, default_run_dir, iso
+from engine.launcher_state import launcher_record, take_stop_request
 from engine.specs import Host
 
 # torchrun --tee 3: "[default<local_rank>]:" before each line of a rank.
@@ -71,6 +77,7 @@ def _shown(line: str) -> str:
 _TABLE_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _TABLE_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _TABLE_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Seconds between SIGTERM and SIGKILL when stopping a node.
 STOP_GRACE_S = 5.0
 SUPERVISE_INTERVAL_S = 0.1
@@ -116,6 +123,9 @@ class LaunchOptions:
     """Rendezvous port; None: the bundle's (a free one for local runs)."""
     ssh_config: Path | None = None
     """OpenSSH client config; None: ~/.ssh/config when it exists."""
+    ssh_user: str | None = None
+    """SSH user for hosts without ``user@`` (the profile's ``launch.ssh_user``); None: ssh
+    config's, else the local user."""
     connect_timeout_s: float = 15.0
     sky_cluster: str | None = None
     sky_down: bool = False
@@ -152,6 +162,14 @@ class Backend(ABC):
         self.options = options or LaunchOptions()
         self.manifest: BundleManifest = read_manifest(self.bundle_dir)
         self.run = RunDir(run_dir or default_run_dir(self.manifest.name))
+        # The run id tags every process of the run (DTRAIN_RUN_ID) and is matched by the
+        # cleanup on every node: no control character (a newline once split it into two
+        # patterns there) may get into it from the run directory's name.
+        if _CONTROL_RE.search(self.run.path.name):
+            raise LaunchError(
+                f"{self.run.path.name!r}: a run directory name may not hold control characters",
+                field="--run-dir",
+            )
         self.run_id = f"{self.run.path.name}-{int(time.time() * 1000) % 10**8}"
         self._events: list[Event] = []
         self._pending_bytes = 0
@@ -162,6 +180,12 @@ class Backend(ABC):
         self._final = threading.Event()
         self._finishing = False
         self._stop_requested = False
+        self._stop_reason = ""
+        self._stopper: threading.Thread | None = None
+        self.force = threading.Event()
+        """Set by :meth:`kill`: stopping SIGKILLs at once instead of waiting out the grace."""
+        self._dir_error: OSError | None = None
+        """The first error writing the run directory (a full disk); ends the run ``failed``."""
         self._failure: tuple[int | None, int | None, str] | None = None  # (rank, node, reason)
         self._last_activity = time.monotonic()
         self._supervisor: threading.Thread | None = None
@@ -179,6 +203,11 @@ class Backend(ABC):
     @property
     def state(self) -> str:
         return self._state
+
+    @property
+    def stopping(self) -> str:
+        """Why the run is being stopped (a user's stop), or "" while it is not."""
+        return self._stop_reason
 
     @property
     def done(self) -> bool:
@@ -225,6 +254,7 @@ class Backend(ABC):
             failed_rank=None,
             failed_node=None,
             reason="",
+            launcher=launcher_record(),
         )
         self._emit(
             RunStateChanged(
@@ -248,7 +278,7 @@ class Backend(ABC):
             raise LaunchError(msg) from None
         self.start_time_s = time.monotonic() - t0
         self._last_activity = time.monotonic()
-        self.run.update(state="running")
+        self._record(state="running")
         self._state = "running"
         self._emit(RunStateChanged("running", f"started in {self.start_time_s:.2f}s", time.time()))
         self._supervisor = threading.Thread(
@@ -268,14 +298,42 @@ class Backend(ABC):
 
     def stop(self) -> None:
         """Stop every node (SIGTERM to each process group, SIGKILL after a grace period) and end
-        the run ``stopped`` unless it already ended. Idempotent."""
+        the run ``stopped`` unless it already ended; returns once it ended. Idempotent."""
         if self._final.is_set() or not self._nodes:
             return
-        self._stop_requested = True
-        self._kill_all("stopped by the user")
+        self.request_stop()
+        self._final.wait(2 * STOP_GRACE_S + 20)
+
+    def request_stop(self, reason: str = "stopped by the user") -> None:
+        """Start stopping every node (as :meth:`stop`) on a thread of its own and return at once;
+        the run ends ``stopped`` with ``reason``. Idempotent: the first reason stays."""
+        with self._cond:
+            if self._final.is_set() or not self._nodes or self._stopper is not None:
+                return
+            self._stop_requested = True
+            self._stop_reason = reason
+            self._stopper = threading.Thread(
+                target=self._stop_all, args=(reason,), name="dtrain-stop", daemon=True
+            )
+        self._stopper.start()
+
+    def kill(self, reason: str = "stopped by the user") -> None:
+        """Escalate a stop: SIGKILL everything of the run now, without the grace period (a
+        second Ctrl-C). Returns at once; the run still ends ``stopped`` once every node is gone,
+        and is never abandoned. Idempotent."""
+        self.request_stop(reason)
+        self.force.set()
+        for st in self._nodes:
+            if not st.finished:
+                threading.Thread(
+                    target=self._safe_kill_now, args=(st.node,), name="dtrain-kill", daemon=True
+                ).start()
+
+    def _stop_all(self, reason: str) -> None:
+        self._kill_all(reason)
         self._final.wait(STOP_GRACE_S + 10)
         if not self._final.is_set():
-            self._finish("stopped", "stopped by the user")
+            self._finish("stopped", reason)
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the run ends; returns the final state."""
@@ -299,6 +357,12 @@ class Backend(ABC):
     @abstractmethod
     def _node_exit(self, node: int) -> tuple[bool, int | None]:
         """(finished, exit code) of the node's launch script."""
+
+    def _kill_node_now(self, node: int) -> None:
+        """Hook for :meth:`kill`: SIGKILL everything of the run on ``node`` at once. By default a
+        second :meth:`_kill_node` (a subclass's waits should end early once :attr:`force` is
+        set)."""
+        self._kill_node(node, "killed by the user")
 
     def _teardown_after_failed_start(self) -> None:
         """Undo a half-done start (kill what was started, close connections)."""
@@ -396,9 +460,16 @@ class Backend(ABC):
         hosts = [st.host for st in self._nodes]
         events: list[Event] = []
         for (n, rank), lines in groups.items():
-            lines.append("")
-            self.run.append(n, rank, stream, "\n".join(lines).encode("utf-8", "surrogateescape"))
-            lines.pop()
+            if self._dir_error is None:
+                lines.append("")
+                data = "\n".join(lines).encode("utf-8", "surrogateescape")
+                lines.pop()
+                try:
+                    self.run.append(n, rank, stream, data)
+                except OSError as e:
+                    # The supervisor ends the run; this reader goes on draining the pipe (so no
+                    # rank blocks on it) and the consumer still gets the lines.
+                    self._dir_failed(e)
             if dirty:
                 lines = [_shown(x) for x in lines]
             events.append(LineBatch(n, rank, stream, tuple(lines), ts, hosts[n]))
@@ -538,13 +609,33 @@ class Backend(ABC):
     def _supervise(self) -> None:
         try:
             while not self._final.is_set():
+                if (
+                    not self._stop_requested
+                    and self._failure is None
+                    and take_stop_request(self.run.path)
+                ):
+                    self.request_stop("stopped from the monitor")
+                if self._dir_error is not None and self._failure is None:
+                    self._fail(None, None, _dir_error_text(self._dir_error))
                 self._check_nodes()
-                if self._final.is_set():
-                    break
-                time.sleep(SUPERVISE_INTERVAL_S)
+                self._final.wait(SUPERVISE_INTERVAL_S)
         except Exception as e:  # noqa: BLE001 - never leave a run without a final state
             self._fail(None, None, f"internal error while supervising: {type(e).__name__}: {e}")
             self._finish("failed", str(e))
+
+    def _dir_failed(self, e: OSError) -> None:
+        """A write to the run directory failed: remember the first error for the supervisor."""
+        with self._cond:
+            if self._dir_error is None:
+                self._dir_error = e
+
+    def _record(self, **fields: Any) -> None:
+        """Update run.json from the supervisor's side: a full disk ends the run, never a
+        thread."""
+        try:
+            self.run.update(**fields)
+        except OSError as e:
+            self._dir_failed(e)
 
     def _check_nodes(self) -> None:
         m = self.manifest
@@ -583,7 +674,7 @@ class Backend(ABC):
                 )
         if all_done:
             if self._stop_requested and self._failure is None:
-                self._finish("stopped", "stopped by the user")
+                self._finish("stopped", self._stop_reason or "stopped by the user")
             elif self._failure is not None:
                 self._finish("failed", self._failure[2])
             else:
@@ -595,7 +686,7 @@ class Backend(ABC):
                         r["node_rank"],
                         f"rank {r['rank']} exited with {describe_exit(r['exit_code'])}",
                     )
-                    self.run.update(failed_rank=r["rank"], failed_node=r["node_rank"])
+                    self._record(failed_rank=r["rank"], failed_node=r["node_rank"])
                     self._finish("failed", self._failure[2])
                 else:
                     self._finish("succeeded", f"all {m.world_size} ranks exited 0")
@@ -620,7 +711,10 @@ class Backend(ABC):
                 reason = (
                     "stopped" if killed_by_us else f"node exited with {describe_exit(st.exit_code)}"
                 )
-            self.run.set_rank_exit(rank, code, reason)
+            try:
+                self.run.set_rank_exit(rank, code, reason)
+            except OSError as e:
+                self._dir_failed(e)
             self._emit(RankExit(st.node, rank, code, time.time(), st.host, reason))
         if st.exit_code != 0 and not killed_by_us and self._failure is None:
             root = st.root_rank
@@ -645,7 +739,7 @@ class Backend(ABC):
         if self._failure is not None or self._final.is_set():
             return
         self._failure = (rank, node, reason)
-        self.run.update(failed_rank=rank, failed_node=node, reason=reason)
+        self._record(failed_rank=rank, failed_node=node, reason=reason)
         self._emit(
             LineEvent(
                 node if node is not None else 0,
@@ -667,6 +761,16 @@ class Backend(ABC):
             t.start()
         for t in threads:
             t.join(STOP_GRACE_S + 10)
+
+    def _safe_kill_now(self, node: int) -> None:
+        try:
+            self._kill_node_now(node)
+        except Exception as e:  # noqa: BLE001 - report, keep killing the others
+            self._emit(
+                LineEvent(
+                    node, None, STDERR, f"[dtrain-tui] could not kill node {node}: {e}", time.time()
+                )
+            )
 
     def _safe_kill(self, node: int, reason: str) -> None:
         try:
@@ -690,7 +794,7 @@ class Backend(ABC):
         fields: dict[str, Any] = {"state": state, "ended_at": iso(time.time()), "reason": message}
         if fr is not None:
             fields.update(failed_rank=fr[0], failed_node=fr[1])
-        self.run.update(**fields)
+        self._record(**fields)
         self.run.close()
         try:
             self._close()
@@ -715,6 +819,15 @@ class Backend(ABC):
         if self.options.master_port:
             env["MASTER_PORT"] = str(self.options.master_port)
         return env
+
+
+def _dir_error_text(e: OSError) -> str:
+    """``run directory full (No space left on device: /path)``: the run's final reason."""
+    what = e.strerror or str(e)
+    where = f": {e.filename}" if e.filename else ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"run directory full ({what}{where})"
+    return f"cannot write the run directory ({what}{where})"
 
 
 STREAMS = (STDOUT, STDERR)

@@ -6,6 +6,11 @@ Each node script runs from the run directory's copy of the bundle, in its own se
 sessions of their own, so stopping is: SIGTERM to the script's process group (torchrun forwards
 it to its ranks), SIGKILL after a grace period, then SIGKILL to any process still carrying this
 run's ``DTRAIN_RUN_ID`` in its environment (found through /proc): nothing of the run survives.
+After :meth:`Backend.kill` (a second Ctrl-C) the grace period is cut short: SIGKILL at once.
+
+Before any node starts, a reaper process (:mod:`engine.launch.reaper`) is started holding a pipe
+from this launcher: if the launcher is killed outright (SIGKILL, where no handler runs), the pipe
+closes and the reaper does the same sweep, and marks run.json "launcher died".
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ import time
 from pathlib import Path
 
 from engine.events import STDERR, STDOUT
+from engine.launch import reaper
 from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
+from engine.launch.reaper import kill_run_processes, pids_with_env
+
+__all__ = ["LocalBackend", "find_torchrun", "free_port", "kill_run_processes", "pids_with_env"]
 
 # Bytes asked of a node's pipe per read, and the pipe size asked for (Linux; unprivileged
 # processes may go up to /proc/sys/fs/pipe-max-size, 1 MiB by default). Under a firehose a big
@@ -56,33 +65,6 @@ def find_torchrun() -> str:
     return shutil.which("torchrun") or "torchrun"
 
 
-def pids_with_env(key: str, value: str) -> list[int]:
-    """Processes of this user whose environment holds ``key=value`` (Linux /proc)."""
-    needle = f"{key}={value}".encode()
-    out: list[int] = []
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
-            out.append(int(entry.name))
-    return out
-
-
-def kill_run_processes(run_id: str, sig: int = signal.SIGKILL) -> list[int]:
-    """Signal every process tagged with ``DTRAIN_RUN_ID=run_id``; returns their pids."""
-    pids = pids_with_env("DTRAIN_RUN_ID", run_id)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-    return pids
-
-
 class LocalBackend(Backend):
     """torchrun on this machine, one launch script per node."""
 
@@ -91,6 +73,9 @@ class LocalBackend(Backend):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._reaper_pipe: int | None = None
+        """Write end of the reaper's stdin: closed when this process ends, however it ends."""
 
     @property
     def hosts(self) -> list[str]:
@@ -108,6 +93,7 @@ class LocalBackend(Backend):
             env["MASTER_PORT"] = str(free_port())
         # The venv's bin first so `python`/`torchrun` in a script are this installation's.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        self._start_reaper()
         shown = {
             k: env[k]
             for k in sorted(set(self.node_env()) | {"MASTER_ADDR", "MASTER_PORT", "TORCHRUN"})
@@ -140,6 +126,42 @@ class LocalBackend(Backend):
                 _grow_pipe(fd)
                 self._add_stream(i, stream, functools.partial(os.read, fd, READ_BYTES))
 
+    def _start_reaper(self) -> None:
+        """The reaper (its own session, no DTRAIN_RUN_ID in its environment, so no sweep of
+        ours kills it) reading a pipe only this process can write: close_fds keeps the write
+        end out of every node script."""
+        r, w = os.pipe()
+        os.set_inheritable(w, False)
+        env = {k: v for k, v in os.environ.items() if k != "DTRAIN_RUN_ID"}
+        try:
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-I", reaper.__file__, self.run_id, str(self.run.path),
+                 str(os.getpid())],
+                stdin=r,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        self._reaper_pipe = w
+
+    def _stop_reaper(self) -> None:
+        """Tell the reaper the run ended here (it sweeps once more and exits)."""
+        w, self._reaper_pipe = self._reaper_pipe, None
+        if w is not None:
+            with contextlib.suppress(OSError):
+                os.write(w, reaper.DONE)
+            os.close(w)
+        if self._reaper is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._reaper.wait(5)
+
     def _node_exit(self, node: int) -> tuple[bool, int | None]:
         code = self._procs[node].poll()
         return code is not None, code
@@ -151,13 +173,35 @@ class LocalBackend(Backend):
                 os.killpg(proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+                if self.force.wait(0.05):  # a second Ctrl-C: no more grace
+                    break
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
         # Ranks live in sessions of their own: catch anything of this run still alive.
         self._sweep_node(node)
 
+    def _kill_node_now(self, node: int) -> None:
+        proc = self._procs[node]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._sweep_node(node)
+
     def _sweep_node(self, node: int) -> None:
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and not self.force.is_set():
+            left = [
+                p
+                for p in pids_with_env("DTRAIN_RUN_ID", self.run_id)
+                if _node_of(p) in (node, None)
+            ]
+            if not left:
+                return
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+            self.force.wait(0.2)  # polling the process table; a kill() ends the wait
+        # SIGKILL until none is left (a dying process may still fork), within a bound.
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
             left = [
@@ -169,16 +213,14 @@ class LocalBackend(Backend):
                 return
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGTERM)
-            time.sleep(0.2)
-        for pid in pids_with_env("DTRAIN_RUN_ID", self.run_id):
-            if _node_of(pid) in (node, None):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)  # polling the process table until it is empty
 
     def _teardown_after_failed_start(self) -> None:
         for i in range(len(self._procs)):
             self._kill_node(i, "start failed")
+        kill_run_processes(self.run_id)
+        self._stop_reaper()
 
     def _close(self) -> None:
         for p in self._procs:
@@ -188,6 +230,7 @@ class LocalBackend(Backend):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(1)
         kill_run_processes(self.run_id)
+        self._stop_reaper()
 
 
 def _node_of(pid: int) -> int | None:

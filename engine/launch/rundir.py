@@ -9,15 +9,23 @@ Layout (the contract the monitor reads)::
     RUN/logs/rank<R>.stdout.log     one file per global rank and stream
     RUN/logs/rank<R>.stderr.log
     RUN/logs/node<i>.log            lines of node i no rank can be named for (launcher chatter)
+    RUN/stop.request                written by a monitor to ask the launcher to stop the run
 
 Every line is appended and flushed here before a backend hands it to any consumer, so a crash of
-dtrain-tui loses nothing already received.
+dtrain-tui loses nothing already received. run.json names its launcher (pid and start time): a
+reader believes ``running`` only while that process lives (:func:`read_run`).
+
+A full disk is not a crash: :meth:`RunDir.append` raises the OSError for the backend to end the
+run with, and :meth:`RunDir.update` falls back to rewriting run.json in place, compact, so the
+final state still lands where no new block can be had.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
 import re
 import shutil
 import threading
@@ -27,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.fsio import atomic_write_text
+from engine.launcher_state import as_read
 
 RUN_JSON = "run.json"
 STATES = ("starting", "running", "succeeded", "failed", "stopped")
@@ -117,13 +126,20 @@ class RunDir:
             if f is None:
                 f = open(target, "ab")  # noqa: SIM115 - kept open for the run, closed in close()
                 self._files[target] = f
-            f.write(data)
-            f.flush()
+            try:
+                f.write(data)
+                f.flush()
+            except OSError:
+                # Disk full (or gone): drop this file's buffer, so closing it later does not
+                # raise the same error again, and let the caller end the run.
+                del self._files[target]
+                _close_quietly(f)
+                raise
 
     def close(self) -> None:
         with self._lock:
             for f in self._files.values():
-                f.close()
+                _close_quietly(f)
             self._files.clear()
 
     # --- run.json
@@ -132,8 +148,26 @@ class RunDir:
         """Merge ``fields`` into run.json and rewrite it atomically; returns a copy."""
         with self._lock:
             self._info.update(fields)
-            atomic_write_text(self.path / RUN_JSON, json.dumps(self._info, indent=2) + "\n")
+            try:
+                atomic_write_text(self.path / RUN_JSON, json.dumps(self._info, indent=2) + "\n")
+            except OSError:
+                if not self._rewrite_in_place():
+                    raise
             return copy.deepcopy(self._info)
+
+    def _rewrite_in_place(self) -> bool:
+        """run.json over its own blocks, compact and padded to its old size: where the disk is
+        full a new file cannot be had, but the old one's space can be reused. Not atomic (a
+        reader may see a half-written file once, and keeps what it knew); True when it fit."""
+        data = json.dumps(self._info, separators=(",", ":")).encode("utf-8")
+        try:
+            with open(self.path / RUN_JSON, "r+b") as f:
+                old = os.fstat(f.fileno()).st_size
+                f.write(data + b"\n" + b" " * max(0, old - len(data) - 1))
+                f.flush()
+        except OSError:
+            return False
+        return True
 
     def set_rank_exit(self, rank: int, exit_code: int | None, reason: str = "") -> None:
         with self._lock:
@@ -150,7 +184,13 @@ class RunDir:
             return copy.deepcopy(self._info)
 
 
+def _close_quietly(f: IO[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        f.close()
+
+
 def read_run(path: Path) -> dict[str, Any]:
-    """Read ``RUN/run.json`` (for consumers: monitor, tests)."""
+    """Read ``RUN/run.json`` (for consumers: monitor, tests). A run not over whose launcher is
+    gone reads ``failed``, "launcher died (...)" (:func:`engine.launcher_state.as_read`)."""
     data = json.loads((Path(path) / RUN_JSON).read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else {}
+    return as_read(data) if isinstance(data, dict) else {}

@@ -171,6 +171,13 @@ class SkyPilotBackend(Backend):
     def _node_exit(self, node: int) -> tuple[bool, int | None]:
         if not self._finished.is_set():
             return False, None
+        if node != 0:
+            # Every node's lines come through one pipe, counted as node 0's stream, so the base
+            # sees no open stream for this node: it is finished only once that pipe is drained,
+            # or it would end before its torchrun failure table (its ranks' exit codes) arrived.
+            with self._cond:
+                if self._nodes[0].open_streams > 0:
+                    return False, None
         code = self._result
         if code == JOB_CANCELLED and (self._cancelled or self._stop_requested):
             return True, -15

@@ -52,12 +52,27 @@ _EARLY_EXIT = {
 # packet instead of AES-CTR plus a separate HMAC); the rest of paramiko's order follows unchanged.
 _PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
-# Kill, on one node, every process whose environment carries DTRAIN_RUN_ID=$RID (torchrun starts
-# its ranks in sessions of their own, so a process-group kill alone can miss them).
+# Kill, on one node, every process whose environment carries DTRAIN_RUN_ID=$RID and
+# DTRAIN_NODE=$NODE (torchrun starts its ranks in sessions of their own, so a process-group kill
+# alone can miss them; the node number keeps two nodes of a run on one machine apart). Each
+# NUL-separated entry is compared with the whole string "DTRAIN_RUN_ID=$RID" by bash itself
+# (a quoted right-hand side of == is literal): no pattern language, so no character of a run id
+# (a newline, a dot, a star) can make it match another process. Its status is 0 when it found
+# one (``dtrain_sweep 0``: is anything of the run left?).
 _SWEEP_FN = (
-    "dtrain_sweep() { local e p; for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
-    'if tr "\\0" "\\n" < "$e" 2>/dev/null | grep -qx "DTRAIN_RUN_ID=$RID"; then '
-    'kill -"$1" "$p" 2>/dev/null; fi; done; }'
+    "dtrain_sweep() { local e p v r n found=1; for e in /proc/[0-9]*/environ; do p=${e#/proc/}; "
+    "p=${p%/environ}; r=; n=; while IFS= read -r -d '' v; do "
+    '[[ "$v" == "DTRAIN_RUN_ID=$RID" ]] && r=1; [[ "$v" == "DTRAIN_NODE=$NODE" ]] && n=1; '
+    'done 2>/dev/null < "$e"; '
+    'if [ -n "$r" ] && [ -n "$n" ]; then kill -"$1" "$p" 2>/dev/null && found=0; fi; '
+    "done; return $found; }"
+)
+# Shell: wait up to STOP_GRACE_S for the run's processes to end after SIGTERM (``$1``: the
+# process group, or empty), then SIGKILL what is left.
+_GRACE_FN = (
+    f"dtrain_grace() {{ local i; for i in $(seq {int(STOP_GRACE_S * 5)}); do "
+    '{ [ -n "$1" ] && kill -0 -- "-$1" 2>/dev/null; } || dtrain_sweep 0 || break; sleep 0.2; '
+    'done; dtrain_sweep KILL; [ -n "$1" ] && kill -KILL -- "-$1" 2>/dev/null; true; }'
 )
 
 
@@ -139,6 +154,7 @@ class SshBackend(Backend):
         self._tar: bytes | None = None
         self._host_keys: Any = None  # known_hosts, parsed once per start
         self._aborted = False
+        self._targets: list[Target] = []
 
     # ------------------------------------------------------------------ host resolution
 
@@ -157,7 +173,9 @@ class SshBackend(Backend):
                 raise LaunchError(f"{path}: cannot parse: {e}", field="--ssh-config") from None
         return paramiko.SSHConfig()
 
-    def _target(self, node: int, host: Host, cfg: Any) -> Target:
+    def _target(self, node: int, host: Host, cfg: Any, *, jump: bool = False) -> Target:
+        """Where ``host`` really is. The user: ``user@`` in the host, else (for a node, not a
+        jump host, as ``ssh -l`` does) the profile's ``launch.ssh_user``, else ssh config's."""
         c = cfg.lookup(host.host)
         ident: list[str] = []
         if self.options.identity_file:
@@ -169,7 +187,7 @@ class SshBackend(Backend):
             label=f"node {node} ({host})",
             hostname=str(c.get("hostname", host.host)).strip("[]"),  # [::1] -> ::1
             port=int(host.port or c.get("port", 22)),
-            user=host.user or c.get("user"),
+            user=host.user or (None if jump else self.options.ssh_user) or c.get("user"),
             identity=ident,
             proxy_jump=c.get("proxyjump"),
         )
@@ -231,14 +249,14 @@ class SshBackend(Backend):
             raise LaunchError(f"{t.label}: ProxyJump: {e}", field="ssh") from None
         sock = None
         for k, hop in enumerate(hops):
-            ht = self._target(t.node, hop, cfg)
+            ht = self._target(t.node, hop, cfg, jump=True)
             ht.label = f"{t.label} via jump host {hop}"
             if k > 0:
                 ht.proxy_jump = None  # the chain is spelled out: no hop's own ProxyJump
             client = self._connect(ht, cfg, depth + 1, sock=sock)
             self._clients.append(client)
             if k + 1 < len(hops):
-                nxt = self._target(t.node, hops[k + 1], cfg)
+                nxt = self._target(t.node, hops[k + 1], cfg, jump=True)
                 dest = (nxt.hostname, nxt.port)
             else:
                 dest = (t.hostname, t.port)
@@ -334,7 +352,17 @@ class SshBackend(Backend):
                 field="ssh",
             ) from None
         except (OSError, paramiko.SSHException) as e:
+            tr = client.get_transport()
+            banner = bool(getattr(tr, "remote_version", "")) if tr is not None else False
             client.close()
+            if not banner:
+                # paramiko then says "No existing session" or "Error reading SSH protocol
+                # banner", which points nowhere: say what was seen.
+                raise LaunchError(
+                    f"{t.label}: {t.hostname}:{t.port} accepted the connection but sent no SSH "
+                    f"banner within {to:g}s ({e}); is sshd listening on that port?",
+                    field="ssh",
+                ) from None
             raise LaunchError(
                 f"{t.label}: cannot connect to {t.hostname}:{t.port}: {e}", field="ssh"
             ) from None
@@ -348,6 +376,7 @@ class SshBackend(Backend):
     def _start(self) -> None:
         cfg = self._ssh_config()
         targets = [self._target(i, h, cfg) for i, h in enumerate(self.options.hosts)]
+        self._targets = targets
         n = len(targets)
         self._node_clients = [None] * n
         self._chans = [None] * n
@@ -438,9 +467,8 @@ class SshBackend(Backend):
                 waiting.append(node)
         deadline = time.monotonic() + 3.0
         for node in waiting:
-            chan = self._chans[node]
-            while not (chan.exit_status_ready() or chan.closed) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            # paramiko sets status_event on the exit status and on the channel closing.
+            self._chans[node].status_event.wait(max(0.0, deadline - time.monotonic()))
         for node in waiting:
             chan, client = self._chans[node], self._node_clients[node]
             if chan.exit_status_ready() or chan.closed or client is None:
@@ -480,10 +508,35 @@ class SshBackend(Backend):
                 self._tar = buf.getvalue()
             return self._tar
 
+    def master_addr(self) -> str | None:
+        """MASTER_ADDR handed to every node, or None to keep the bundle's. The bundle's address
+        stays when it was written for these hosts (or set by the user, e.g. an InfiniBand
+        address); a bundle written without hosts has none (its scripts refuse to start without
+        MASTER_ADDR), and one written for other hosts names the wrong machine: then it is node
+        0's address as this launcher reaches it (after ~/.ssh/config). ``MASTER_ADDR`` in the
+        run's environment always wins."""
+        if self.manifest.nodes < 2 or "MASTER_ADDR" in self.options.env or not self.options.hosts:
+            return None
+        node0 = self._targets[0].hostname if self._targets else self.options.hosts[0].host
+        written = self.manifest.hosts
+        if written:
+            try:
+                first = Host.parse(written[0])
+            except ValueError:
+                first = None
+            if first is None or first == self.options.hosts[0]:
+                return None
+            if self.manifest.master_addr != first.host:
+                return None  # chosen by the user, not derived from the hosts
+        return node0
+
     def remote_command(self, node: int) -> str:
         """The exact command sent to ``node`` (also written to RUN/commands/node<i>.txt). Its
         stdin first carries the bundle tar (exactly its size, read by ``head -c``), then "go"."""
         env = self.node_env()
+        addr = self.master_addr()
+        if addr is not None:
+            env["MASTER_ADDR"] = addr
         rid = env.pop("DTRAIN_RUN_ID")
         exports = " ".join(f"export {k}={shlex.quote(v)};" for k, v in sorted(env.items()))
         script = self.manifest.node_scripts[node]
@@ -491,7 +544,9 @@ class SshBackend(Backend):
         inner = "\n".join(
             [
                 f"RID={shlex.quote(rid)}",
+                f"NODE={node}",
                 _SWEEP_FN,
+                _GRACE_FN,
                 f"dir={self._remote_dir_expr(node)}",
                 # Undo this node's part of a start that did not happen.
                 'dtrain_clean() { cd / && rm -rf -- "$dir"; rmdir -- "${dir%/*}" 2>/dev/null; }',
@@ -509,11 +564,19 @@ class SshBackend(Backend):
                 'echo "@@dtrain-ready $$"',
                 'IFS= read -r go && [ "$go" = go ] || { dtrain_clean; exit 99; }',
                 "exec 3<&0",
-                f'DTRAIN_RUN_ID="$RID" bash ./{shlex.quote(script)} </dev/null &',
+                f'DTRAIN_RUN_ID="$RID" DTRAIN_NODE=$NODE bash ./{shlex.quote(script)} </dev/null &',
                 "child=$!",
-                # The connection's stdin reaching EOF means the connection is gone: clean up.
-                "{ while read -r _; do :; done; kill -TERM -- -$$ 2>/dev/null; dtrain_sweep TERM; "
-                "sleep 3; dtrain_sweep KILL; kill -KILL -- -$$ 2>/dev/null; } <&3 &",
+                # The connection's stdin reaching EOF means the connection is gone (the launcher
+                # exited or was killed, even with SIGKILL): clean up. The watcher is in the group
+                # it signals: it ignores SIGTERM from then on, or that first kill would end it
+                # before the sweep and the SIGKILL that follow (ranks that trap SIGTERM, or
+                # left the group, would outlive the launcher). Until then SIGTERM ends it.
+                "{ while read -r _; do :; done; trap '' TERM; kill -TERM -- -$$ 2>/dev/null; "
+                # (Its own group would look alive to dtrain_grace: the group gets SIGKILL last.)
+                "dtrain_sweep TERM; dtrain_grace ''; kill -KILL -- -$$ 2>/dev/null; "
+                # Not the channel's stdout/stderr: they are gone with the connection, and a
+                # write there (any error message) would end the watcher with SIGPIPE.
+                "} <&3 >/dev/null 2>&1 &",
                 "watcher=$!",
                 "exec 3<&-",
                 "wait $child; rc=$?",
@@ -593,29 +656,36 @@ class SshBackend(Backend):
         transport = client.get_transport()
         if transport is None or not transport.is_active():
             return  # the node's own watcher cleans up when its connection drops
-        rid = self.run_id
-        group = f"kill -{{sig}} -- -{pgid} 2>/dev/null; " if pgid else ""
+        group = f"kill -TERM -- -{pgid} 2>/dev/null; " if pgid else ""
         cmd = (
-            f"RID={shlex.quote(rid)}; {_SWEEP_FN}; "
-            + group.format(sig="TERM")
-            + "dtrain_sweep TERM; "
-            + f"for i in $(seq {int(STOP_GRACE_S * 5)}); do "
-            + (f"kill -0 -- -{pgid} 2>/dev/null && {{ sleep 0.2; continue; }}; " if pgid else "")
-            + "break; done; "
-            + group.format(sig="KILL")
-            + "dtrain_sweep KILL; true"
+            f"RID={shlex.quote(self.run_id)}; NODE={node}; {_SWEEP_FN}; {_GRACE_FN}; "
+            f"{group}dtrain_sweep TERM; dtrain_grace {pgid or shlex.quote('')}"
         )
         with contextlib.suppress(Exception):
             kc = transport.open_session()
             kc.exec_command(cmd)
-            deadline = time.monotonic() + STOP_GRACE_S + 10
-            while not kc.exit_status_ready() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            kc.status_event.wait(STOP_GRACE_S + 10)  # set by paramiko when the exit status came
             kc.close()
         if chan is not None:
-            deadline = time.monotonic() + 5
-            while not chan.exit_status_ready() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            chan.status_event.wait(5)
+
+    def _kill_node_now(self, node: int) -> None:
+        """SIGKILL, at once, everything of the run on ``node`` (:meth:`kill`, a second Ctrl-C):
+        the group and every process tagged with the run id, over a fresh channel. Unlike
+        :meth:`_kill_node` it runs even while a stop is under way; that stop's grace loop on
+        the node then finds nothing left and ends."""
+        client = self._node_clients[node] if node < len(self._node_clients) else None
+        transport = client.get_transport() if client is not None else None
+        if transport is None or not transport.is_active():
+            return  # the node's own watcher cleans up when its connection drops
+        pgid = self._pgids.get(node)
+        group = f"kill -KILL -- -{pgid} 2>/dev/null; " if pgid else ""
+        cmd = (
+            f"RID={shlex.quote(self.run_id)}; NODE={node}; {_SWEEP_FN}; {group}"
+            "dtrain_sweep KILL; true"
+        )
+        with contextlib.suppress(Exception):
+            _run_quiet(client, cmd)
 
     def _teardown_after_failed_start(self) -> None:
         for i in sorted(self._went):  # only nodes told "go" run anything
@@ -652,9 +722,7 @@ def _run_quiet(client: Any, cmd: str, timeout: float = 10.0) -> int:
     """Run ``cmd`` on a connected client; its exit status (-1 on timeout)."""
     chan = client.get_transport().open_session()
     chan.exec_command(cmd)
-    deadline = time.monotonic() + timeout
-    while not chan.exit_status_ready() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    chan.status_event.wait(timeout)  # set by paramiko when the exit status came
     status = int(chan.recv_exit_status()) if chan.exit_status_ready() else -1
     chan.close()
     return status

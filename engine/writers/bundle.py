@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.bundle import MANIFEST, BundleManifest
-from engine.errors import DtrainError
+from engine.bundle import MANIFEST, BundleManifest, plain_name
+from engine.errors import DtrainError, one_line
 from engine.fsio import atomic_write_text, unused_path
 from engine.plan import Plan
 from engine.specs import Framework
@@ -187,15 +187,29 @@ def _sha_file(path: Path) -> str:
     return h.hexdigest()
 
 
+_NAMED_FILES = frozenset({"files", "node_scripts", "sky_yaml"})
+"""Manifest fields that name files in the bundle directory."""
+
+
 def _previous(out: Path) -> tuple[dict[str, str], bool]:
-    """Hashes recorded by the previous bundle.json, and whether bundle.json is ours."""
+    """Hashes recorded by the previous bundle.json, and whether bundle.json is ours.
+
+    A manifest naming a file outside the bundle directory (``../x``, ``/x``, ``a/b``) is
+    refused outright: its names are what a rewrite replaces and deletes."""
     path = out / MANIFEST
     if not path.exists():
         return {}, True
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return dict(BundleManifest.model_validate(data).files), True
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValidationError):
+    except ValidationError as e:
+        if any(err.get("loc", ("",))[0] in _NAMED_FILES for err in e.errors()):
+            raise DtrainError(
+                f"{path}: {one_line(e)}; nothing was written (fix or remove {MANIFEST})",
+                field="--out",
+            ) from None
+        return {}, False
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return {}, False
 
 
@@ -269,8 +283,9 @@ def write_bundle(
 
     # Files the previous bundle had that this plan does not produce.
     for name, old_hash in sorted(recorded.items()):
+        plain_name(name)  # checked when read; never delete outside ``out``
         path = out / name
-        if name in files or name == MANIFEST or not path.is_file():
+        if name in files or name == MANIFEST or path.is_symlink() or not path.is_file():
             continue
         if _sha_file(path) == old_hash:
             with contextlib.suppress(FileNotFoundError):

@@ -12,12 +12,11 @@ import shlex
 
 from engine.errors import DtrainError
 from engine.plan import Layout, Plan
-from engine.specs import Framework, Host, Precision
+from engine.specs import ADDR_RE, Framework, Host, Precision
 
 DEFAULT_LR = 3e-4
 """AdamW learning rate written when the spec gives none: the common LLM pre-training value."""
 
-_ADDR_RE = re.compile(r"^(?:[A-Za-z0-9_.\-]+|\[?[0-9A-Fa-f:.]+\]?)$")
 _NAME_RE = re.compile(r"[^a-z0-9-]+")
 
 
@@ -52,9 +51,10 @@ def check_shell_value(value: str, field: str) -> str:
 
 def check_addr(value: str, field: str) -> str:
     """A host name or IP address: letters, digits, ``. _ - :`` (IPv6 may be bracketed)."""
-    if not _ADDR_RE.match(value):
+    if not ADDR_RE.fullmatch(value):
         raise DtrainError(
-            f"{value!r} is not a host name or IP address; use letters, digits and . _ - : only",
+            f"{value!r} is not a host name or IP address; use letters, digits and . _ - : only "
+            "(not starting with -)",
             field=field,
         )
     return value
@@ -101,6 +101,21 @@ def check_batch(layout: Layout) -> None:
             f"global batch {layout.global_batch} != micro_batch {layout.micro_batch} x "
             f"grad_accum {layout.grad_accum} x dp {layout.dp} (= {product}); "
             "pick a --global-batch divisible by micro_batch x dp, or set --micro-batch",
+            field="training.global_batch",
+        )
+
+
+def check_spec_batch(plan: Plan) -> None:
+    """The plan must train the global batch the spec asked for: a forced micro batch times
+    the data-parallel degree may not divide it, and a bundle would then silently train another
+    batch (``--micro-batch 1000 --global-batch 8`` trained 2000 per step)."""
+    lay = plan.recommended
+    asked = plan.spec.training.global_batch
+    if lay.global_batch != asked:
+        raise DtrainError(
+            f"{asked} is not training.micro_batch x grad_accum x dp ({lay.micro_batch} x "
+            f"{lay.grad_accum} x {lay.dp} = {lay.global_batch}); pass a --global-batch divisible "
+            f"by {lay.micro_batch * lay.dp}, or another --micro-batch",
             field="training.global_batch",
         )
 

@@ -193,4 +193,12 @@ def ds_config(
 ) -> str:
     """``ds_config.json`` text."""
     data = ds_config_dict(plan, scheduler=scheduler, warmup_steps=warmup_steps)
-    return json.dumps(data, indent=2) + "\n"
+    try:
+        # allow_nan=False: DeepSpeed's JSON reader would take "Infinity"/"NaN" as numbers.
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        raise DtrainError(
+            "a number in ds_config.json would be inf or nan; pass finite values "
+            "(training.grad_clip, training.lr)",
+            field="training",
+        ) from None

@@ -199,7 +199,14 @@ def test_cli_write_then_launch_trains_and_exits_0(tmp_path: Path) -> None:
     assert bad.stderr.strip().count("\n") == 0 and "is not a bundle" in bad.stderr
 
 
-def test_ctrl_c_on_the_cli_stops_every_rank_and_exits_130(tmp_path: Path) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_on_the_cli_stops_every_rank_and_exits_130(tmp_path: Path, inherited: str) -> None:
+    # "ignored": started as `cmd &` from a script (or a harness) leaves SIGINT ignored, and
+    # Python then never turns it into KeyboardInterrupt: the launcher must take it anyway.
     b = _fake_bundle(tmp_path, "echo '[default1]:hello'\nsetsid sleep 300 &\nsleep 300\n")
     run = tmp_path / "run"
     p = subprocess.Popen(
@@ -207,16 +214,22 @@ def test_ctrl_c_on_the_cli_stops_every_rank_and_exits_130(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_sigint if inherited == "ignored" else None,  # noqa: PLW1509
     )
-    assert p.stdout is not None
-    assert p.stdout.readline() == "[rank 1] hello\n"
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
-    assert "stopping every rank" in err
-    info = json.loads((run / "run.json").read_text())
-    assert info["state"] == "stopped"
-    assert wait_no_pids(info["run_id"]) == []
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline() == "[rank 1] hello\n"  # the run is going: now Ctrl-C
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 130, err
+        assert "stopping every rank (Ctrl-C)" in err
+        info = json.loads((run / "run.json").read_text())
+        assert info["state"] == "stopped"
+        assert wait_no_pids(info["run_id"]) == []
+    finally:
+        if p.poll() is None:  # a failure must not leave the launcher and its ranks running
+            p.kill()
+            p.wait(10)
 
 
 def test_leftover_child_holding_the_output_does_not_keep_the_run_alive(tmp_path: Path) -> None:

@@ -191,3 +191,39 @@ def test_stop_cancels_the_job_and_downs_only_on_request(
     assert not any(c[0] == "down" for c in fake.calls)
     b.down()
     assert fake.calls[-2:] == [("down", "my-run"), ("stream_and_get", "req-down")]
+
+
+def test_a_node_is_not_finished_before_the_shared_stream_delivered_its_table(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every node's lines come through one pipe (read as node 0's stream): node 1 must not count
+    as finished, with no exit codes yet, while that pipe still holds its failure table. The pump
+    is held back until the job ended and the supervisor looked at the nodes twice."""
+    FakeSky(FAIL_LOG, 100).install(monkeypatch)
+    b = _backend(bundle, tmp_path)
+    checks = threading.Condition()
+    count = [0]
+    real_check, real_ingest = b._check_nodes, b._ingest
+
+    def check_nodes() -> None:
+        real_check()
+        with checks:
+            count[0] += 1
+            checks.notify_all()
+
+    def ingest(node: int, stream: str, data: bytes) -> None:
+        if b"Failures:" in data:
+            assert b._finished.wait(30)
+            with checks:
+                seen = count[0]
+                assert checks.wait_for(lambda: count[0] >= seen + 2, 30)
+        real_ingest(node, stream, data)
+
+    monkeypatch.setattr(b, "_check_nodes", check_nodes)
+    monkeypatch.setattr(b, "_ingest", ingest)
+    b.start()
+    collect(b, timeout=60)
+    info = read_run(tmp_path / "run")
+    assert info["state"] == "failed", info["reason"]
+    assert info["failed_rank"] == 3 and info["failed_node"] == 1, info["reason"]
+    assert {r["rank"]: r["exit_code"] for r in info["ranks"]}[3] == -9

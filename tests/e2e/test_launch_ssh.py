@@ -140,13 +140,15 @@ def test_connection_drop_fails_the_run_and_the_node_cleans_itself_up(
     cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
 ) -> None:
     servers, key, kh = cluster
-    b = _fake_two_node_bundle(tmp_path, "echo '[default0]:up'\nsetsid sleep 300 &\nsleep 300\n")
+    b = _fake_two_node_bundle(
+        tmp_path, "setsid sleep 300 &\nsleep 300 &\necho '[default0]:up'\nwait\n"
+    )
     backend = SshBackend(b, tmp_path / "run", _opts(servers, key, kh, tmp_path))
     backend.start()
     got: list[object] = []
     while sum(isinstance(e, LineEvent) and e.line == "up" for e in got) < 2:
         got.extend(per_line(backend.poll(0.2)))
-    # "up" is printed before the sleeps are forked: give them a moment to exist.
+    # "up" comes after both sleeps were forked (exec may still be under way).
     deadline = time.monotonic() + 10
     while len(run_pids(backend.run_id)) < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -156,7 +158,7 @@ def test_connection_drop_fails_the_run_and_the_node_cleans_itself_up(
     collect(backend, timeout=60)
     info = read_run(tmp_path / "run")
     assert info["state"] == "failed"
-    assert info["failed_node"] == 1 and "connection lost" in info["reason"]
+    assert info["failed_node"] == 1 and "connection lost" in info["reason"], info["reason"]
     assert f"node 1 (127.0.0.1:{servers[1].port})" in info["reason"]
     assert wait_no_pids(backend.run_id, timeout=15) == []
 
@@ -229,6 +231,27 @@ def test_wrong_key_file_and_unreachable_node_name_the_node_and_start_nothing(
     assert f"node 1 (127.0.0.1:{dead}): cannot connect" in str(ei.value)
     # Node 0 was ready (connected, bundle uploaded): what it received is removed again.
     assert [p for p in (tmp_path / "remote").rglob("*") if p.is_file()] == []
+
+
+def test_a_silent_port_is_named_as_not_sshd(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    # A port that accepts TCP but never speaks SSH (a wrong port, a firewall's tarpit).
+    import socket
+
+    servers, key, kh = cluster
+    b = _fake_two_node_bundle(tmp_path, "echo '[default0]:ok'\nsleep 300\n")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        opts = _opts(servers, key, kh, tmp_path, connect_timeout_s=1.0)
+        opts.hosts = [opts.hosts[0], Host.parse(f"127.0.0.1:{port}")]
+        with pytest.raises(LaunchError) as ei:
+            SshBackend(b, tmp_path / "r", opts).start()
+    msg = str(ei.value)
+    assert f"node 1 (127.0.0.1:{port}): 127.0.0.1:{port} accepted the connection" in msg
+    assert "no SSH banner within 1s" in msg and "is sshd listening" in msg
 
 
 def test_hostile_values_never_reach_a_shell_unquoted(
@@ -320,7 +343,10 @@ def test_remote_setup_failing_on_one_node_starts_nothing_anywhere(
     with pytest.raises(LaunchError) as ei:
         backend.start()
     assert f"node 1 (127.0.0.1:{servers[1].port}): --remote-setup failed" in str(ei.value)
-    time.sleep(1.0)  # node 0 was ready and waiting: it must have exited without running
+    # Node 0 was ready and waiting for "go": the failed start closed its stdin and waited for
+    # its wrapper to exit, which it did as "start cancelled" (99), without running the script.
+    chan0 = backend._chans[0]
+    assert chan0.status_event.wait(10) and chan0.exit_status == 99
     assert list(marks.iterdir()) == []
     assert read_run(tmp_path / "run")["state"] == "failed"
     assert wait_no_pids(backend.run_id) == []

@@ -242,8 +242,6 @@ def test_a_model_name_with_a_newline_cannot_escape_a_comment(tmp_path: Path) -> 
     [
         ({"script_args": ["ok", "two\nlines"]}, "launch.script_args"),
         ({"script": "train.py\nrm -rf ~"}, "launch.script"),
-        ({"master_addr": "10.0.0.1; rm -rf ~"}, "launch.master_addr"),
-        ({"master_addr": "$(id)"}, "launch.master_addr"),
     ],
 )
 def test_values_that_cannot_be_quoted_on_one_line_are_rejected(
@@ -256,10 +254,32 @@ def test_values_that_cannot_be_quoted_on_one_line_are_rejected(
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("addr", ["10.0.0.1; rm -rf ~", "$(id)", "10.0.0.1\n", "-oProxyCommand=x"])
+def test_a_bad_master_addr_is_refused_by_the_writer_too(addr: str) -> None:
+    """The spec refuses these; a plan built around it (model_copy skips validation) still
+    gets no script: the writer checks the address whole (a trailing newline passed ``$``)."""
+    plan = make_plan(nodes=2)
+    launch = plan.spec.launch.model_copy(update={"master_addr": addr})
+    plan = plan.model_copy(update={"spec": plan.spec.model_copy(update={"launch": launch})})
+    with pytest.raises(DtrainError) as e:
+        render_bundle(plan)
+    assert e.value.field == "launch.master_addr"
+    assert "\n" not in str(e.value).replace("\\n", "")
+
+
 def test_hostile_hosts_and_env_are_rejected_by_the_spec() -> None:
     from pydantic import ValidationError
 
-    for bad in ({"hosts": ["node1; rm -rf ~"]}, {"hosts": ["$(id)"]}, {"env": {"A": "x\ny"}}):
+    for bad in (
+        {"hosts": ["node1; rm -rf ~"]},
+        {"hosts": ["$(id)"]},
+        {"hosts": ["-oProxyCommand=x"]},
+        {"hosts": ["root@-x"]},
+        {"env": {"A": "x\ny"}},
+        {"master_addr": "10.0.0.1\n"},
+        {"master_addr": "-oX"},
+        {"master_addr": "$(id)"},
+    ):
         with pytest.raises(ValidationError):
             make_plan(launch=bad)
 

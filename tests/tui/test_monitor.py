@@ -415,3 +415,90 @@ async def test_a_source_that_fails_to_start_is_one_line_not_a_crash() -> None:
         assert m.finished == "failed"
         notes = [n.message for n in app._notifications]
         assert notes == ["could not start: --hosts: node 1 (10.0.0.2): connection refused"]
+
+
+def _launch_stubborn(tmp_path: Any) -> tuple[Any, Any]:
+    """A live local run (bash ranks that ignore SIGTERM) started by the CLI, as a user does."""
+    from tests.e2e.test_run_ends import Launcher, stubborn_bundle
+
+    lau = Launcher(stubborn_bundle(tmp_path), tmp_path / "run")
+    lau.wait_stdout("[rank 1] hello\n")
+    return lau, tmp_path / "run"
+
+
+@pytest.mark.slow
+@sync
+async def test_ctrl_x_on_a_run_directory_stops_the_run_for_real(tmp_path: Any) -> None:
+    """`dtrain-tui monitor RUN_DIR`: Ctrl+X twice stops the launcher's run (not just the
+    watching); its ranks then read `stopped`, not `failed (lost)`."""
+    from engine.launch.rundir import read_run
+    from engine.runtail import RunDirSource
+    from tests.e2e.launch_util import wait_no_pids
+
+    lau, run = _launch_stubborn(tmp_path)
+    try:
+        source = RunDirSource(run)
+        source.start()
+        app = MonitorApp(source, run, world_size=source.world_size, clock=lambda: CLOCK)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await until(pilot, lambda: app.monitor is not None and app.monitor.delivered > 0)
+            await pilot.press("ctrl+x")
+            await pilot.press("ctrl+x")
+            m = await settle_within(pilot, 60.0)
+            assert m.finished == "stopped"
+            labels = {r: st.label(CLOCK) for r, st in m.snapshot.ranks.items()}
+            assert labels == {0: "stopped", 1: "stopped"}
+            assert not m.snapshot.errors
+        assert lau.finish() == 1  # the launcher ended the run: stopped from the monitor
+        assert read_run(run)["state"] == "stopped"
+        assert wait_no_pids(read_run(run)["run_id"]) == []
+    finally:
+        lau.kill()
+
+
+@pytest.mark.slow
+@sync
+async def test_ctrl_x_when_the_launcher_is_gone_offers_nothing_to_stop(tmp_path: Any) -> None:
+    from engine.runtail import RunDirSource
+
+    lau, run = _launch_stubborn(tmp_path)
+    lau.kill()  # SIGKILL: only the reaper and the reader know
+    source = RunDirSource(run)
+    source.start()
+    app = MonitorApp(source, run, world_size=source.world_size, clock=lambda: CLOCK)
+    async with app.run_test(size=(120, 40)) as pilot:
+        m = await settle_within(pilot, 30.0)
+        assert m.finished == "failed"
+        await pilot.press("ctrl+x")
+
+        def told() -> bool:
+            notes = [n.message for n in app._notifications]
+            return any(n.startswith("nothing to stop: the launcher died") for n in notes)
+
+        await until(pilot, told)
+    assert not (run / "stop.request").exists()
+
+
+async def until(pilot: Pilot[Any], cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait (polling) until ``cond()`` holds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        await pilot.pause(0.02)
+
+
+async def settle_within(pilot: Pilot[Any], timeout: float) -> MonitorScreen:
+    """Wait (polling the screen's state) until the run shown has ended."""
+    import time
+
+    app = pilot.app
+    assert isinstance(app, MonitorApp)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        if app.monitor is not None and app.monitor.finished is not None:
+            await pilot.pause(0.05)
+            return app.monitor
+    raise AssertionError("the run shown never ended")

@@ -77,3 +77,17 @@ def test_flowchart_outcome_follows_the_recommended_layout() -> None:
         hardware=HardwareSpec(gpu="a100-40gb", gpus_per_node=8, nodes=1),
     )
     assert outcome_level(plan(big)) >= 3  # 70B on one node of 40 GB GPUs must shard or split
+
+
+def test_start_run_carries_the_profiles_ssh_user(tmp_path: Path) -> None:
+    # The wizard's launch uses the profile's launch.ssh_user for hosts without user@.
+    from engine.writers import write_bundle
+    from tui.services import start_run
+
+    spec = demo_spec()
+    spec = spec.model_copy(
+        update={"launch": spec.launch.model_copy(update={"ssh_user": "trainer"})}
+    )
+    write_bundle(plan(spec), tmp_path / "b")
+    backend, _ = start_run(spec, tmp_path / "b", tmp_path / "runs")
+    assert backend.options.ssh_user == "trainer"

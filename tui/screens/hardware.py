@@ -63,6 +63,7 @@ class HardwareStep(StepPane):
     def load(self) -> None:
         try:
             self.gpus = services.list_gpus()
+            self.catalog_error = ""
         except Exception as e:  # noqa: BLE001
             self.gpus = []
             self.catalog_error = one_line(e) or type(e).__name__
@@ -77,6 +78,8 @@ class HardwareStep(StepPane):
             hw.intra_node_link.value if hw.intra_node_link else AUTO
         )
         ol = self.query_one("#gpu-list", OptionList)
+        # load() runs again when a profile is loaded: refill the list, never add to it.
+        ol.clear_options()
         if self.catalog_error:
             ol.add_option(Option(Text(self.catalog_error, style="italic"), disabled=True))
         for g in self.gpus:

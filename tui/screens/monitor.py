@@ -31,7 +31,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Static
 from textual.worker import get_current_worker
 
-from engine.errors import one_line
+from engine.errors import DtrainError, one_line
 from engine.events import Event, EventSource, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.logparse import NcclSummary, scan_batch
 from engine.monitor_state import MonitorState, RankState, RankStatus, Snapshot, exit_text
@@ -533,6 +533,7 @@ class MonitorScreen(Screen[None]):
                 RankStatus.RUNNING: "●",
                 RankStatus.EXITED: "✓",
                 RankStatus.FAILED: "✗",
+                RankStatus.STOPPED: "■",
             }[st.status]
             if st.hung:
                 glyph = "?"
@@ -658,13 +659,18 @@ class MonitorScreen(Screen[None]):
             focused.resume()
 
     def action_stop_run(self) -> None:
-        """Stop the run (every rank on every node); asks for a second ``ctrl+x`` first."""
+        """Stop the run (every rank on every node); asks for a second ``ctrl+x`` first. A run
+        directory's run is stopped by its launcher (asked through ``RUN/stop.request``)."""
         if self.finished is not None or self.snapshot.run_state in (
             "succeeded",
             "failed",
             "stopped",
         ):
-            self.notify("the run has already ended")
+            message = self.snapshot.run_message
+            if message.startswith("launcher died"):
+                self.notify(f"nothing to stop: the {message}", severity="warning")
+            else:
+                self.notify("the run has already ended")
             return
         now = time.monotonic()
         if now - self._stop_armed_at > 3.0:
@@ -677,8 +683,17 @@ class MonitorScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="monitor-stop")
     def _stop_source(self) -> None:
-        # Blocking (SIGTERM, grace period, SIGKILL): never on the UI thread.
-        self.source.stop()
+        # Stop the run, not the watching: a source that can (a backend, a run directory whose
+        # launcher polls for the request) stops it and the screen shows the run end; any other
+        # source is stopped outright. Blocking at worst: never on the UI thread.
+        request = getattr(self.source, "request_stop", None)
+        if request is None:
+            self.source.stop()
+            return
+        try:
+            request()
+        except DtrainError as e:
+            self.app.call_from_thread(self.notify, e.message, severity="warning")
 
     # ---- filter / search / errors -------------------------------------------------------
 

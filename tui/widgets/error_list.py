@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from engine.monitor_state import ErrorRecord
+from engine.textsafe import safe_line
 
 SHOWN = 50
 """Most recent errors listed; the jump key walks all that the state keeps."""
@@ -43,6 +44,6 @@ class ErrorList(Static):
             style = "reverse" if i == current else ""
             out.append(f"{who:>6} ", style + " bold")
             out.append(f"{rec.kind.value:<16} ", style + " red")
-            out.append(rec.text.strip()[:200] + "\n", style)
+            out.append(safe_line(rec.text).strip()[:200] + "\n", style)
         out.rstrip()
         self.update(out)

@@ -25,6 +25,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from engine.logparse import classify_error
+from engine.textsafe import safe_lines
 
 DEFAULT_MAX_LINES = 5000
 """Lines a pane keeps; the run directory keeps everything."""
@@ -50,7 +51,9 @@ class PaneBuffer:
         keep = self.texts.maxlen
         if keep is not None and n > keep:
             lines = lines[n - keep :]  # the older ones would be pushed out at once
-        self.texts.extend(lines)
+        # Escape sequences and control characters in rank output never reach the terminal
+        # (one search per batch when there are none).
+        self.texts.extend(safe_lines(lines))
         if self.tags is not None:
             self.tags.extend(repeat(NO_TAG if tag is None else tag, len(lines)))
         self.total += n

@@ -1,0 +1,128 @@
+"""The reaper: a small process the local backend starts beside its node scripts, so that no rank
+outlives a launcher killed outright (SIGKILL, the OOM killer), where no signal handler runs.
+
+It runs in a session of its own (a closed terminal or a Ctrl-C to the launcher's group does not
+reach it) and blocks reading a pipe whose only writer is the launcher. When that pipe closes, for
+whatever reason, it stops every process tagged ``DTRAIN_RUN_ID=<run id>`` in its environment
+(SIGTERM, then SIGKILL after a grace period, until none is left: torchrun puts ranks in sessions
+of their own and a script may ``setsid``, so a process group or a parent-death signal would miss
+some). If the launcher died before writing a final state, it writes one into run.json: ``failed``,
+"launcher died".
+
+Stdlib only, and run as a file (``python -I reaper.py RUN_ID RUN_DIR LAUNCHER_PID``): it starts
+in a few milliseconds and does not import the package. :func:`pids_with_env` and
+:func:`kill_run_processes` are also the launcher's own sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+GRACE_S = 3.0
+"""Seconds between SIGTERM and SIGKILL once the launcher is gone."""
+SWEEP_S = 10.0
+"""How long to go on killing what appears (a process forking as it dies)."""
+FINAL_STATES = ("succeeded", "failed", "stopped")
+DONE = b"done\n"
+"""What the launcher writes before closing the pipe when it ended the run itself."""
+
+
+def pids_with_env(key: str, value: str) -> list[int]:
+    """Processes of this user whose environment holds ``key=value`` (Linux /proc)."""
+    needle = f"{key}={value}".encode()
+    out: list[int] = []
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            out.append(int(entry.name))
+    return out
+
+
+def kill_run_processes(run_id: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal every process tagged with ``DTRAIN_RUN_ID=run_id``; returns their pids."""
+    pids = pids_with_env("DTRAIN_RUN_ID", run_id)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return pids
+
+
+def sweep(run_id: str, grace_s: float = GRACE_S, sweep_s: float = SWEEP_S) -> None:
+    """SIGTERM every process of the run, SIGKILL what is left after ``grace_s``, and go on
+    killing for up to ``sweep_s`` until none is left."""
+    if not kill_run_processes(run_id, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace_s
+    while pids_with_env("DTRAIN_RUN_ID", run_id) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the process table, bounded by the grace period
+    deadline = time.monotonic() + sweep_s
+    while kill_run_processes(run_id, signal.SIGKILL) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def mark_launcher_died(run_dir: Path, pid: int) -> None:
+    """Give run.json a final state when the launcher did not write one."""
+    path = Path(run_dir) / "run.json"
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(info, dict) or info.get("state") in FINAL_STATES:
+        return
+    reason = f"launcher died (pid {pid}); every rank was stopped"
+    ended = datetime.now(tz=UTC).isoformat(timespec="milliseconds")
+    info.update(state="failed", reason=reason, ended_at=ended, launcher_died=True)
+    for r in info.get("ranks") or []:
+        if isinstance(r, dict) and r.get("exit_code") is None:
+            r["reason"] = "stopped"
+    data = (json.dumps(info, indent=2) + "\n").encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=".run.json.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def main(argv: list[str]) -> int:
+    run_id, run_dir, launcher_pid = argv[0], Path(argv[1]), int(argv[2])
+    # Only the pipe ends this process's wait: not the terminal's signals.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(0, 4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        said += chunk
+    sweep(run_id)
+    if DONE not in said:  # the launcher did not say goodbye: it died
+        mark_launcher_died(run_dir, launcher_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
