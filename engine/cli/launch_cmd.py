@@ -276,10 +276,12 @@ def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
     out: Any = None if quiet else sys.stdout
     asked = killed = 0
     killed_at = 0.0
+    said_remote_stop = False
     while not backend.done:
         got = len(stop.got)
         if got > asked:
-            if not asked:
+            # A signal after a stop asked through the run directory is the second request.
+            if not asked and not said_remote_stop:
                 how = _HOW.get(stop.got[0], str(stop.got[0]))
                 _say(f"dtrain-tui: stopping every rank ({how})")
                 backend.request_stop(f"stopped by the user ({how})")
@@ -288,8 +290,8 @@ def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
                 backend.kill()
                 killed, killed_at = 1, time.monotonic()
             asked = got
-        elif not asked and backend.stopping:
-            asked = -1  # a stop asked for through the run directory: say it once
+        elif not asked and not said_remote_stop and backend.stopping:
+            said_remote_stop = True  # a stop asked for through the run directory: say it once
             _say("dtrain-tui: stopping every rank (stop requested from the monitor)")
         if killed and time.monotonic() - killed_at > KILL_WAIT_S:
             _say("dtrain-tui: the run did not end after SIGKILL; leaving it to the reaper")

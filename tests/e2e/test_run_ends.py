@@ -353,6 +353,8 @@ def test_stop_request_in_the_run_directory_stops_the_run(launched: Launcher) -> 
     code = launched.finish()
     assert code == 1, launched.stderr()
     assert "stop requested from the monitor" in launched.stderr()
+    # A polite stop (SIGTERM, grace period), not the second request's SIGKILL.
+    assert "killing every rank now" not in launched.stderr(), launched.stderr()
     assert wait_no_pids(run_id) == []
     info = read_run(launched.run)
     assert info["state"] == "stopped"
