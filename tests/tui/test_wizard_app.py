@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from engine.specs import demo_spec
-from tests.tui.wizard_support import settle, text_of
+from tests.tui.wizard_support import at_step, settle, text_of
 from tui.app import DtrainApp, initial_spec
 from tui.screens.help import HelpScreen
 
@@ -42,7 +42,7 @@ async def _app_wide(tmp_path: Path) -> None:
         await pilot.pause(0.5)
         await pilot.press("enter")
         await pilot.pause(0.2)
-        assert app.wizard.current == "decision"
+        await at_step(pilot, "decision")
         await pilot.press("ctrl+p")
         await pilot.pause(0.2)
         await pilot.press(*"write bundle")

@@ -10,7 +10,7 @@ from pathlib import Path
 from textual.widgets import OptionList
 
 from engine.specs import Strategy, demo_spec
-from tests.tui.wizard_support import focused_id, retype, settle, text_of
+from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of
 from tui.app import DtrainApp
 
 
@@ -50,12 +50,12 @@ async def _dense(tmp_path: Path) -> None:
         summary = text_of(app, "#model-summary")
         assert "llama-3-8b" in summary and "8.03 B parameters" in summary
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "hardware"
+        await at_step(pilot, "hardware")
         await _hardware(pilot, "h100-sxm", 8, 2)
         assert "H100" in text_of(app, "#hardware-summary")
         assert "world size 16" in text_of(app, "#hardware-summary")
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "network"
+        await at_step(pilot, "network")
         # Network tier: open the select, move up from tcp to ib-ndr, pick it.
         assert focused_id(app) == "f-tier"
         await pilot.press("enter", "up", "up", "up", "enter")
@@ -69,7 +69,7 @@ async def _dense(tmp_path: Path) -> None:
         await pilot.press("tab")
         await retype(pilot, "512")
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "decision"
+        await at_step(pilot, "decision")
         await settle(pilot)
         plan = app.plan
         assert plan is not None and plan.model.name == "llama-3-8b" and plan.world_size == 16
@@ -86,7 +86,7 @@ async def _dense(tmp_path: Path) -> None:
         assert len(cards) == 1 + min(len(plan.alternatives), 3)
         assert "step time" in text_of(app, "#metrics")
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "configs"
+        await at_step(pilot, "configs")
         files = app.bundle
         assert {"plan.json", "launch_node0.sh", "launch_node1.sh", "nccl.env"} <= set(files)
         assert "new file" in text_of(app, "#preview-body")
@@ -99,13 +99,13 @@ async def _dense(tmp_path: Path) -> None:
         assert (out / "launch_node1.sh").exists() and (out / "bundle.json").exists()
         # Back to training, halve the batch: the configs step now diffs against what is on disk.
         await pilot.press("ctrl+b", "ctrl+b")
-        assert app.wizard.current == "training"
+        await at_step(pilot, "training")
         await pilot.press("tab")
         assert focused_id(app) == "f-global_batch"
         await retype(pilot, "256")
         await pilot.press("ctrl+n", "ctrl+n")
         await settle(pilot)
-        assert app.wizard.current == "configs"
+        await at_step(pilot, "configs")
         names = sorted(app.bundle)
         file_list = app.screen.query_one("#file-list", OptionList)
         labels = [str(file_list.get_option_at_index(i).prompt) for i in range(len(names))]
@@ -149,7 +149,7 @@ async def _moe(tmp_path: Path) -> None:
         await pilot.press("ctrl+n")
         await _hardware(pilot, "h100-sxm", 8, 2)
         await pilot.press("ctrl+n", "ctrl+n")
-        assert app.wizard.current == "training"
+        await at_step(pilot, "training")
         await pilot.press("ctrl+n")
         await settle(pilot)
         plan = app.plan
@@ -173,12 +173,12 @@ async def _moe(tmp_path: Path) -> None:
         refusal = text_of(app, "#plan-status")
         assert refusal.startswith("✗") and "3" in refusal
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "decision"
+        await at_step(pilot, "decision")
         await pilot.press("ctrl+a", "ctrl+k")
         await settle(pilot)
         assert app.plan is not None and app.plan.recommended.strategy == Strategy.ZERO3
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "configs"
+        await at_step(pilot, "configs")
         await pilot.press("ctrl+s")
         await settle(pilot)
         assert text_of(app, "#write-result").startswith("✓ wrote")

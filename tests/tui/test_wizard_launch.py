@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.specs import demo_spec
-from tests.tui.wizard_support import settle
+from tests.tui.wizard_support import at_step, settle
 from tui.app import DtrainApp
 
 
@@ -31,7 +31,7 @@ async def _launch(tmp_path: Path) -> None:
         await settle(pilot)
         await pilot.press(*["ctrl+n"] * 6)
         await settle(pilot)
-        assert app.wizard.current == "launch"
+        await at_step(pilot, "launch")
         await pilot.press("ctrl+l")
         for _ in range(300):
             await pilot.pause(0.1)

@@ -10,7 +10,7 @@ from textual import events
 from textual.widgets import Input
 
 from engine.specs import demo_spec
-from tests.tui.wizard_support import focused_id, retype, settle, text_of
+from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of
 from tui.app import DtrainApp
 from tui.widgets.field_row import FieldRow
 
@@ -36,13 +36,13 @@ async def _invalid(tmp_path: Path) -> None:
         assert app.wizard.step_errors["model"]
         assert "✗" in text_of(app, "#nav")
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "model"  # refused
+        await at_step(pilot, "model")  # refused
         assert "fix model first" in text_of(app, "#status-line")
         # The mouse can't skip it either: the Next button and the sidebar refuse too.
         await pilot.click("#next")
-        assert app.wizard.current == "model"
+        await at_step(pilot, "model")
         await pilot.click("#nav", offset=(4, 5))  # "5 Decision"
-        assert app.wizard.current == "model"
+        await at_step(pilot, "model")
         # Odd input: unicode, pasted text, huge numbers, negatives, empty; none crashes.
         assert focused_id(app) == "f-heads"
         for text in ("八", "-4", "", "1e400", "0x10", "3.5"):
@@ -62,7 +62,7 @@ async def _invalid(tmp_path: Path) -> None:
         assert _row(app, "heads").error == ""
         assert not app.wizard.step_errors["model"]
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "hardware"
+        await at_step(pilot, "hardware")
         # Hardware: a negative node count and an unknown GPU, each with its own message.
         await retype(pilot, "warp-drive-9000")
         assert "warp-drive-9000" in _row(app, "gpu").error
@@ -74,22 +74,22 @@ async def _invalid(tmp_path: Path) -> None:
         await retype(pilot, "-2")
         assert "greater than or equal to 1" in _row(app, "nodes").error
         await pilot.press("ctrl+n")
-        assert app.wizard.current == "hardware"
+        await at_step(pilot, "hardware")
         # Back always works, even from an invalid step, and the sidebar shows which is invalid.
         await pilot.press("ctrl+b")
-        assert app.wizard.current == "model"
+        await at_step(pilot, "model")
         nav = text_of(app, "#nav")
         hw_line = next(line for line in nav.splitlines() if "Hardware" in line)
         assert "✗" in hw_line
         await pilot.click("#nav", offset=(4, 2))  # "2 Hardware" (back to it is allowed)
-        assert app.wizard.current == "hardware"
+        await at_step(pilot, "hardware")
         app.set_focus(app.screen.query_one("#f-nodes", Input))
         await retype(pilot, "2")
         await settle(pilot)
         assert not app.wizard.step_errors["hardware"]
         assert app.spec.hardware.nodes == 2
         await pilot.click("#next")
-        assert app.wizard.current == "network"
+        await at_step(pilot, "network")
 
 
 def test_model_sources_preset_search_config_json_and_count(tmp_path: Path) -> None:

@@ -24,6 +24,22 @@ async def settle(pilot: Pilot[int], rounds: int = 200) -> None:
     raise AssertionError("the wizard did not settle (planning or writing never finished)")
 
 
+async def at_step(pilot: Pilot[int], step: str, timeout: float = 15.0) -> None:
+    """Wait until the wizard shows ``step``. A move is done only once the step's pane is
+    mounted, which can take longer than Pilot's pause after a key or click on a busy machine:
+    wait for the state, with a deadline (a refused move is checked at once: it stays)."""
+    import time
+
+    app = pilot.app
+    assert isinstance(app, DtrainApp)
+    deadline = time.monotonic() + timeout
+    while app.wizard is None or app.wizard.current != step:
+        if time.monotonic() > deadline:
+            where = app.wizard.current if app.wizard is not None else None
+            raise AssertionError(f"the wizard is at {where!r}, not {step!r}")
+        await pilot.pause(0.01)
+
+
 async def retype(pilot: Pilot[int], text: str) -> None:
     """Clear the focused input (Ctrl+A, Ctrl+K) and type ``text``."""
     assert isinstance(pilot.app.focused, Input), f"focus is on {pilot.app.focused!r}"
