@@ -34,15 +34,16 @@ run: $(STAMP)
 	$(BIN)/dtrain-tui
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine tui profiles tests benchmarks
-	$(BIN)/ruff format --check engine tui profiles tests benchmarks
+	$(BIN)/ruff check cli engine tui profiles tests benchmarks
+	$(BIN)/ruff format --check cli engine tui profiles tests benchmarks
+	$(BIN)/lint-imports
 
 types: $(STAMP)
-	$(BIN)/mypy engine profiles
+	$(BIN)/mypy cli engine tui profiles
 
 format: $(STAMP)
-	$(BIN)/ruff format engine tui profiles tests benchmarks
-	$(BIN)/ruff check --fix engine tui profiles tests benchmarks
+	$(BIN)/ruff format cli engine tui profiles tests benchmarks
+	$(BIN)/ruff check --fix cli engine tui profiles tests benchmarks
 
 test: $(STAMP) system-deps lint types
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -6,7 +6,7 @@ that prefix each line ``[default<i>]:`` as ``torchrun --tee 3`` does -> the laun
 :class:`LocalBackend` (pipe reader, rank splitter, run-directory writer) -> ``MonitorScreen``'s
 reader thread -> panes. ``--mode rundir``: the printers write ``RUN/logs/rank<R>.stdout.log``
 (16 writer processes, as a launch's run directory fills) and the monitor tails the directory
-(:class:`engine.runtail.RunDirSource`), the ``dtrain-tui monitor RUN_DIR`` path.
+(:class:`engine.monitor.tail.RunDirSource`), the ``dtrain-tui monitor RUN_DIR`` path.
 
 Measured: lines/s delivered to panes (all lines, start to last line shown), the worst delay of a
 key press (a key is pressed every 100 ms and timed until its action ran), the worst UI timer lag,
@@ -76,7 +76,7 @@ def rss_mb() -> float:
 
 
 def make_bundle(root: Path, procs: int, per_proc: int) -> Path:
-    from engine.bundle import BundleManifest
+    from engine.write.manifest import BundleManifest
 
     b = root / "bundle"
     b.mkdir(parents=True)
@@ -154,7 +154,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
         bundle = make_bundle(tmp, procs, per_proc)
         source: Any = LocalBackend(bundle, run, LaunchOptions(hang_timeout_s=600))
     else:
-        from engine.runtail import RunDirSource
+        from engine.monitor.tail import RunDirSource
 
         make_run_dir(run, procs)
         source = RunDirSource(run)

@@ -54,7 +54,7 @@ def _cli() -> list[str]:
     if exe.exists():
         return [str(exe)]
     found = shutil.which("dtrain-tui")
-    return [found] if found else [sys.executable, "-m", "engine"]
+    return [found] if found else [sys.executable, "-m", "cli"]
 
 
 def main() -> int:
@@ -76,8 +76,8 @@ def main() -> int:
                 return 1
     probe = (
         "import sys, time\n"
-        "from engine.planner import plan\n"
-        "from engine.specs import Spec, ModelSpec, HardwareSpec, NetworkSpec\n"
+        "from engine.plan.planner import plan\n"
+        "from engine.plan.specs import Spec, ModelSpec, HardwareSpec, NetworkSpec\n"
         "specs = [Spec(model=ModelSpec(preset=m), hardware=HardwareSpec(gpu=g, gpus_per_node=8, nodes=n),"
         " network=NetworkSpec(tier='ib')) for m, g, n in"
         " [('llama-2-7b', 'a100-80gb', 1), ('llama-2-70b', 'h100-sxm', 4), ('mixtral-8x7b', 'h100-sxm', 4)]]\n"

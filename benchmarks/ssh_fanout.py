@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.launch import LaunchOptions  # noqa: E402
 from engine.launch.ssh import SshBackend  # noqa: E402
-from engine.specs import Host  # noqa: E402
+from engine.plan.specs import Host  # noqa: E402
 from tests.e2e.launch_util import collect, make_bundle  # noqa: E402
 from tests.e2e.sshd import sshd_path, start_many  # noqa: E402
 

@@ -34,7 +34,7 @@ HEAVY = ("torch", "deepspeed", "sky")
 _IMPORT_PROBE = """
 import asyncio, sys
 from tui.app import DtrainApp
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 
 async def main():
     app = DtrainApp(demo_spec(), plan_delay_s=0.01)

@@ -1,4 +1,4 @@
-"""The profile document: a named, versioned TOML file holding a whole :class:`~engine.specs.Spec`
+"""The profile document: a named, versioned TOML file holding a whole :class:`~engine.plan.specs.Spec`
 (model, hardware, network, training, forced layout, launch) plus a ``[profile]`` metadata table.
 
 Used by :mod:`profiles.store` (which reads and writes the files) and by every surface that saves
@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.errors import DtrainError
-from engine.specs import Spec
+from engine.plan.specs import Spec
 
 SCHEMA_VERSION = 2
 """The version this dtrain-tui writes. 1: the 0.0.x pre-release layout (metadata at top level,

@@ -1,7 +1,7 @@
 """Where profiles live and how they are read and written.
 
 ``ProfileStore(config_dir)`` is used by the CLI (``--profile NAME`` on plan/write/launch via
-``engine.cli.spec_options``, and ``dtrain-tui profiles ...``) and by the wizard's profile screen.
+``cli.spec_options``, and ``dtrain-tui profiles ...``) and by the wizard's profile screen.
 It promises:
 
 * One file per profile at ``<config dir>/profiles/NAME.toml``; the config dir is the
@@ -36,7 +36,7 @@ from tomlkit.toml_document import TOMLDocument
 
 from engine.errors import validation_messages
 from engine.fsio import atomic_write_text, sweep_stale_temps
-from engine.specs import Spec
+from engine.plan.specs import Spec
 from profiles.schema import (
     SCHEMA_VERSION,
     SPEC_SECTIONS,

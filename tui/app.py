@@ -1,6 +1,6 @@
-"""``dtrain-tui`` with no subcommand: the wizard. ``engine.cli.main`` calls :func:`run_app`.
+"""``dtrain-tui`` with no subcommand: the wizard. ``cli.main`` calls :func:`run_app`.
 
-The app holds the one :class:`~engine.specs.Spec` being edited; each step edits one part of it.
+The app holds the one :class:`~engine.plan.specs.Spec` being edited; each step edits one part of it.
 Every change re-plans in a worker thread (exclusive: a newer spec cancels the older job, whose
 result is then ignored), then renders the bundle in the same thread, so the UI thread only ever
 draws. Nothing here imports torch, deepspeed or sky; the engine modules that need them are
@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 
 from engine.errors import DtrainError, one_line
-from engine.specs import Spec, demo_spec
+from engine.plan.specs import Spec, demo_spec
 from tui import services
 from tui.format import count, seconds
 from tui.messages import (
@@ -35,7 +35,7 @@ from tui.messages import (
 from tui.screens.step import StepPane
 
 if TYPE_CHECKING:
-    from engine.plan import Plan
+    from engine.plan.result import Plan
     from tui.screens.wizard import WizardScreen
 
 DEFAULT_PROFILE = "local-cpu-demo"

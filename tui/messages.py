@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:  # annotations only: importing them costs start-up time
-    from engine.monitor_state import Snapshot as MonitorSnapshot
-    from engine.plan import Plan
+    from engine.monitor.state import Snapshot as MonitorSnapshot
+    from engine.plan.result import Plan
 
 
 @dataclass

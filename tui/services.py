@@ -16,10 +16,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from engine.specs import ModelDims, ModelSpec, NetworkTier, Spec
+from engine.plan.specs import ModelDims, ModelSpec, NetworkTier, Spec
 
 if TYPE_CHECKING:
-    from engine.plan import Plan
+    from engine.plan.result import Plan
 
 
 class Unavailable(Exception):
@@ -44,8 +44,8 @@ def _func(mod: str, name: str, what: str) -> Any:
 
 def presets() -> list[tuple[str, str]]:
     """(name, one-line description) of every built-in model preset, in catalog order."""
-    items = _func("engine.models", "list_presets", "model presets")()
-    describe = getattr(_module("engine.models", "model presets"), "preset_description", None)
+    items = _func("engine.plan.models", "list_presets", "model presets")()
+    describe = getattr(_module("engine.plan.models", "model presets"), "preset_description", None)
     out: list[tuple[str, str]] = []
     for item in items:
         name = item if isinstance(item, str) else str(getattr(item, "name", item))
@@ -61,35 +61,35 @@ def presets() -> list[tuple[str, str]]:
 
 def resolve_model(model: ModelSpec) -> ModelDims:
     """Exact dimensions and parameter counts of ``model``."""
-    dims: ModelDims = _func("engine.models", "resolve_model", "model resolver")(model)
+    dims: ModelDims = _func("engine.plan.models", "resolve_model", "model resolver")(model)
     return dims
 
 
 def list_gpus() -> list[Any]:
-    """The accelerator catalog (``engine.catalog.GpuType`` items)."""
-    gpus: list[Any] = _func("engine.catalog", "list_gpus", "GPU catalog")()
+    """The accelerator catalog (``engine.plan.catalog.GpuType`` items)."""
+    gpus: list[Any] = _func("engine.plan.catalog", "list_gpus", "GPU catalog")()
     return gpus
 
 
 def get_gpu(key: str) -> Any:
-    return _func("engine.catalog", "get_gpu", "GPU catalog")(key)
+    return _func("engine.plan.catalog", "get_gpu", "GPU catalog")(key)
 
 
 def get_network(tier: NetworkTier) -> Any:
-    return _func("engine.catalog", "get_network", "network catalog")(tier)
+    return _func("engine.plan.catalog", "get_network", "network catalog")(tier)
 
 
 def make_plan(spec: Spec) -> Plan:
     """Run the planner (called from a worker thread)."""
-    result: Plan = _func("engine.planner", "plan", "planner")(spec)
+    result: Plan = _func("engine.plan.planner", "plan", "planner")(spec)
     return result
 
 
 def _writers() -> ModuleType:
     try:
-        return _module("engine.writers", "config writers")
+        return _module("engine.write", "config writers")
     except Unavailable:
-        return _module("engine.writers.bundle", "config writers")
+        return _module("engine.write.bundle", "config writers")
 
 
 def render_bundle(plan: Plan) -> dict[str, str]:
@@ -122,7 +122,7 @@ def start_run(spec: Spec, bundle_dir: Path, run_root: Path | None) -> tuple[Any,
     it and watches it), and its run directory under ``run_root`` (None: the engine's default)."""
     launch = _module("engine.launch", "launch backends")
     base = _module("engine.launch.base", "launch backends")
-    from engine.bundle import read_manifest
+    from engine.write.manifest import read_manifest
 
     sl = spec.launch
     options = base.LaunchOptions(

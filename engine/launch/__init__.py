@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.launch.base import Backend, LaunchError, LaunchOptions
+from engine.launch.base import LaunchBackend, LaunchError, LaunchOptions
 
-__all__ = ["Backend", "LaunchError", "LaunchOptions", "make_backend"]
+__all__ = ["LaunchBackend", "LaunchError", "LaunchOptions", "make_backend"]
 
 
 def make_backend(
     kind: str, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
-) -> Backend:
+) -> LaunchBackend:
     """The backend named ``kind`` (local | ssh | skypilot) for ``bundle_dir``."""
     if kind == "local":
         from engine.launch.local import LocalBackend

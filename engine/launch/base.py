@@ -1,6 +1,6 @@
 """One interface for every way of starting a run (local torchrun, SSH, SkyPilot).
 
-:class:`Backend` implements :class:`engine.events.EventSource`. Its public ``start`` / ``poll`` /
+:class:`LaunchBackend` implements :class:`engine.monitor.events.EventSource`. Its public ``start`` / ``poll`` /
 ``stop`` add what every backend needs around the subclass's ``_start`` / ``_kill_node`` (as
 SkyPilot's own backends wrap ``_provision`` / ``_execute``): timing, turning any failure into one
 :class:`LaunchError` line, the run directory, splitting lines per rank, per-rank exit codes, the
@@ -34,12 +34,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.bundle import BundleManifest, read_manifest
 from engine.errors import DtrainError
-from engine.events import STDERR, STDOUT, Event, LineBatch, LineEvent, RankExit, RunStateChanged
-from engine.launch.rundir import RunDir, default_run_dir, iso
-from engine.launcher_state import launcher_record, take_stop_request
-from engine.specs import Host
+from engine.monitor.events import (
+    STDERR,
+    STDOUT,
+    Event,
+    LineBatch,
+    LineEvent,
+    RankExit,
+    RunStateChanged,
+)
+from engine.plan.specs import Host
+from engine.rundir.files import RunDir, default_run_dir, iso
+from engine.rundir.launcher import launcher_record, take_stop_request
+from engine.write.manifest import BundleManifest, read_manifest
 
 # torchrun --tee 3: "[default<local_rank>]:" before each line of a rank.
 _TEE_RE = re.compile(rb"^\[default(\d+)\]:")
@@ -149,7 +157,7 @@ class NodeState:
     root_rank: int | None = None
 
 
-class Backend(ABC):
+class LaunchBackend(ABC):
     """Abstract launch backend. Use: ``start()``, then ``poll()`` until ``done``; ``stop()``."""
 
     name = "base"
@@ -453,7 +461,7 @@ class Backend(ABC):
             dirty = True
         if "\r" in text:
             text = text.replace("\r\n", "\n")  # a CR before the newline is not part of a line
-        if type(self)._split is not Backend._split:
+        if type(self)._split is not LaunchBackend._split:
             groups = self._group_per_line(node, stream, text)
         else:
             groups = self._group_runs(node, stream, text)
@@ -493,7 +501,7 @@ class Backend(ABC):
         by torchrun's ``[default<L>]:`` tee prefixes. ``_control_line`` sees only the lines
         without a rank prefix."""
         cls = type(self)
-        ctrl = self._control_line if cls._control_line is not Backend._control_line else None
+        ctrl = self._control_line if cls._control_line is not LaunchBackend._control_line else None
         base = node * self.manifest.gpus_per_node
         groups: dict[_Key, list[str]] = {}
         tee, next_tagged, runs = _TEE_STR_RE.match, _NEXT_TAGGED_RE.search, _RUNS
@@ -549,7 +557,7 @@ class Backend(ABC):
     def _group_per_line(self, node: int, stream: str, text: str) -> dict[_Key, list[str]]:
         """Like :meth:`_group_runs`, line by line through the subclass's ``_split``."""
         cls = type(self)
-        ctrl = self._control_line if cls._control_line is not Backend._control_line else None
+        ctrl = self._control_line if cls._control_line is not LaunchBackend._control_line else None
         groups: dict[_Key, list[str]] = {}
         lines = text.split("\n")
         lines.pop()  # text ends with a newline

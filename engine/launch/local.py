@@ -6,7 +6,7 @@ Each node script runs from the run directory's copy of the bundle, in its own se
 sessions of their own, so stopping is: SIGTERM to the script's process group (torchrun forwards
 it to its ranks), SIGKILL after a grace period, then SIGKILL to any process still carrying this
 run's ``DTRAIN_RUN_ID`` in its environment (found through /proc): nothing of the run survives.
-After :meth:`Backend.kill` (a second Ctrl-C) the grace period is cut short: SIGKILL at once.
+After :meth:`LaunchBackend.kill` (a second Ctrl-C) the grace period is cut short: SIGKILL at once.
 
 Before any node starts, a reaper process (:mod:`engine.launch.reaper`) is started holding a pipe
 from this launcher: if the launcher is killed outright (SIGKILL, where no handler runs), the pipe
@@ -28,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from engine.events import STDERR, STDOUT
 from engine.launch import reaper
-from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
+from engine.launch.base import STOP_GRACE_S, LaunchBackend, LaunchError
 from engine.launch.reaper import kill_run_processes, pids_with_env
+from engine.monitor.events import STDERR, STDOUT
 
 __all__ = ["LocalBackend", "find_torchrun", "free_port", "kill_run_processes", "pids_with_env"]
 
@@ -65,7 +65,7 @@ def find_torchrun() -> str:
     return shutil.which("torchrun") or "torchrun"
 
 
-class LocalBackend(Backend):
+class LocalBackend(LaunchBackend):
     """torchrun on this machine, one launch script per node."""
 
     name = "local"

@@ -25,8 +25,8 @@ import re
 import threading
 from typing import Any
 
-from engine.events import STDOUT
-from engine.launch.base import Backend, LaunchError
+from engine.launch.base import LaunchBackend, LaunchError
+from engine.monitor.events import STDOUT
 
 _ANSI_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 _SKY_RE = re.compile(
@@ -68,7 +68,7 @@ class _PipeWriter(io.TextIOBase):
         return False
 
 
-class SkyPilotBackend(Backend):
+class SkyPilotBackend(LaunchBackend):
     """The whole job is one SkyPilot job; lines are attributed to nodes by SkyPilot's prefixes."""
 
     name = "skypilot"

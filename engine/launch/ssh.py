@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
-from engine.events import STDERR, STDOUT
-from engine.launch.base import STOP_GRACE_S, Backend, LaunchError
-from engine.specs import Host
+from engine.launch.base import STOP_GRACE_S, LaunchBackend, LaunchError
+from engine.monitor.events import STDERR, STDOUT
+from engine.plan.specs import Host
 
 _READY_RE = re.compile(rb"^@@dtrain-ready (\d+)$")
 # What a wrapper's early exit status means (see remote_command).
@@ -134,7 +134,7 @@ class _HostKeyPolicy:
             self.backend._notes.append(f"{self.label}: accepted new host key {key.get_name()} {fp}")
 
 
-class SshBackend(Backend):
+class SshBackend(LaunchBackend):
     """Run each node's script over SSH."""
 
     name = "ssh"

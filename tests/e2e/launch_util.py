@@ -1,5 +1,5 @@
-"""Helpers for the launch tests: tiny bundles (written by ``engine.writers`` when it is there,
-else by hand following the engine/bundle.py contract), free ports, process-table checks."""
+"""Helpers for the launch tests: tiny bundles (written by ``engine.write`` when it is there,
+else by hand following the engine/write/manifest.py contract), free ports, process-table checks."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.bundle import BundleManifest
 from engine.launch.local import pids_with_env
+from engine.write.manifest import BundleManifest
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "engine" / "trainer" / "train.py"
@@ -154,7 +154,7 @@ TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--
 
 def write_bundle(out: Path, *args: str, steps: int = 3, nodes: int = 1) -> Path:
     """A bundle written by dtrain-tui's own writers (``dtrain-tui write``) for a tiny CPU model."""
-    from engine.cli import main
+    from cli import main
 
     argv = [
         "write",
@@ -180,8 +180,8 @@ def write_bundle(out: Path, *args: str, steps: int = 3, nodes: int = 1) -> Path:
 
 def collect(backend: Any, timeout: float = 180.0) -> list[Any]:
     """Poll ``backend`` until done; every event, in order, line batches spelled out line by
-    line (:func:`engine.events.per_line`)."""
-    from engine.events import per_line
+    line (:func:`engine.monitor.events.per_line`)."""
+    from engine.monitor.events import per_line
 
     events: list[Any] = []
     deadline = time.monotonic() + timeout

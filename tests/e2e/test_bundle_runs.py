@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.bundle import read_manifest
-from engine.cli import main
+from cli import main
+from engine.write.manifest import read_manifest
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import LineEvent, RankExit, RunStateChanged, per_line
 from engine.launch import LaunchOptions
 from engine.launch.local import LocalBackend
-from engine.launch.rundir import read_run
+from engine.monitor.events import LineEvent, RankExit, RunStateChanged, per_line
+from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, make_bundle, rank_pid, wait_no_pids, write_bundle
 
 pytestmark = pytest.mark.slow
@@ -172,7 +172,7 @@ def test_stop_ends_stopped_and_kills_everything(tmp_path: Path) -> None:
 
 def test_cli_write_then_launch_trains_and_exits_0(tmp_path: Path) -> None:
     """The issue's own commands, as a user types them (tiny step count to stay fast)."""
-    exe = [sys.executable, "-m", "engine"]
+    exe = [sys.executable, "-m", "cli"]
     b, r = tmp_path / "B", tmp_path / "R"
     w = subprocess.run(
         [*exe, "write", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1024",
@@ -210,7 +210,7 @@ def test_ctrl_c_on_the_cli_stops_every_rank_and_exits_130(tmp_path: Path, inheri
     b = _fake_bundle(tmp_path, "echo '[default1]:hello'\nsetsid sleep 300 &\nsleep 300\n")
     run = tmp_path / "run"
     p = subprocess.Popen(
-        [sys.executable, "-m", "engine", "launch", str(b), "--run-dir", str(run)],
+        [sys.executable, "-m", "cli", "launch", str(b), "--run-dir", str(run)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from engine.events import LineEvent, RankExit, per_line
 from engine.launch import LaunchError, LaunchOptions
-from engine.launch.rundir import read_run
 from engine.launch.skypilot import SkyPilotBackend, cluster_name_for
+from engine.monitor.events import LineEvent, RankExit, per_line
+from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, write_bundle
 
 sky = pytest.importorskip("sky")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import LineEvent, per_line
 from engine.launch import LaunchError, LaunchOptions
-from engine.launch.rundir import read_run
 from engine.launch.ssh import HostKeyError, SshBackend
-from engine.specs import Host
+from engine.monitor.events import LineEvent, per_line
+from engine.plan.specs import Host
+from engine.rundir.files import read_run
 from tests.e2e.launch_util import (
     collect,
     free_port,

@@ -25,8 +25,8 @@ import pytest
 
 from engine.launch import LaunchOptions
 from engine.launch.local import LocalBackend, kill_run_processes
-from engine.launch.rundir import RunDir, read_run
-from engine.runtail import RunDirSource
+from engine.monitor.tail import RunDirSource
+from engine.rundir.files import RunDir, read_run
 from tests.e2e.launch_util import collect, make_bundle, run_pids, wait_no_pids
 
 pytestmark = pytest.mark.slow
@@ -50,13 +50,13 @@ def stubborn_bundle(tmp_path: Path, body: str = STUBBORN) -> Path:
 
 
 class Launcher:
-    """``python -m engine launch BUNDLE --run-dir RUN`` in a subprocess, its stderr read on a
+    """``python -m cli launch BUNDLE --run-dir RUN`` in a subprocess, its stderr read on a
     thread so a test can wait for a line of it."""
 
     def __init__(self, bundle: Path, run: Path, *extra: str, **popen: Any) -> None:
         self.run = run
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine", "launch", str(bundle), "--run-dir", str(run), *extra],
+            [sys.executable, "-m", "cli", "launch", str(bundle), "--run-dir", str(run), *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -164,7 +164,7 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_reads_launcher_died(
     assert info["state"] == "failed" and "launcher died" in info["reason"], info
     # `monitor --follow` ends, saying why.
     p = subprocess.run(
-        [sys.executable, "-m", "engine", "monitor", str(launched.run), "--follow"],
+        [sys.executable, "-m", "cli", "monitor", str(launched.run), "--follow"],
         capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
     )  # fmt: skip
     assert p.returncode == 1, p.stderr
@@ -187,7 +187,7 @@ def _write_running(run: Path, launcher: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("how", ["pid gone", "pid reused"])
 def test_a_reader_reports_a_dead_launcher_and_follow_ends(tmp_path: Path, how: str) -> None:
-    from engine.launcher_state import launcher_record
+    from engine.rundir.launcher import launcher_record
 
     rec = launcher_record()
     if how == "pid gone":
@@ -306,7 +306,7 @@ def test_full_run_directory_in_process_no_thread_dies(
 # ---- point 4: Ctrl-C while starting: 130, never a traceback ----------------------------------
 
 
-# SIGINT from a thread inside the child, ``delay`` seconds after engine/__main__ began (waited
+# SIGINT from a thread inside the child, ``delay`` seconds after cli/__main__ began (waited
 # for as a state: the module running as __main__). The delay is the test's subject, not a wait.
 _CTRL_C_AFTER = """
 import os, runpy, signal, sys, threading, time
@@ -314,14 +314,14 @@ def ctrl_c():
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         main = sys.modules.get("__main__")
-        if str(getattr(main, "__file__", "")).endswith(os.path.join("engine", "__main__.py")):
+        if str(getattr(main, "__file__", "")).endswith(os.path.join("cli", "__main__.py")):
             break
         time.sleep(0.0005)
     time.sleep(DELAY)
     os.kill(os.getpid(), signal.SIGINT)
 threading.Thread(target=ctrl_c, daemon=True).start()
 sys.argv = ["dtrain-tui", "launch", BUNDLE, "--run-dir", RUN]
-runpy.run_module("engine", run_name="__main__", alter_sys=True)
+runpy.run_module("cli", run_name="__main__", alter_sys=True)
 """
 
 
@@ -346,7 +346,7 @@ def test_ctrl_c_while_starting_is_never_a_traceback(tmp_path: Path, delay: float
 
 
 def test_stop_request_in_the_run_directory_stops_the_run(launched: Launcher) -> None:
-    from engine.launcher_state import request_stop
+    from engine.rundir.launcher import request_stop
 
     run_id = launched.run_id()
     request_stop(launched.run)

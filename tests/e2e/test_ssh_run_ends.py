@@ -1,6 +1,6 @@
 """Runs over SSH always end: whatever happens to the launcher (SIGKILL, SIGTERM, SIGHUP, Ctrl-C
 twice), no process of the run is left on any node. The launcher is the real CLI
-(``python -m engine launch``) in a subprocess, the nodes two real sshd on 127.0.0.1.
+(``python -m cli launch``) in a subprocess, the nodes two real sshd on 127.0.0.1.
 
 Also here: the remote cleanup matches the run id as a whole string, run ids never hold control
 characters, ``launch.ssh_user`` is used, and a bundle written without hosts gets node 0's
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from engine.launch import LaunchError, LaunchOptions
-from engine.launch.rundir import read_run
 from engine.launch.ssh import _SWEEP_FN, SshBackend
-from engine.specs import Host, LaunchSpec
+from engine.plan.specs import Host, LaunchSpec
+from engine.rundir.files import read_run
 from tests.e2e.launch_util import (
     REPO,
     collect,
@@ -74,7 +74,7 @@ def _ssh_flags(servers: list[Sshd], key: Path, kh: Path, tmp: Path) -> list[str]
 
 
 class Launcher:
-    """``python -m engine launch ...`` in a subprocess; its stdout read on a thread."""
+    """``python -m cli launch ...`` in a subprocess; its stdout read on a thread."""
 
     def __init__(self, argv: list[str], run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -82,7 +82,7 @@ class Launcher:
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine", "launch", *argv, "--run-dir", str(run_dir)],
+            [sys.executable, "-m", "cli", "launch", *argv, "--run-dir", str(run_dir)],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=open(self.err, "wb"),  # noqa: SIM115 - closed with the process
@@ -160,7 +160,7 @@ def test_sigterm_or_sighup_of_the_launcher_stops_the_run(
     la.proc.send_signal(sig)
     la.proc.wait(30)
     assert wait_no_pids(rid, timeout=20) == [], la.report()
-    # Handled as a stop (engine/cli/launch_cmd.py): the run directory says so.
+    # Handled as a stop (cli/launch_cmd.py): the run directory says so.
     assert read_run(la.run_dir)["state"] != "running", la.report()
 
 
@@ -252,7 +252,7 @@ def test_run_dir_with_a_control_character_is_refused(tmp_path: Path) -> None:
         assert ei.value.field == "--run-dir" and "\n" not in str(ei.value)
         assert not (tmp_path / bad).exists()
     proc = subprocess.run(
-        [sys.executable, "-m", "engine", "launch", str(b), "--run-dir", str(tmp_path / "a\nb")],
+        [sys.executable, "-m", "cli", "launch", str(b), "--run-dir", str(tmp_path / "a\nb")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -270,8 +270,8 @@ def test_run_dir_with_a_control_character_is_refused(tmp_path: Path) -> None:
 def test_profile_ssh_user_is_used_for_hosts_without_a_user(
     cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
 ) -> None:
-    from engine.cli import build_parser
-    from engine.cli.launch_cmd import _options
+    from cli import build_parser
+    from cli.launch_cmd import _options
 
     args = build_parser().parse_args(["launch"])
     assert _options(args, [], LaunchSpec(ssh_user="ubuntu")).ssh_user == "ubuntu"

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from engine.catalog import get_gpu, get_network, list_gpus, resolve_gpu_key
-from engine.specs import HardwareSpec, NetworkTier, Precision
+from engine.plan.catalog import get_gpu, get_network, list_gpus, resolve_gpu_key
+from engine.plan.specs import HardwareSpec, NetworkTier, Precision
 
 REQUIRED = {
     "v100-32gb",

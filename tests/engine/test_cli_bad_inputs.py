@@ -1,7 +1,7 @@
 """Bad input to the CLI is one line naming the field, exit 2; never a traceback.
 
 A corpus of more than 300 bad inputs, built below, goes through ``plan``, ``write``, ``launch``,
-``monitor``, ``profiles`` and ``model`` in-process (``engine.cli.main``; fast), a hypothesis
+``monitor``, ``profiles`` and ``model`` in-process (``cli.main``; fast), a hypothesis
 search adds random junk for every numeric option, and a small sample runs as a real subprocess.
 Every input fails before anything is planned, written or started, so none needs a GPU or a
 network. The regression tests after the corpus pin each reported case of issue 10 (points 16, 17).
@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.cli import main
-from engine.cli.spec_options import _LAUNCH_OPTS, _MODEL_OPTS, _OTHER_OPTS, whole_number
+from cli import main
+from cli.spec_options import _LAUNCH_OPTS, _MODEL_OPTS, _OTHER_OPTS, whole_number
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -598,7 +598,7 @@ def test_a_sample_as_real_subprocesses(corpus: list[Case]) -> None:
     sample = safe[:: max(1, len(safe) // 12)][:12]
     for case in sample:
         p = subprocess.run(
-            [sys.executable, "-m", "engine", *case.argv],
+            [sys.executable, "-m", "cli", *case.argv],
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -694,7 +694,7 @@ def test_a_full_disk_in_write_is_one_line(tmp_path: Path) -> None:
 def test_main_turns_an_escaping_system_error_into_one_line(
     exc: BaseException, needle: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.cli.plan_cmd as plan_cmd
+    import cli.plan_cmd as plan_cmd
 
     def boom(args: object) -> int:
         raise exc

@@ -1,4 +1,4 @@
-"""engine.logparse against real multi-node logs (../shared/fixtures/logs) and the line formats of
+"""engine.monitor.logparse against real multi-node logs (../shared/fixtures/logs) and the line formats of
 public reports: prefixes, ANSI, NCCL classification, errors, step lines, broken lines."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.logparse import (
+from engine.monitor.logparse import (
     ErrorKind,
     LineKind,
     classify_error,

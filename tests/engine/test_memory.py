@@ -11,7 +11,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from engine.memory import (
+from engine.plan.memory import (
     LayoutDraft,
     estimate_memory,
     korthikanti_layer_bytes,
@@ -22,8 +22,8 @@ from engine.memory import (
     zero_k,
     zero_model_states_bytes,
 )
-from engine.models import resolve_model
-from engine.specs import (
+from engine.plan.models import resolve_model
+from engine.plan.specs import (
     Framework,
     ModelDims,
     ModelSpec,

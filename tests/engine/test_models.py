@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import SpecError
-from engine.models import list_presets, load_hf_config, resolve_model
-from engine.specs import ModelSpec
+from engine.plan.models import list_presets, load_hf_config, resolve_model
+from engine.plan.specs import ModelSpec
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 

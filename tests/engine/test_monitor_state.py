@@ -1,10 +1,10 @@
-"""engine.monitor_state: rank states, steps, errors, hang and straggler flags."""
+"""engine.monitor.state: rank states, steps, errors, hang and straggler flags."""
 
 from __future__ import annotations
 
-from engine.events import LineBatch, LineEvent, RankExit, RunStateChanged
-from engine.logparse import ErrorKind
-from engine.monitor_state import MonitorState, RankStatus, exit_text
+from engine.monitor.events import LineBatch, LineEvent, RankExit, RunStateChanged
+from engine.monitor.logparse import ErrorKind
+from engine.monitor.state import MonitorState, RankStatus, exit_text
 
 
 def step(n: int, loss: float = 2.0, t: float = 0.5, total: int = 10) -> str:

@@ -1,4 +1,4 @@
-"""engine.runtail (tailing a run directory) and ``dtrain-tui monitor RUN_DIR --follow``."""
+"""engine.monitor.tail (tailing a run directory) and ``dtrain-tui monitor RUN_DIR --follow``."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.cli.monitor_cmd import follow
+from cli import main
+from cli.monitor_cmd import follow
 from engine.errors import DtrainError
-from engine.events import LineBatch, RankExit, RunStateChanged
 from engine.fsio import atomic_write_text
-from engine.runtail import RunDirSource
+from engine.monitor.events import LineBatch, RankExit, RunStateChanged
+from engine.monitor.tail import RunDirSource
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def test_follow_cli_subprocess_exit_code(tmp_path: Path) -> None:
     write_run(tmp_path, "failed", {0: 0, 1: 1, 2: 0, 3: 0}, failed_rank=1, reason="rank 1 exited 1")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "engine", "monitor", str(tmp_path), "--follow", "--errors-only"],
+        [sys.executable, "-m", "cli", "monitor", str(tmp_path), "--follow", "--errors-only"],
         capture_output=True,
         text=True,
         env=env,

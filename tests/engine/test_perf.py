@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.memory import LayoutDraft
-from engine.models import resolve_model
-from engine.perf import (
+from engine.plan.memory import LayoutDraft
+from engine.plan.models import resolve_model
+from engine.plan.perf import (
     Hardware,
     bubble_fraction,
     estimate_time,
@@ -15,7 +15,7 @@ from engine.perf import (
     model_flops_per_token,
     ring_allreduce_bytes,
 )
-from engine.specs import Framework, ModelSpec, Offload, Recompute, Strategy
+from engine.plan.specs import Framework, ModelSpec, Offload, Recompute, Strategy
 
 DIMS = resolve_model(ModelSpec(preset="llama-2-7b"))
 

@@ -1,4 +1,4 @@
-"""``dtrain-tui plan`` as a user runs it: a real subprocess of ``python -m engine``."""
+"""``dtrain-tui plan`` as a user runs it: a real subprocess of ``python -m cli``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "engine", "plan", *args],
+        [sys.executable, "-m", "cli", "plan", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

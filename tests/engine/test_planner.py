@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from engine.errors import SpecError
-from engine.plan import Plan
-from engine.planner import plan
-from engine.specs import (
+from engine.plan.planner import plan
+from engine.plan.result import Plan
+from engine.plan.specs import (
     Framework,
     HardwareSpec,
     LayoutSpec,

@@ -1,7 +1,7 @@
 """The memory model against a real run: a small model trains one step with DeepSpeed ZeRO-1, -2,
 -3 and with FSDP (FSDP2 ``fully_shard``, FULL_SHARD) on 2 CPU ranks over gloo, and each rank
 reports the bytes of parameters, gradients and optimizer state it actually holds. They must match
-:func:`engine.memory.model_states` within 10%.
+:func:`engine.plan.memory.model_states` within 10%.
 
 How the bytes are read (unique tensor storages, so views are not counted twice):
 
@@ -35,8 +35,8 @@ import sys
 
 import pytest
 
-from engine.memory import model_states
-from engine.specs import Framework, Optimizer, Precision, Strategy
+from engine.plan.memory import model_states
+from engine.plan.specs import Framework, Optimizer, Precision, Strategy
 
 pytestmark = pytest.mark.slow
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli.monitor_cmd import follow
+from cli.monitor_cmd import follow
 from engine.errors import DtrainError
-from engine.events import LineBatch
 from engine.fsio import atomic_write_text
-from engine.runtail import RunDirSource
-from engine.textsafe import has_control, safe_line, safe_lines, safe_text
+from engine.monitor.events import LineBatch
+from engine.monitor.tail import RunDirSource
+from engine.monitor.textsafe import has_control, safe_line, safe_lines, safe_text
 
 HOSTILE = [
     "\x1b]52;c;ZWNobyBwd25lZA==\x07clipboard",  # OSC 52 clipboard write
@@ -137,7 +137,7 @@ def test_a_huge_rank_or_node_number_in_run_json_is_refused(tmp_path: Path) -> No
 
 
 def _bundle(tmp_path: Path) -> Path:
-    from engine.writers import write_bundle
+    from engine.write import write_bundle
     from tests.engine.writers_fixtures import make_plan
 
     out = tmp_path / "b"
@@ -156,7 +156,7 @@ def _edit_manifest(out: Path, **changes: object) -> None:
 def test_write_never_deletes_outside_out_for_a_name_in_bundle_json(
     tmp_path: Path, where: str, force: bool
 ) -> None:
-    from engine.writers import write_bundle
+    from engine.write import write_bundle
     from tests.engine.writers_fixtures import make_plan
 
     out = _bundle(tmp_path)
@@ -191,7 +191,7 @@ def test_write_never_deletes_outside_out_for_a_name_in_bundle_json(
 def test_launch_refuses_absurd_sizes_and_paths_in_bundle_json(
     tmp_path: Path, changes: dict[str, object], field: str
 ) -> None:
-    from engine.bundle import read_manifest
+    from engine.write.manifest import read_manifest
 
     out = _bundle(tmp_path)
     _edit_manifest(out, **changes)

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from engine.bundle import read_manifest
-from engine.cli import main
+from cli import main
 from engine.errors import DtrainError
-from engine.plan import Plan
-from engine.specs import ModelSpec, NetworkTier, Offload, Precision, Recompute, Strategy
-from engine.writers import (
+from engine.plan.result import Plan
+from engine.plan.specs import ModelSpec, NetworkTier, Offload, Precision, Recompute, Strategy
+from engine.write import (
     Scheduler,
     WriteOptions,
     ds_config_dict,
@@ -29,6 +28,7 @@ from engine.writers import (
     render_bundle,
     write_bundle,
 )
+from engine.write.manifest import read_manifest
 from tests.engine.writers_fixtures import golden_plans, make_plan
 
 DUMP = """\
@@ -139,8 +139,8 @@ def test_bundles_for_real_planner_output(tmp_path: Path) -> None:
     line carries the plan's node and GPU counts."""
     from torch.distributed.run import get_args_parser
 
-    from engine.planner import plan
-    from engine.specs import HardwareSpec, NetworkSpec, Spec, demo_spec
+    from engine.plan.planner import plan
+    from engine.plan.specs import HardwareSpec, NetworkSpec, Spec, demo_spec
 
     h100 = {"gpu": "h100-sxm", "gpus_per_node": 8}
     specs = [
@@ -231,7 +231,7 @@ def test_a_model_name_with_a_newline_cannot_escape_a_comment(tmp_path: Path) -> 
     assert not canary.exists()
     import sky
 
-    from engine.writers.common import run_name
+    from engine.write.common import run_name
 
     task = sky.Task.from_yaml(str(tmp_path / "b" / "sky.yaml"))
     assert task.name == run_name(plan) and "\n" not in task.name

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from engine.errors import DtrainError
-from engine.plan import Plan
-from engine.specs import Framework, ModelSpec, Offload, Precision, Strategy
-from engine.writers import Scheduler, ds_config_dict
+from engine.plan.result import Plan
+from engine.plan.specs import Framework, ModelSpec, Offload, Precision, Strategy
+from engine.write import Scheduler, ds_config_dict
 from tests.engine.writers_fixtures import make_plan
 
 pytestmark = pytest.mark.slow
@@ -125,8 +125,8 @@ def _cases() -> dict[str, Plan]:
 
 def _planned() -> dict[str, Plan]:
     """The same check on what the real planner recommends (forced where needed)."""
-    from engine.planner import plan
-    from engine.specs import HardwareSpec, LayoutSpec, Spec
+    from engine.plan.planner import plan
+    from engine.plan.specs import HardwareSpec, LayoutSpec, Spec
 
     a100x8 = HardwareSpec(gpu="a100-80gb", gpus_per_node=8)
     llama = ModelSpec(preset="llama-2-7b")

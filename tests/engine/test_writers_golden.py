@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.writers import example_trainer_text, manifest_for, render_bundle
-from engine.writers.bundle import manifest_text
+from engine.write import example_trainer_text, manifest_for, render_bundle
+from engine.write.bundle import manifest_text
 from tests.engine.writers_fixtures import golden_plans
 
 GOLDEN = Path(__file__).parent / "golden"

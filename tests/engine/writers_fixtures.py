@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.catalog import get_gpu, get_network
-from engine.models import resolve_model
-from engine.plan import GpuInfo, Layout, MemoryBreakdown, Plan
-from engine.specs import (
+from engine.plan.catalog import get_gpu, get_network
+from engine.plan.models import resolve_model
+from engine.plan.result import GpuInfo, Layout, MemoryBreakdown, Plan
+from engine.plan.specs import (
     Framework,
     HardwareSpec,
     LaunchSpec,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.specs import demo_spec
+from cli import main
+from engine.plan.specs import demo_spec
 from profiles.store import ProfileStore
 from tests.profiles.conftest import write_profile
 
@@ -124,7 +124,7 @@ def test_profile_feeds_spec_from_args(store: ProfileStore) -> None:
     """The path plan/write/launch take for --profile: the profile's spec, then overlays."""
     import argparse
 
-    from engine.cli.spec_options import add_spec_options, spec_from_args
+    from cli.spec_options import add_spec_options, spec_from_args
 
     spec = demo_spec()
     spec.training.steps = 3

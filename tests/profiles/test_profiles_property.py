@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.specs import (
+from engine.plan.specs import (
     Backend,
     HardwareSpec,
     LaunchSpec,

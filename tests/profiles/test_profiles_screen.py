@@ -8,7 +8,7 @@ import pytest
 from textual.app import App
 from textual.widgets import DataTable, Input, Static
 
-from engine.specs import Spec, demo_spec
+from engine.plan.specs import Spec, demo_spec
 from profiles.schema import Profile
 from profiles.store import ProfileStore
 from tests.profiles.conftest import write_profile

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from profiles.store import ProfileStore
 from tests.profiles.test_profiles_screen import Host
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import build_parser, main
-from engine.cli.spec_options import spec_from_args
-from engine.planner import plan
-from engine.specs import LayoutSpec, Spec
-from engine.writers import render_bundle
+from cli import build_parser, main
+from cli.spec_options import spec_from_args
+from engine.plan.planner import plan
+from engine.plan.specs import LayoutSpec, Spec
+from engine.write import render_bundle
 from profiles.store import ProfileStore
 from tui.app import DtrainApp
 from tui.screens.profiles import ProfilesScreen

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from profiles.schema import SecretError, find_secret
 from profiles.store import ProfileStore
 from tests.profiles.conftest import write_profile

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.specs import Spec, demo_spec
+from engine.plan.specs import Spec, demo_spec
 from profiles.schema import SecretError, find_secret
 from profiles.store import ProfileStore
 

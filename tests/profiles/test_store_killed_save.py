@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from profiles.store import ProfileStore
 
 # A child that saves a profile and is stopped for good between writing and renaming.
 _STUCK_SAVE = """
 import os, sys
 from engine import fsio
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from profiles.store import ProfileStore
 
 def stuck(src, dst):

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from profiles.store import ProfileStore
 from tests.profiles.conftest import write_profile
 

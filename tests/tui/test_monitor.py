@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from engine.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
-from engine.runtail import ListSource
+from engine.monitor.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
+from engine.monitor.tail import ListSource
 from tui.screens.monitor import MonitorApp, MonitorScreen, grid_shape
 from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane
 
@@ -331,7 +331,7 @@ def test_snapshot_160x48(snap_compare: Any) -> None:
 async def test_reopen_a_finished_run_directory(tmp_path: Any) -> None:
     import json
 
-    from engine.runtail import RunDirSource
+    from engine.monitor.tail import RunDirSource
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -431,8 +431,8 @@ def _launch_stubborn(tmp_path: Any) -> tuple[Any, Any]:
 async def test_ctrl_x_on_a_run_directory_stops_the_run_for_real(tmp_path: Any) -> None:
     """`dtrain-tui monitor RUN_DIR`: Ctrl+X twice stops the launcher's run (not just the
     watching); its ranks then read `stopped`, not `failed (lost)`."""
-    from engine.launch.rundir import read_run
-    from engine.runtail import RunDirSource
+    from engine.monitor.tail import RunDirSource
+    from engine.rundir.files import read_run
     from tests.e2e.launch_util import wait_no_pids
 
     lau, run = _launch_stubborn(tmp_path)
@@ -459,7 +459,7 @@ async def test_ctrl_x_on_a_run_directory_stops_the_run_for_real(tmp_path: Any) -
 @pytest.mark.slow
 @sync
 async def test_ctrl_x_when_the_launcher_is_gone_offers_nothing_to_stop(tmp_path: Any) -> None:
-    from engine.runtail import RunDirSource
+    from engine.monitor.tail import RunDirSource
 
     lau, run = _launch_stubborn(tmp_path)
     lau.kill()  # SIGKILL: only the reaper and the reader know

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from tests.tui.wizard_support import at_step, settle, text_of
 from tui.app import DtrainApp, initial_spec
 from tui.screens.help import HelpScreen
@@ -90,7 +90,7 @@ def test_no_torch_deepspeed_or_sky_imported_while_planning_and_writing() -> None
     # The app module alone: none of the heavy modules and not even the planner.
     probe = (
         "import sys, tui.app; "
-        "print(sorted(m for m in ('torch', 'deepspeed', 'sky', 'engine.planner') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'deepspeed', 'sky', 'engine.plan.planner') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True

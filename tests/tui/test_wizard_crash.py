@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import DataTable, OptionList
 
 import tui.app
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from tests.tui.wizard_support import settle
 from tui.app import DtrainApp, run_app
 from tui.screens.profiles import ProfilesScreen

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from textual.widgets import OptionList
 
-from engine.specs import Strategy, demo_spec
+from engine.plan.specs import Strategy, demo_spec
 from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of
 from tui.app import DtrainApp
 

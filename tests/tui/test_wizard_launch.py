@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from tests.tui.wizard_support import at_step, settle
 from tui.app import DtrainApp
 

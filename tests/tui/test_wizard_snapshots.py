@@ -9,7 +9,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from engine.specs import HardwareSpec, ModelSpec, NetworkSpec, NetworkTier, Spec, TrainingSpec
+from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, NetworkTier, Spec, TrainingSpec
 from tests.tui.wizard_support import settle
 from tui.app import DtrainApp
 from tui.screens.wizard import STEP_KEYS

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.planner import plan
-from engine.specs import HardwareSpec, ModelSpec, Spec, demo_spec
+from engine.plan.planner import plan
+from engine.plan.specs import HardwareSpec, ModelSpec, Spec, demo_spec
 from tui.screens.step import field_of, parse_value
 from tui.suggesters import complete_path
 from tui.widgets.flowchart import outcome_level
@@ -81,7 +81,7 @@ def test_flowchart_outcome_follows_the_recommended_layout() -> None:
 
 def test_start_run_carries_the_profiles_ssh_user(tmp_path: Path) -> None:
     # The wizard's launch uses the profile's launch.ssh_user for hosts without user@.
-    from engine.writers import write_bundle
+    from engine.write import write_bundle
     from tui.services import start_run
 
     spec = demo_spec()

@@ -9,7 +9,7 @@ from pathlib import Path
 from textual import events
 from textual.widgets import Input
 
-from engine.specs import demo_spec
+from engine.plan.specs import demo_spec
 from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of
 from tui.app import DtrainApp
 from tui.widgets.field_row import FieldRow

@@ -15,8 +15,8 @@ from textual.containers import Horizontal, ItemGrid
 from textual.widget import Widget
 from textual.widgets import Button, Select, Static
 
-from engine.plan import Layout, Plan
-from engine.specs import LayoutSpec, Offload, Strategy
+from engine.plan.result import Layout, Plan
+from engine.plan.specs import LayoutSpec, Offload, Strategy
 from tui.format import count, hours, money, seconds
 from tui.screens.step import AUTO, StepPane
 from tui.widgets.field_row import FieldRow

@@ -12,7 +12,7 @@ from textual.widgets import Input, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
 from engine.errors import one_line
-from engine.specs import HardwareSpec, IntraNodeLink
+from engine.plan.specs import HardwareSpec, IntraNodeLink
 from tui import services
 from tui.format import gb
 from tui.screens.step import AUTO, StepPane, set_text
@@ -139,6 +139,6 @@ class HardwareStep(StepPane):
 
 
 def _resolve(text: str) -> str:
-    from engine.catalog import resolve_gpu_key
+    from engine.plan.catalog import resolve_gpu_key
 
     return resolve_gpu_key(text)

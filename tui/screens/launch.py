@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Button, Select, Static
 
-from engine.specs import Backend, LaunchSpec
+from engine.plan.specs import Backend, LaunchSpec
 from tui.screens.step import StepPane, set_text
 from tui.widgets.field_row import FieldRow
 

@@ -1,6 +1,6 @@
 """Step 1, the model: a preset from a searchable list, a local ``config.json`` (path completion),
 explicit dimensions, or a bare parameter count. The parameter count (total, and active per token
-for MoE) updates as you type, from ``engine.models.resolve_model``."""
+for MoE) updates as you type, from ``engine.plan.models.resolve_model``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from textual.widgets import Input, OptionList, Static, TabbedContent, TabPane, T
 from textual.widgets.option_list import Option
 
 from engine.errors import DtrainError, one_line
-from engine.specs import ModelDims, ModelSpec
+from engine.plan.specs import ModelDims, ModelSpec
 from tui import services
 from tui.format import count
 from tui.screens.step import StepPane, set_text

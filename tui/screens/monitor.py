@@ -1,7 +1,7 @@
 """The live monitor: a grid of per-rank (or per-node) panes, the NCCL pane, rank states with a
 loss / throughput chart, the error list; filter and search across panes; jump to the next error.
 
-``MonitorScreen(source, run_dir=None)`` watches any :class:`engine.events.EventSource` (a live
+``MonitorScreen(source, run_dir=None)`` watches any :class:`engine.monitor.events.EventSource` (a live
 launch, a run directory being tailed, a canned list in tests); the wizard pushes it after a
 launch, ``dtrain-tui monitor RUN_DIR`` runs it inside the small :class:`MonitorApp`.
 
@@ -32,9 +32,16 @@ from textual.widgets import Footer, Input, Label, Static
 from textual.worker import get_current_worker
 
 from engine.errors import DtrainError, one_line
-from engine.events import Event, EventSource, LineBatch, LineEvent, RankExit, RunStateChanged
-from engine.logparse import NcclSummary, scan_batch
-from engine.monitor_state import MonitorState, RankState, RankStatus, Snapshot, exit_text
+from engine.monitor.events import (
+    Event,
+    EventSource,
+    LineBatch,
+    LineEvent,
+    RankExit,
+    RunStateChanged,
+)
+from engine.monitor.logparse import NcclSummary, scan_batch
+from engine.monitor.state import MonitorState, RankState, RankStatus, Snapshot, exit_text
 from tui.messages import RankLinesReceived, RunFinished
 from tui.widgets.error_list import ErrorList
 from tui.widgets.rank_chart import RankChart
@@ -825,7 +832,7 @@ class MonitorApp(App[int]):
 
 def run_monitor(run_dir: Path, *, hang_after_s: float = 60.0) -> int:
     """Open the monitor on a run directory (live-tailing it while it runs)."""
-    from engine.runtail import RunDirSource
+    from engine.monitor.tail import RunDirSource
 
     source = RunDirSource(run_dir)
     source.start()

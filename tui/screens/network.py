@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.widgets import Select, Static
 
 from engine.errors import one_line
-from engine.specs import NetworkSpec, NetworkTier
+from engine.plan.specs import NetworkSpec, NetworkTier
 from tui import services
 from tui.screens.step import StepPane, set_text
 from tui.widgets.field_row import FieldRow

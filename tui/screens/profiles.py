@@ -22,7 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
 from engine.errors import DtrainError
-from engine.specs import Spec
+from engine.plan.specs import Spec
 from profiles.schema import Profile, ProfileError, check_name
 from profiles.store import ProfileEntry, ProfileStore
 

@@ -1,7 +1,7 @@
 """The base of every wizard step: a scrolling pane that edits one part of the spec.
 
 A step reads its fields, builds its sub-spec with the engine's own validation (pydantic models in
-``engine.specs``), shows each message next to its field, and hands a valid sub-spec to the app.
+``engine.plan.specs``), shows each message next to its field, and hands a valid sub-spec to the app.
 Parsing here only turns text into numbers; every rule lives in the engine.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.widgets import Select, Static
 
-from engine.specs import Optimizer, Precision, Recompute, TrainingSpec
+from engine.plan.specs import Optimizer, Precision, Recompute, TrainingSpec
 from tui.format import count
 from tui.screens.step import AUTO, StepPane, set_text
 from tui.widgets.field_row import FieldRow

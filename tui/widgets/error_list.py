@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.monitor_state import ErrorRecord
-from engine.textsafe import safe_line
+from engine.monitor.state import ErrorRecord
+from engine.monitor.textsafe import safe_line
 
 SHOWN = 50
 """Most recent errors listed; the jump key walks all that the state keeps."""

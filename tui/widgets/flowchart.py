@@ -7,8 +7,8 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.plan import Plan
-from engine.specs import Offload, Strategy
+from engine.plan.result import Plan
+from engine.plan.specs import Offload, Strategy
 
 # The flowchart ("Does model fit on 1 GPU? YES: DDP; NO: fits with ZeRO-2/FSDP? YES: ZeRO-2/FSDP;
 # NO: ZeRO-3/FSDP full shard; still OOM: CPU offload or TP+PP") plus the scenario table's MoE and

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.plan import Layout
+from engine.plan.result import Layout
 from tui.format import gb
 
 _PARTS = ("params", "grads", "optimizer", "activations", "buffers")

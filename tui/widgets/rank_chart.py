@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline
 
-from engine.monitor_state import RankState
+from engine.monitor.state import RankState
 
 
 class RankChart(Vertical):

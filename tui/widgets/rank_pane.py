@@ -24,8 +24,8 @@ from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from engine.logparse import classify_error
-from engine.textsafe import safe_lines
+from engine.monitor.logparse import classify_error
+from engine.monitor.textsafe import safe_lines
 
 DEFAULT_MAX_LINES = 5000
 """Lines a pane keeps; the run directory keeps everything."""

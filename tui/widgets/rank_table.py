@@ -1,7 +1,7 @@
 """The monitor's rank table: one row per rank with its state (starting, running, idle N s,
 exited 0, failed code/signal), last step, loss, tokens/s and flags (ERR, HUNG?, SLOW).
 
-Rendered from a :class:`engine.monitor_state.Snapshot` as one Rich ``Text`` (no widget per row),
+Rendered from a :class:`engine.monitor.state.Snapshot` as one Rich ``Text`` (no widget per row),
 so 64 ranks redraw in well under a millisecond at the monitor's 4-10 updates a second.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.monitor_state import RankState, RankStatus, Snapshot
+from engine.monitor.state import RankState, RankStatus, Snapshot
 
 
 def _num(value: float | None, fmt: str) -> str:

@@ -1,0 +1,330 @@
+"""``dtrain-tui launch``: start a bundle (or a spec/profile, written into the run directory
+first) on a backend, headless, printing every line prefixed by its rank (``[rank 3] ...``) or
+node (``[node 1] ...`` for launcher chatter). Exit code 0 only when every rank exited 0;
+Ctrl-C, SIGTERM or SIGHUP (a closed terminal) stop every rank on every node (SIGTERM, then SIGKILL
+after 5 s) and exit 128 + the signal (130 for Ctrl-C); a second one kills every rank at once."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from cli.spec_options import add_spec_options, spec_from_args
+from engine.errors import DtrainError
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "launch",
+        help="start a bundle locally, over SSH or with SkyPilot and stream every rank",
+        description=__doc__,
+    )
+    p.add_argument("bundle", nargs="?", type=Path, metavar="BUNDLE_DIR", help="a written bundle")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="run directory (default: a new one under the user data dir)",
+    )
+    p.add_argument(
+        "--accept-new-host-keys",
+        action="store_true",
+        help="trust (and record in --known-hosts) SSH host keys seen for the first time",
+    )
+    p.add_argument(
+        "--ssh-config",
+        type=Path,
+        metavar="FILE",
+        help="OpenSSH client config (default ~/.ssh/config)",
+    )
+    p.add_argument(
+        "--sky-down", action="store_true", help="SkyPilot: tear the cluster down when the run ends"
+    )
+    p.add_argument(
+        "--sky-autostop", type=int, metavar="MIN", help="SkyPilot: autostop after MIN idle minutes"
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the final state")
+    add_spec_options(p, launch=True)
+    p.set_defaults(func=run)
+
+
+def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: Any) -> Any:
+    from engine.launch.base import LaunchOptions
+    from engine.plan.specs import Host
+
+    def given(name: str, default: Any) -> Any:
+        v = getattr(args, f"launch__{name}", None)
+        return default if v is None else v
+
+    raw_hosts = given("hosts", None)
+    if isinstance(raw_hosts, str):
+        raw_hosts = [h for h in raw_hosts.split(",") if h.strip()]
+    hosts_text = (
+        raw_hosts
+        if raw_hosts is not None
+        else (list(spec_launch.hosts) if spec_launch else manifest_hosts)
+    )
+    try:
+        hosts = [Host.parse(h) for h in hosts_text]
+    except ValueError as e:
+        raise DtrainError(str(e), field="--hosts") from None
+    sl = spec_launch
+    return LaunchOptions(
+        hosts=hosts,
+        identity_file=Path(i)
+        if (i := given("identity_file", sl.identity_file if sl else None))
+        else None,
+        known_hosts=Path(k)
+        if (k := given("known_hosts", sl.known_hosts if sl else None))
+        else None,
+        accept_new_host_keys=bool(args.accept_new_host_keys),
+        remote_workdir=str(given("remote_workdir", sl.remote_workdir if sl else "~/dtrain-runs")),
+        remote_setup=given("remote_setup", sl.remote_setup if sl else None),
+        hang_timeout_s=float(given("hang_timeout_s", sl.hang_timeout_s if sl else 300.0)),
+        nccl_debug=_nccl_level(given("nccl_debug", sl.nccl_debug if sl else None)),
+        nccl_debug_subsys=given("nccl_debug_subsys", sl.nccl_debug_subsys if sl else None),
+        env=dict(sl.env) if sl else {},
+        master_port=getattr(args, "launch__master_port", None),
+        ssh_config=args.ssh_config,
+        ssh_user=given("ssh_user", sl.ssh_user if sl else None),
+        sky_cluster=given("sky_cluster", sl.sky_cluster if sl else None),
+        sky_cloud=given("sky_cloud", sl.sky_cloud if sl else None),
+        sky_down=bool(args.sky_down or (sl.sky_down if sl else False)),
+        sky_autostop_min=args.sky_autostop
+        if args.sky_autostop is not None
+        else (sl.sky_autostop_min if sl else None),
+    )
+
+
+def _nccl_level(v: str | None) -> str | None:
+    if v is None:
+        return None
+    levels = {"VERSION", "WARN", "INFO", "TRACE", "ABORT"}
+    if v.upper() not in levels:
+        raise DtrainError(
+            f"{v!r} is not an NCCL_DEBUG level; use one of {sorted(levels)}", field="--nccl-debug"
+        )
+    return v.upper()
+
+
+def _spec_given(args: argparse.Namespace) -> bool:
+    if args.spec or args.profile:
+        return True
+    return any(
+        v is not None for k, v in vars(args).items() if "__" in k and not k.startswith("launch__")
+    )
+
+
+class _Interrupted(KeyboardInterrupt):
+    """A stop signal that came while the launch was still being set up."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP while a launch runs. Installed before anything slow, so no
+    signal ever ends the launcher with a traceback or leaves its ranks behind. While the run is
+    being set up and started a signal interrupts that (the backend undoes a half-done start);
+    once it runs, the handler only records the signal and the main loop stops the run: the first
+    signal asks for a stop, any later one kills every rank at once.
+
+    SIGINT is taken even when inherited as ignored (``cmd &`` in a script): an explicit SIGINT to
+    the launcher is a stop. An ignored SIGHUP (``nohup``) stays ignored."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.live = False
+        """Set once the run is going: record signals instead of interrupting."""
+        self._saved: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            try:
+                self._saved[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (run from a test's thread): no handling
+                return
+
+    def restore(self) -> None:
+        for sig, old in self._saved.items():
+            signal.signal(sig, old)
+        self._saved.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.got.append(signum)
+        if not self.live:
+            raise _Interrupted(signum)
+
+    def exit_code(self) -> int:
+        return 128 + self.got[0]
+
+
+def _say(text: str) -> None:
+    """A line on stderr; a terminal that is gone (SIGHUP) must not stop the stopping."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    stop = _StopSignals()
+    stop.install()
+    try:
+        return _run(args, stop)
+    except _Interrupted as e:
+        _say(f"dtrain-tui: interrupted ({signal.Signals(e.signum).name}) before the run started")
+        return 128 + e.signum
+    except BaseException as e:
+        # An interrupt a library turned into an error of its own (pydantic's Rust core panics
+        # with a BaseException when interrupted while loading).
+        if stop.got and not stop.live and not isinstance(e, SystemExit):
+            _say(f"dtrain-tui: interrupted ({signal.Signals(stop.got[0]).name})")
+            return stop.exit_code()
+        raise
+    finally:
+        stop.restore()
+
+
+def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
+    from cli.spec_options import check_launch_args
+    from engine.launch import make_backend
+    from engine.rundir.files import default_run_dir
+    from engine.write.manifest import read_manifest
+
+    check_launch_args(args)  # --hang-timeout, --hosts, --run-dir…, also for a written bundle
+    spec_launch = None
+    run_dir: Path | None = args.run_dir
+    if args.bundle is not None:
+        if _spec_given(args):
+            raise DtrainError(
+                "pass either BUNDLE_DIR or --spec/--profile/model options, not both "
+                "(a bundle already holds its plan)",
+                field="launch",
+            )
+        bundle_dir = args.bundle
+        manifest = read_manifest(bundle_dir)
+    else:
+        if not _spec_given(args):
+            raise DtrainError(
+                "nothing to launch; pass a BUNDLE_DIR (dtrain-tui write --out DIR) or --profile NAME or --spec FILE",
+                field="launch",
+            )
+        spec = spec_from_args(args)
+        spec_launch = spec.launch
+        if args.profile:
+            from profiles.store import ProfileStore
+
+            # "Rerun last week's job": the profile list sorts and shows by last use.
+            ProfileStore(getattr(args, "config_dir", None)).mark_used(args.profile)
+        from engine.plan.planner import plan as make_plan
+        from engine.write import write_bundle
+
+        p = make_plan(spec)
+        from engine.write.common import check_spec_batch
+
+        check_spec_batch(p)  # the bundle must train the global batch asked for
+        from engine.write.common import run_name
+
+        run_dir = run_dir or default_run_dir(run_name(p))
+        # The bundle is written inside the run directory, then started from there.
+        bundle_dir = Path(run_dir) / "bundle"
+        write_bundle(p, bundle_dir)
+        manifest = read_manifest(bundle_dir)
+    kind = getattr(args, "launch__backend", None) or (
+        spec_launch.backend.value if spec_launch else manifest.backend
+    )
+    options = _options(args, manifest.hosts, spec_launch)
+    if kind == "local":
+        options.hosts = []
+    elif kind == "ssh" and not options.hosts:
+        raise DtrainError("pass one host per node (--backend ssh needs them)", field="--hosts")
+    backend = make_backend(str(kind), bundle_dir, run_dir, options)
+    _say(f"dtrain-tui: run directory {backend.run.path}")
+    try:
+        backend.start()
+    except _Interrupted as e:
+        stop.live = True
+        if backend.state in ("stopped", "failed"):  # start() undid itself
+            _say(f"dtrain-tui: run stopped while starting ({signal.Signals(e.signum).name})")
+            return 128 + e.signum
+        # It came just after the start: the run is going, and stops in _drive.
+    stop.live = True
+    return _drive(backend, stop, quiet=bool(args.quiet))
+
+
+# Signal names as the user knows them.
+_HOW: dict[int, str] = {
+    signal.SIGINT: "Ctrl-C",
+    signal.SIGTERM: "SIGTERM",
+    signal.SIGHUP: "SIGHUP",
+}
+KILL_WAIT_S = 30.0
+"""After the run's every process was SIGKILLed, how long to wait for it to end before leaving
+(the reaper sweeps once more when this process exits)."""
+
+
+def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
+    """Print the run until it ends; stop it on the first signal, kill it on the next."""
+    import time
+
+    out: Any = None if quiet else sys.stdout
+    asked = killed = 0
+    killed_at = 0.0
+    said_remote_stop = False
+    while not backend.done:
+        got = len(stop.got)
+        if got > asked:
+            # A signal after a stop asked through the run directory is the second request.
+            if not asked and not said_remote_stop:
+                how = _HOW.get(stop.got[0], str(stop.got[0]))
+                _say(f"dtrain-tui: stopping every rank ({how})")
+                backend.request_stop(f"stopped by the user ({how})")
+            elif not killed:
+                _say("dtrain-tui: killing every rank now (SIGKILL)")
+                backend.kill()
+                killed, killed_at = 1, time.monotonic()
+            asked = got
+        elif not asked and not said_remote_stop and backend.stopping:
+            said_remote_stop = True  # a stop asked for through the run directory: say it once
+            _say("dtrain-tui: stopping every rank (stop requested from the monitor)")
+        if killed and time.monotonic() - killed_at > KILL_WAIT_S:
+            _say("dtrain-tui: the run did not end after SIGKILL; leaving it to the reaper")
+            break
+        events = backend.poll(0.1)
+        if out is not None and events:
+            try:
+                _print_events(events, out)
+            except OSError:  # stdout closed (a pipe reader gone, a terminal hung up)
+                out = None
+    info = backend.run.info
+    msg = info.get("reason") or ""
+    _say(f"dtrain-tui: run {backend.state}: {msg} ({backend.run.path})")
+    return stop.exit_code() if stop.got else int(backend.exit_code())
+
+
+def _print_events(events: list[Any], out: Any) -> None:
+    from engine.monitor.events import LineBatch, LineEvent, RankExit
+    from engine.monitor.textsafe import safe_text
+
+    lines: list[str] = []
+    for ev in events:
+        if isinstance(ev, LineBatch):
+            tag = f"[rank {ev.rank}] " if ev.rank is not None else f"[node {ev.node}] "
+            lines.extend(f"{tag}{x}\n" for x in ev.lines)
+        elif isinstance(ev, LineEvent):
+            tag = f"[rank {ev.rank}]" if ev.rank is not None else f"[node {ev.node}]"
+            lines.append(f"{tag} {ev.line}\n")
+        elif isinstance(ev, RankExit) and ev.exit_code not in (0,):
+            lines.append(f"[rank {ev.rank}] exited: {ev.exit_code} {ev.reason}\n")
+    if lines:
+        try:
+            out.write(safe_text("".join(lines)))  # no escape sequence reaches the terminal
+            out.flush()
+        except BrokenPipeError:
+            raise

@@ -1,0 +1,135 @@
+"""``dtrain-tui plan``: the planner without the TUI. Reads the spec from options or ``--spec FILE``
+(see :mod:`cli.spec_options`), runs :func:`engine.plan.planner.plan`, and prints either a
+readable report (summary, flowchart path with reasons, memory table for the recommended layout and
+the alternatives, estimates, warnings) or, with ``--json``, the ``Plan.to_json_dict()`` object
+documented in the README; exits 1 (after printing) when the layout does not fit, 2 on bad input.
+Imports no torch: it must answer in well under half a second."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from cli.spec_options import add_spec_options, spec_from_args
+from engine.plan.result import Layout, Plan
+
+GIB = 1024**3
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="plan the parallel layout for a model on a cluster",
+        description=(
+            "Walk the decision flowchart for a model, machines and training set-up; search nearby "
+            "layouts; print the recommendation with its reasons, memory per GPU and estimates."
+        ),
+    )
+    add_spec_options(p)
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.plan.planner import plan
+
+    spec = spec_from_args(args)
+    result = plan(spec)
+    if args.json:
+        json.dump(result.to_json_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render(result, sys.stdout)
+    # Scripts can gate on it: 1 when the recommended (or forced) layout does not fit.
+    return 0 if result.recommended.fits else 1
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def _count(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def _duration(s: float) -> str:
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    return f"{s / 60:.1f} min"
+
+
+def render(p: Plan, out: TextIO) -> None:
+    """The human report."""
+    from engine.plan.planner import describe
+
+    m = p.model
+    r = p.recommended
+    w = out.write
+    moe = f", MoE {m.num_experts}x top-{m.experts_per_token}" if m.is_moe else ""
+    w(
+        f"Model     {m.name}: {_count(m.params_total)} params ({_count(m.params_active)} active{moe}), "
+        f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), vocab {m.vocab}\n"
+    )
+    w(
+        f"Hardware  {p.nodes} node(s) x {p.gpus_per_node} {p.gpu.name} = {p.world_size} "
+        f"({_gib(p.gpu.memory_bytes)} GiB each, {p.gpu.dist_backend})\n"
+    )
+    t = p.spec.training
+    w(
+        f"Training  seq {t.seq_len}, global batch {t.global_batch}, {r.precision.value}, {t.optimizer.value}\n\n"
+    )
+    status = "fits" if r.fits else "DOES NOT FIT"
+    label = "Forced" if p.forced else "Plan"
+    w(f"{label}: {describe(r)}  [{status}]\n")
+    w(
+        f"  micro-batch {r.micro_batch} x grad-accum {r.grad_accum} x dp {r.dp} = global batch "
+        f"{r.global_batch}; recompute {r.recompute.value}"
+        + ("; sequence parallel" if r.sequence_parallel else "")
+        + "\n"
+    )
+    w(
+        f"  step {_duration(r.step_time_s)} (compute {_duration(r.compute_time_s)}, exposed comm "
+        f"{_duration(r.comm_time_s)}, bubble {r.bubble_fraction:.0%}), {r.tokens_per_s:,.0f} tokens/s, "
+        f"MFU {r.mfu:.0%}, scaling efficiency {r.scaling_efficiency:.0%}\n"
+    )
+    if r.gpu_hours is not None:
+        cost = f", ${r.cost_usd:,.0f}" if r.cost_usd is not None else ""
+        w(f"  token budget {_count(t.tokens or 0)}: {r.gpu_hours:,.0f} GPU-hours{cost}\n")
+    for n in r.notes:
+        w(f"  note: {n}\n")
+    w("\nDecision path\n")
+    for i, s in enumerate(p.path, 1):
+        w(f"  {i}. {s.question}\n     -> {s.answer}: {s.reason}\n")
+    w("\nMemory per GPU (GiB)\n")
+    rows: list[tuple[str, Layout]] = [("* " + describe(r), r)] + [
+        ("  " + describe(a), a) for a in p.alternatives
+    ]
+    width = max(len(name) for name, _ in rows)
+    cols = ("params", "grads", "optim", "activ", "buffers", "total", "fits", "step")
+    w(f"  {'layout':<{width}} " + " ".join(f"{c:>8}" for c in cols) + "\n")
+    for name, lay in rows:
+        mb = lay.memory_per_gpu
+        vals = [
+            _gib(v)
+            for v in (mb.params, mb.grads, mb.optimizer, mb.activations, mb.buffers, mb.total)
+        ]
+        vals.append("yes" if lay.fits else "no")
+        vals.append(_duration(lay.step_time_s) if lay.fits else "-")
+        w(f"  {name:<{width}} " + " ".join(f"{v:>8}" for v in vals) + "\n")
+    usable = int(p.gpu.memory_bytes * 0.9)
+    w(f"  (usable: {_gib(usable)} GiB of {_gib(p.gpu.memory_bytes)})\n")
+    if p.alternatives:
+        w("\nAlternatives\n")
+        for a in p.alternatives:
+            w(f"  {describe(a)}: {a.rejected_because}\n")
+    if p.warnings:
+        w("\nWarnings\n")
+        for x in p.warnings:
+            w(f"  ! {x}\n")

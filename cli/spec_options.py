@@ -1,0 +1,372 @@
+"""The spec options every headless command shares (plan, write, launch) and how they build a
+:class:`~engine.plan.specs.Spec`: a base from ``--profile NAME`` or ``--spec FILE`` (TOML or YAML),
+then each option given on the command line overlays its field. Validation is the specs' own."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+from typing import Any, cast
+
+from pydantic import ValidationError
+
+from engine.errors import SpecError, validation_messages
+from engine.plan.specs import (
+    Backend,
+    Framework,
+    IntraNodeLink,
+    NetworkTier,
+    Offload,
+    Optimizer,
+    Precision,
+    Recompute,
+    Spec,
+    Strategy,
+)
+
+SPEC_SECTIONS = ("model", "hardware", "network", "training", "layout", "launch")
+# Keys a profile file carries besides the spec; a spec file may be a profile.
+_PROFILE_KEYS = ("schema_version", "profile")
+
+
+def whole_number(text: str) -> int:
+    """argparse type for a count: ASCII digits only (``int("٣")`` would be 3)."""
+    t = text.strip()
+    if not t.isascii():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; use the digits 0-9")
+    try:
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def number(text: str) -> float:
+    """argparse type for a real number: ASCII only (``float("١٢")`` would be 12). nan and inf
+    pass here and are refused by the spec, whose message names the field."""
+    t = text.strip()
+    if not t.isascii():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; use the digits 0-9")
+    try:
+        return float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+# (option, section, field, argparse kwargs)
+_MODEL_OPTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--model", "preset", {"metavar": "PRESET", "help": "model preset (dtrain-tui model list)"}),
+    (
+        "--model-config",
+        "config_path",
+        {"metavar": "PATH", "help": "local Hugging Face config.json"},
+    ),
+    ("--params", "params", {"metavar": "N", "help": "bare parameter count, e.g. 7e9 or 7B"}),
+    ("--layers", "layers", {"type": whole_number}),
+    ("--hidden", "hidden", {"type": whole_number}),
+    ("--heads", "heads", {"type": whole_number}),
+    ("--kv-heads", "kv_heads", {"type": whole_number}),
+    ("--vocab", "vocab", {"type": whole_number}),
+    ("--ffn", "ffn", {"type": whole_number, "help": "MLP intermediate size"}),
+    ("--experts", "num_experts", {"type": whole_number, "help": "MoE experts per layer"}),
+    ("--experts-per-token", "experts_per_token", {"type": whole_number, "help": "MoE top-k"}),
+]
+
+
+def _choices(enum: type) -> list[str]:
+    return [e.value for e in enum]  # type: ignore[attr-defined]
+
+
+_OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
+    (
+        "--gpu",
+        "hardware",
+        "gpu",
+        {"help": "accelerator (dtrain-tui gpus), e.g. h100-sxm, a100-80gb, cpu"},
+    ),
+    ("--gpus-per-node", "hardware", "gpus_per_node", {"type": whole_number}),
+    ("--nodes", "hardware", "nodes", {"type": whole_number}),
+    ("--cpu-ram-gb", "hardware", "cpu_ram_gb", {"type": number}),
+    ("--intra-node", "hardware", "intra_node_link", {"choices": _choices(IntraNodeLink)}),
+    ("--network", "network", "tier", {"choices": _choices(NetworkTier)}),
+    ("--bandwidth-gbps", "network", "bandwidth_gbps", {"type": number, "help": "per-node Gbit/s"}),
+    ("--socket-ifname", "network", "socket_ifname", {}),
+    ("--ib-hca", "network", "ib_hca", {}),
+    ("--seq-len", "training", "seq_len", {"type": whole_number}),
+    ("--global-batch", "training", "global_batch", {"type": whole_number}),
+    ("--micro-batch", "training", "micro_batch", {"type": whole_number}),
+    ("--precision", "training", "precision", {"choices": _choices(Precision)}),
+    ("--optimizer", "training", "optimizer", {"choices": _choices(Optimizer)}),
+    ("--recompute", "training", "recompute", {"choices": _choices(Recompute)}),
+    ("--tokens", "training", "tokens", {"help": "token budget for the cost estimate, e.g. 1e12"}),
+    ("--price", "training", "price_per_gpu_hour", {"type": number, "help": "USD per GPU-hour"}),
+    ("--lr", "training", "lr", {"type": number}),
+    (
+        "--steps",
+        "training",
+        "steps",
+        {"type": whole_number, "help": "steps the example trainer runs"},
+    ),
+    ("--strategy", "layout", "strategy", {"choices": _choices(Strategy)}),
+    ("--framework", "layout", "framework", {"choices": _choices(Framework)}),
+    ("--tp", "layout", "tp", {"type": whole_number}),
+    ("--pp", "layout", "pp", {"type": whole_number}),
+    ("--dp", "layout", "dp", {"type": whole_number}),
+    ("--cp", "layout", "cp", {"type": whole_number}),
+    ("--ep", "layout", "ep", {"type": whole_number}),
+    ("--zero-stage", "layout", "zero_stage", {"type": whole_number}),
+    ("--offload", "layout", "offload", {"choices": _choices(Offload)}),
+    ("--virtual-stages", "layout", "virtual_stages", {"type": whole_number}),
+]
+
+_LAUNCH_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("--backend", "launch", "backend", {"choices": _choices(Backend)}),
+    ("--master-addr", "launch", "master_addr", {}),
+    ("--master-port", "launch", "master_port", {"type": whole_number}),
+    ("--identity", "launch", "identity_file", {"metavar": "KEYFILE"}),
+    ("--known-hosts", "launch", "known_hosts", {"metavar": "FILE"}),
+    ("--remote-workdir", "launch", "remote_workdir", {"metavar": "DIR"}),
+    ("--remote-setup", "launch", "remote_setup", {"metavar": "CMD"}),
+    ("--script", "launch", "script", {"help": "training script (default: the example trainer)"}),
+    ("--nccl-debug", "launch", "nccl_debug", {"metavar": "LEVEL"}),
+    ("--nccl-debug-subsys", "launch", "nccl_debug_subsys", {"metavar": "SUBSYS"}),
+    ("--hang-timeout", "launch", "hang_timeout_s", {"type": number, "metavar": "S"}),
+    ("--max-restarts", "launch", "max_restarts", {"type": whole_number}),
+    ("--sky-cluster", "launch", "sky_cluster", {}),
+    ("--sky-cloud", "launch", "sky_cloud", {}),
+]
+
+
+def _metavar(kw: dict[str, Any]) -> dict[str, Any]:
+    """``--layers N`` in help, not ``--layers MODEL__LAYERS`` (the dest)."""
+    if "metavar" in kw or "choices" in kw:
+        return kw
+    return {**kw, "metavar": "N" if kw.get("type") in (whole_number, number) else "VALUE"}
+
+
+def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -> None:
+    """Add the spec options (and, with ``launch``, the launch options) to ``parser``."""
+    src = parser.add_argument_group("spec source")
+    src.add_argument("--spec", type=Path, metavar="FILE", help="spec file (TOML or YAML)")
+    # SUPPRESS: a value given before the subcommand (`dtrain-tui --config-dir X plan`) is kept.
+    src.add_argument(
+        "--profile",
+        metavar="NAME",
+        default=argparse.SUPPRESS,
+        help="saved profile or built-in preset",
+    )
+    src.add_argument(
+        "--config-dir",
+        type=Path,
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="profiles directory root",
+    )
+    g = parser.add_argument_group("model")
+    for opt, fld, kw in _MODEL_OPTS:
+        g.add_argument(opt, dest=f"model__{fld}", default=None, **_metavar(kw))
+    g = parser.add_argument_group("hardware, network, training, forced layout")
+    for opt, sec, fld, kw in _OTHER_OPTS:
+        g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
+    g.add_argument(
+        "--sequence-parallel",
+        dest="layout__sequence_parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+    )
+    if launch:
+        g = parser.add_argument_group("launch")
+        for opt, sec, fld, kw in _LAUNCH_OPTS:
+            g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
+        g.add_argument(
+            "--hosts",
+            dest="launch__hosts",
+            default=None,
+            metavar="HOSTS",
+            help="comma-separated [user@]host[:port], one per node, in node-rank order",
+        )
+        g.add_argument(
+            "--script-arg",
+            dest="launch__script_args",
+            action="append",
+            default=None,
+            metavar="ARG",
+            help="argument for the training script (repeat)",
+        )
+        g.add_argument(
+            "--hf-integration",
+            dest="launch__hf_integration",
+            action="store_true",
+            default=None,
+            help='write "auto" values in ds_config.json for the HF Trainer / Accelerate',
+        )
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """Read a TOML or YAML spec file into a dict; errors name the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror}", field="--spec") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8", field="--spec"
+        ) from None
+    try:
+        if Path(path).suffix.lower() in (".yaml", ".yml"):
+            data = _load_yaml(text)
+        else:
+            data = tomllib.loads(text)
+    except SpecError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any parse error (RecursionError too) is one line
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecError(f"{path} is not valid TOML/YAML: {first}", field="--spec") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must hold a table of sections {SPEC_SECTIONS}", field="--spec")
+    for key in data:
+        if key not in SPEC_SECTIONS and key not in _PROFILE_KEYS:
+            raise SpecError(
+                f"unknown section {key!r} in {path}; sections are {', '.join(SPEC_SECTIONS)}",
+                field=str(key),
+            )
+    return {k: v for k, v in data.items() if k in SPEC_SECTIONS}
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (PyYAML keeps the last,
+    so a second ``preset:`` would silently win) and YAML's aliases (a billion-laughs bomb)."""
+    import yaml
+
+    class _UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    dup = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    dup = False
+                if dup:
+                    raise SpecError(
+                        f"duplicate key {key!r} (line {key_node.start_mark.line + 1}); "
+                        "give each key once",
+                        field="--spec",
+                    )
+            return super().construct_mapping(node, deep=deep)
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = cast(Any, self).peek_event()
+                raise SpecError(
+                    f"YAML aliases (*{event.anchor}) are not accepted in a spec file "
+                    f"(line {event.start_mark.line + 1}); write the value out",
+                    field="--spec",
+                )
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _base_from_profile(name: str, config_dir: Path | None) -> dict[str, Any]:
+    from profiles.store import ProfileStore
+
+    store = ProfileStore(config_dir)
+    spec = store.load(name).spec
+    return spec.model_dump(mode="json", exclude_none=True)
+
+
+def check_launch_args(args: argparse.Namespace) -> None:
+    """Check the launch options given on the command line on their own, so they are checked
+    when a written bundle is launched too (no spec is built then): ``--hang-timeout 0``, a host
+    starting with ``-``, a master address with a newline. Also ``--run-dir``: not a file."""
+    from engine.plan.specs import LaunchSpec
+
+    given: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        if dest.startswith("launch__") and value is not None:
+            fld = dest.removeprefix("launch__")
+            if fld == "hosts" and isinstance(value, str):
+                value = [h for h in value.split(",") if h.strip()]
+            given[fld] = value
+    try:
+        LaunchSpec.model_validate(given)
+    except ValidationError as e:
+        raise SpecError("; ".join(validation_messages(e, "launch"))) from None
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        if run_dir.is_symlink() and not run_dir.exists():
+            raise SpecError(
+                f"{run_dir} is a symlink to {run_dir.readlink()}, which does not exist",
+                field="--run-dir",
+            )
+        if run_dir.exists() and not run_dir.is_dir():
+            raise SpecError(f"{run_dir} exists and is not a directory", field="--run-dir")
+        parent = next((a for a in run_dir.parents if a.exists() or a.is_symlink()), None)
+        if parent is not None and not parent.is_dir():
+            raise SpecError(f"{parent} is not a directory", field="--run-dir")
+
+
+def check_batch_fields(spec: Spec) -> None:
+    """A micro batch (training's or a forced layout's) must divide the global batch, or every
+    step trains another number of sequences than asked (``--micro-batch 1000 --global-batch 8``
+    trained 2000). The planner only warns, for the wizard's sake; the CLI refuses."""
+    gb = spec.training.global_batch
+    for fld, mb in (
+        ("training.micro_batch", spec.training.micro_batch),
+        ("layout.micro_batch", spec.layout.micro_batch),
+    ):
+        if mb is not None and (mb > gb or gb % mb):
+            how = "exceeds" if mb > gb else "does not divide"
+            raise SpecError(
+                f"{mb} {how} training.global_batch ({gb}), so a step would train another "
+                "number of sequences than asked; pass a micro batch that divides the global batch",
+                field=fld,
+            )
+
+
+def spec_from_args(args: argparse.Namespace) -> Spec:
+    """Build the Spec: profile or spec file, then command-line overlays. Raises SpecError."""
+    base: dict[str, Any] = {}
+    if getattr(args, "profile", None):
+        base = _base_from_profile(args.profile, getattr(args, "config_dir", None))
+    if getattr(args, "spec", None):
+        base = load_spec_file(args.spec)
+    overlay: dict[str, dict[str, Any]] = {}
+    for dest, value in vars(args).items():
+        if "__" not in dest or value is None:
+            continue
+        section, fld = dest.split("__", 1)
+        if fld == "hosts" and isinstance(value, str):
+            value = [h for h in value.split(",") if h.strip()]
+        overlay.setdefault(section, {})[fld] = value
+    data: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for section, fields in overlay.items():
+        if section == "model":
+            data["model"] = fields  # a model given on the command line replaces the base's
+            continue
+        cur = data.get(section)
+        if not isinstance(cur, dict):
+            cur = {}
+        cur.update(fields)
+        data[section] = cur
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError("; ".join(validation_messages(e))) from None
+    check_batch_fields(spec)
+    if spec.model.preset:
+        from engine.plan.models import preset_config
+
+        preset_config(spec.model.preset)  # an unknown one is refused now, not when planned
+    if not spec.model.has_source:
+        raise SpecError(
+            "no model given; pass --model PRESET, --model-config FILE, --params N, "
+            "or --layers/--hidden/--heads/--vocab",
+            field="model",
+        )
+    return spec

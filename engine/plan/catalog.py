@@ -1,0 +1,406 @@
+"""The accelerator and network catalog: memory, dense peak, scale-up and scale-out bandwidth.
+
+Figures are vendors' published datasheet numbers for *dense* math (no 2:4 sparsity); bandwidths are
+one direction per GPU (scale-up) or per node (scale-out). Each entry cites its source. The planner
+reads them through :func:`get_gpu` and :func:`get_network`; the wizard lists :func:`list_gpus`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from engine.plan.specs import IntraNodeLink, NetworkTier, Precision
+
+GIB = 1024**3
+GB = 1000**3
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    """One accelerator type."""
+
+    key: str
+    """Lower-case catalog key (``--gpu``)."""
+    name: str
+    vendor: str
+    """nvidia | amd | cpu."""
+    memory_bytes: int
+    bf16_tflops: float
+    """Dense bf16 tensor-core peak (0 when the GPU has no bf16)."""
+    fp16_tflops: float
+    """Dense fp16 tensor-core peak."""
+    fp32_tflops: float
+    """fp32 peak used for fp32 training (TF32 tensor cores where the GPU has them)."""
+    has_bf16: bool
+    intra_link: IntraNodeLink
+    """The usual scale-up link inside a node of this GPU."""
+    intra_gbps: float
+    """Scale-up bandwidth per GPU, GB/s, one direction (NVLink/xGMI, or PCIe when that is the link)."""
+    pcie_gbps: float
+    """Host link per GPU, GB/s, one direction (bounds CPU offload and PCIe-only nodes)."""
+    achievable_mfu: float
+    """Fraction of dense peak a well-tuned LLM training step reaches (public MFU reports)."""
+    price_per_hour: float
+    """On-demand list price per GPU-hour, USD (approximate, for estimates only)."""
+    source: str
+
+    @property
+    def dist_backend(self) -> str:
+        """torch.distributed backend: gloo for cpu ranks, nccl otherwise (RCCL answers to nccl)."""
+        return "gloo" if self.vendor == "cpu" else "nccl"
+
+    def peak_tflops(self, precision: Precision) -> float:
+        """Dense peak for ``precision`` in TFLOP/s."""
+        if precision == Precision.BF16:
+            return self.bf16_tflops if self.has_bf16 else self.fp16_tflops
+        if precision == Precision.FP16:
+            return self.fp16_tflops
+        return self.fp32_tflops
+
+    def default_precision(self) -> Precision:
+        """bf16 where the hardware has it, fp16 otherwise, fp32 on cpu."""
+        if self.vendor == "cpu":
+            return Precision.FP32
+        return Precision.BF16 if self.has_bf16 else Precision.FP16
+
+
+_GPUS: tuple[GpuType, ...] = (
+    GpuType(
+        "v100-32gb",
+        "NVIDIA V100 SXM2 32GB",
+        "nvidia",
+        32 * GIB,
+        0.0,
+        125.0,
+        15.7,
+        False,
+        IntraNodeLink.NVLINK,
+        150.0,
+        16.0,
+        0.40,
+        2.48,
+        "NVIDIA V100 datasheet: 125 TFLOPS tensor fp16, 15.7 fp32, NVLink 300 GB/s (both ways)",
+    ),
+    GpuType(
+        "a100-40gb",
+        "NVIDIA A100 SXM4 40GB",
+        "nvidia",
+        40 * GIB,
+        312.0,
+        312.0,
+        156.0,
+        True,
+        IntraNodeLink.NVLINK,
+        300.0,
+        32.0,
+        0.50,
+        1.29,
+        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+    ),
+    GpuType(
+        "a100-80gb",
+        "NVIDIA A100 SXM4 80GB",
+        "nvidia",
+        80 * GIB,
+        312.0,
+        312.0,
+        156.0,
+        True,
+        IntraNodeLink.NVLINK,
+        300.0,
+        32.0,
+        0.50,
+        1.79,
+        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+    ),
+    GpuType(
+        "h100-sxm",
+        "NVIDIA H100 SXM5 80GB",
+        "nvidia",
+        80 * GIB,
+        989.0,
+        989.0,
+        494.0,
+        True,
+        IntraNodeLink.NVLINK,
+        450.0,
+        64.0,
+        0.45,
+        2.99,
+        "NVIDIA H100 datasheet: 989 TFLOPS bf16 dense (1979 sparse), NVLink4 900 GB/s (both ways)",
+    ),
+    GpuType(
+        "h100-pcie",
+        "NVIDIA H100 PCIe 80GB",
+        "nvidia",
+        80 * GIB,
+        756.0,
+        756.0,
+        378.0,
+        True,
+        IntraNodeLink.PCIE,
+        64.0,
+        64.0,
+        0.42,
+        2.49,
+        "NVIDIA H100 datasheet: 756 TFLOPS bf16 dense (PCIe), PCIe Gen5 128 GB/s (both ways)",
+    ),
+    GpuType(
+        "h200",
+        "NVIDIA H200 SXM 141GB",
+        "nvidia",
+        141 * GB,
+        989.0,
+        989.0,
+        494.0,
+        True,
+        IntraNodeLink.NVLINK,
+        450.0,
+        64.0,
+        0.45,
+        3.79,
+        "NVIDIA H200 datasheet: 141 GB HBM3e, 989 TFLOPS bf16 dense, NVLink 900 GB/s (both ways)",
+    ),
+    GpuType(
+        "b200",
+        "NVIDIA B200 180GB",
+        "nvidia",
+        180 * GB,
+        2250.0,
+        2250.0,
+        1100.0,
+        True,
+        IntraNodeLink.NVLINK,
+        900.0,
+        64.0,
+        0.40,
+        4.99,
+        "NVIDIA HGX B200 datasheet: 180 GB per GPU, 2.25 PFLOPS bf16 dense, NVLink5 1.8 TB/s (both ways)",
+    ),
+    GpuType(
+        "mi300x",
+        "AMD Instinct MI300X 192GB",
+        "amd",
+        192 * GB,
+        1307.4,
+        1307.4,
+        653.7,
+        True,
+        IntraNodeLink.NVLINK,
+        448.0,
+        64.0,
+        0.35,
+        2.50,
+        "AMD MI300X datasheet: 1307.4 TFLOPS bf16 dense, Infinity Fabric 896 GB/s aggregate (both ways)",
+    ),
+    GpuType(
+        "l40s",
+        "NVIDIA L40S 48GB",
+        "nvidia",
+        48 * GB,
+        362.05,
+        362.05,
+        183.0,
+        True,
+        IntraNodeLink.PCIE,
+        32.0,
+        32.0,
+        0.40,
+        1.00,
+        "NVIDIA L40S datasheet: 362.05 TFLOPS bf16 dense (733 sparse), PCIe Gen4 x16 64 GB/s",
+    ),
+    GpuType(
+        "a10g",
+        "NVIDIA A10G 24GB",
+        "nvidia",
+        24 * GB,
+        70.0,
+        70.0,
+        35.0,
+        True,
+        IntraNodeLink.PCIE,
+        32.0,
+        32.0,
+        0.40,
+        1.01,
+        "AWS G5 (A10G): NVIDIA publishes no A10G sheet; ~70 TFLOPS bf16 dense as commonly measured; "
+        "price: g5.xlarge on-demand",
+    ),
+    GpuType(
+        "l4",
+        "NVIDIA L4 24GB",
+        "nvidia",
+        24 * GB,
+        121.0,
+        121.0,
+        60.0,
+        True,
+        IntraNodeLink.PCIE,
+        32.0,
+        32.0,
+        0.40,
+        0.80,
+        "NVIDIA L4 datasheet: 121 TFLOPS bf16 dense (242 sparse), PCIe Gen4 x16 64 GB/s",
+    ),
+    GpuType(
+        "cpu",
+        "CPU rank (gloo)",
+        "cpu",
+        8 * GIB,
+        0.0,
+        0.0,
+        0.5,
+        False,
+        IntraNodeLink.PCIE,
+        5.0,
+        5.0,
+        0.30,
+        0.0,
+        "A local CPU process over gloo; 8 GiB and 0.5 TFLOPS per rank are nominal, for smoke tests",
+    ),
+)
+
+_BY_KEY = {g.key: g for g in _GPUS}
+
+# Forgiving spellings people type: H100 means the SXM part, A100 the 80 GB one.
+_ALIASES = {
+    "h100": "h100-sxm",
+    "h10080gb": "h100-sxm",
+    "h100sxm5": "h100-sxm",
+    "h100sxm80gb": "h100-sxm",
+    "h100pcie80gb": "h100-pcie",
+    "a100": "a100-80gb",
+    "a10080gbsxm": "a100-80gb",
+    "a100sxm480gb": "a100-80gb",
+    "a100sxm440gb": "a100-40gb",
+    "a10040gbsxm": "a100-40gb",
+    "v100": "v100-32gb",
+    "v10032gbsxm2": "v100-32gb",
+    "h200141gb": "h200",
+    "h200sxm": "h200",
+    "b200180gb": "b200",
+    "b200192gb": "b200",
+    "mi300": "mi300x",
+    "l40s48gb": "l40s",
+    "a10": "a10g",
+    "a10g24gb": "a10g",
+    "l424gb": "l4",
+    "gloo": "cpu",
+}
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def resolve_gpu_key(text: str) -> str:
+    """Map what a person typed (``H100``, ``A100 80GB``, ``h100-sxm``) to a catalog key."""
+    if text in _BY_KEY:
+        return text
+    squashed = _squash(text)
+    for key in _BY_KEY:
+        if _squash(key) == squashed:
+            return key
+    if squashed in _ALIASES:
+        return _ALIASES[squashed]
+    for prefix in ("nvidia", "amd", "instinct", "tesla"):
+        if squashed.startswith(prefix) and squashed[len(prefix) :]:
+            return resolve_gpu_key(squashed[len(prefix) :])
+    raise ValueError(
+        f"unknown GPU {text!r}; choose one of {', '.join(_BY_KEY)} (`dtrain-tui gpus` lists them)"
+    )
+
+
+def get_gpu(key: str) -> GpuType:
+    """The catalog entry for ``key`` (aliases accepted)."""
+    return _BY_KEY[resolve_gpu_key(key)]
+
+
+def list_gpus() -> list[GpuType]:
+    """All catalog entries, in catalog order."""
+    return list(_GPUS)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkType:
+    """One inter-node fabric tier, per node."""
+
+    tier: NetworkTier
+    name: str
+    gbps_per_node: float
+    """Nominal scale-out bandwidth per node, Gbit/s, one direction."""
+    efficiency: float
+    """Fraction of nominal bandwidth NCCL collectives reach (bus bandwidth / line rate)."""
+    latency_us: float
+    nccl_net: str
+    """What NCCL prints as ``Using network …``: IB, AWS Libfabric, Socket."""
+    source: str
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Achievable bytes/s per node, one direction."""
+        return self.gbps_per_node * 1e9 / 8 * self.efficiency
+
+
+_NETWORKS: dict[NetworkTier, NetworkType] = {
+    NetworkTier.IB: NetworkType(
+        NetworkTier.IB,
+        "InfiniBand (HDR assumed)",
+        1600.0,
+        0.85,
+        2.0,
+        "IB",
+        "8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
+    ),
+    NetworkTier.IB_HDR: NetworkType(
+        NetworkTier.IB_HDR,
+        "InfiniBand HDR",
+        1600.0,
+        0.85,
+        2.0,
+        "IB",
+        "8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
+    ),
+    NetworkTier.IB_NDR: NetworkType(
+        NetworkTier.IB_NDR,
+        "InfiniBand NDR",
+        3200.0,
+        0.85,
+        2.0,
+        "IB",
+        "8 x NDR 400 Gb/s ConnectX-7 per node, as in DGX H100 (NVIDIA DGX H100 datasheet)",
+    ),
+    NetworkTier.EFA: NetworkType(
+        NetworkTier.EFA,
+        "AWS EFA",
+        3200.0,
+        0.70,
+        15.0,
+        "AWS Libfabric",
+        "p5.48xlarge: 3200 Gbps EFAv2 (AWS EC2 P5 page); p4d has 400 Gbps: pass --bandwidth-gbps 400",
+    ),
+    NetworkTier.ROCE: NetworkType(
+        NetworkTier.ROCE,
+        "RoCE v2",
+        1600.0,
+        0.75,
+        4.0,
+        "IB",
+        "8 x 200 Gb/s RoCE NICs per node (common H100/A100 Ethernet fabrics); override with --bandwidth-gbps",
+    ),
+    NetworkTier.TCP: NetworkType(
+        NetworkTier.TCP,
+        "TCP (sockets)",
+        100.0,
+        0.50,
+        30.0,
+        "Socket",
+        "Standard cloud Ethernet 25-100 Gbps (seed doc 000: 'Standard TCP networking ~25-100 Gbps')",
+    ),
+}
+
+
+def get_network(tier: NetworkTier | str) -> NetworkType:
+    """The catalog entry for a network tier."""
+    return _NETWORKS[NetworkTier(tier)]

@@ -1,0 +1,437 @@
+"""Per-GPU memory model: parameters, gradients, optimizer states, activations and buffers of one
+candidate layout. Called by :mod:`engine.plan.planner` for every candidate it weighs (so it is plain
+arithmetic, no allocation), and by the tests that pin it to its sources:
+
+* **Model states** follow the ZeRO paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+  Toward Training Trillion Parameter Models", §3.1 and Table 1): mixed-precision Adam holds
+  ``2Ψ`` (16-bit params) ``+ 2Ψ`` (16-bit grads) ``+ KΨ`` optimizer states with ``K = 12`` (fp32
+  master copy, momentum, variance); ZeRO-1 divides the ``K`` term by the DP degree ``Nd``, ZeRO-2
+  the grads as well, ZeRO-3 everything. :func:`zero_model_states_bytes` is that formula as printed.
+* **Each framework's own convention** then refines it (:func:`model_states`):
+  DeepSpeed keeps 16-bit grads plus an fp32 gradient partition, as its estimators count them
+  (``deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs``:
+  ``2Ψ + 18Ψ/N``; ``stage3.estimate_zero3_model_states_mem_needs``: ``4·largest_layer + 18Ψ/N``);
+  Megatron accumulates fp32 "main grads" (``2 + 4 + 12 = 18`` bytes/param, or ``6 + 12/d`` with the
+  distributed optimizer; Megatron-LM ``docs/source/distrib_optimizer.md``); torch DDP and FSDP
+  under autocast / ``MixedPrecision`` keep fp32 parameters, which *are* the master copy.
+* **Activations** follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", Table 2: per layer ``sbh(34 + 5as/h)`` bytes with no parallelism,
+  ``sbh(10 + 24/t + 5as/(ht))`` with tensor parallelism ``t``, ``sbh/t·(34 + 5as/h)`` with
+  TP + sequence parallelism; selective recompute drops the ``5as/h`` term; full recompute keeps
+  only each layer's input, ``2sbh`` (divided by ``t`` under SP). With pipeline parallelism the
+  first stage holds ``p`` micro-batches of its ``L/p`` layers under 1F1B (§4.2.3), times
+  ``1 + (p-1)/(p·v)`` for the interleaved schedule with ``v`` model chunks per stage.
+  :func:`korthikanti_layer_bytes` is the formula as printed; :func:`layer_activation_bytes`
+  generalises its constants to GQA, gated (SwiGLU) MLPs, ``ffn ≠ 4h``, MoE top-k and
+  FlashAttention, and reduces to it exactly for the paper's GPT shape.
+
+All results are bytes per GPU (ints). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from engine.plan.result import MemoryBreakdown
+from engine.plan.specs import (
+    Framework,
+    ModelDims,
+    Offload,
+    Optimizer,
+    PPSchedule,
+    Precision,
+    Recompute,
+    Strategy,
+)
+
+GIB = 1024**3
+
+# DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
+# allgather_bucket_size are 5e8 elements.
+DS_BUCKET_ELEMENTS = 500_000_000
+# Fraction of an accelerator's memory a plan may use: the CUDA context, NCCL's buffers and the
+# caching allocator's fragmentation take the rest (typically 5–10% on 80 GB parts).
+USABLE_FRACTION = 0.90
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutDraft:
+    """A candidate layout before it is estimated: what :func:`estimate_memory` and
+    :mod:`engine.plan.perf` read. The planner turns a chosen draft into a :class:`engine.plan.result.Layout`."""
+
+    strategy: Strategy
+    framework: Framework
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+    offload: Offload = Offload.NONE
+    micro_batch: int = 1
+    grad_accum: int = 1
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    precision: Precision = Precision.BF16
+    pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.dp
+
+    def with_(self, **changes: object) -> LayoutDraft:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Bytes per parameter
+
+
+def optimizer_state_bytes(optimizer: Optimizer) -> int:
+    """Optimizer states per parameter, without any master copy: AdamW keeps fp32 momentum and
+    variance (8), SGD with momentum one fp32 buffer (4), 8-bit Adam two 1-byte states (2;
+    bitsandbytes' block-wise quantisation constants are < 1% and ignored)."""
+    return {Optimizer.ADAMW: 8, Optimizer.SGD: 4, Optimizer.ADAM8BIT: 2}[optimizer]
+
+
+def is_mixed(precision: Precision) -> bool:
+    return precision in (Precision.BF16, Precision.FP16)
+
+
+def zero_k(precision: Precision, optimizer: Optimizer) -> int:
+    """The ZeRO paper's ``K``: optimizer-state bytes per parameter including the fp32 master copy
+    under mixed precision (12 for mixed-precision Adam, as in the paper)."""
+    return optimizer_state_bytes(optimizer) + (4 if is_mixed(precision) else 0)
+
+
+def zero_model_states_bytes(psi: float, k: float, nd: int, stage: int) -> float:
+    """Model-state bytes per GPU exactly as the ZeRO paper writes them (§3.1, Table 1), with 16-bit
+    parameters and gradients: stage 0 ``(2+2+K)Ψ``; stage 1 (P_os) ``4Ψ + KΨ/Nd``; stage 2
+    (P_os+g) ``2Ψ + (2+K)Ψ/Nd``; stage 3 (P_os+g+p) ``(2+2+K)Ψ/Nd``."""
+    if stage == 0:
+        return (4 + k) * psi
+    if stage == 1:
+        return 4 * psi + k * psi / nd
+    if stage == 2:
+        return 2 * psi + (2 + k) * psi / nd
+    if stage == 3:
+        return (4 + k) * psi / nd
+    raise ValueError(f"zero stage must be 0-3, got {stage}")
+
+
+@dataclass(frozen=True, slots=True)
+class States:
+    """Model-state bytes on one GPU, and what offload moved to CPU memory. ``buffers`` holds the
+    framework's own buffers for these states; ``gathered`` is the part of it DeepSpeed's ZeRO-3
+    estimator counts (4 bytes per parameter of the largest layer)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    cpu: float = 0.0
+    buffers: float = 0.0
+    gathered: float = 0.0
+
+
+def model_states(
+    psi: float,
+    nd: int,
+    *,
+    framework: Framework,
+    strategy: Strategy,
+    zero_stage: int,
+    precision: Precision,
+    optimizer: Optimizer,
+    offload: Offload = Offload.NONE,
+    largest_layer: float = 0.0,
+    grad_accum: int = 1,
+) -> States:
+    """Params, grads and optimizer bytes for ``psi`` parameters held by one GPU (after TP/PP/EP
+    splits) and sharded ``nd`` ways by ZeRO / FSDP, in the framework's own convention (checked
+    against a real run in tests/engine/test_real_memory.py):
+
+    * ``ddp`` (torch DDP, autocast): fp32 params (the master copy) and fp32 grads, plus states;
+      the all-reduce buckets copy the grads (buffers).
+    * ``deepspeed``: 16-bit params, a 16-bit gradient partition and the fp32 gradient partition
+      ``step()`` makes from it (both alive during the conversion), fp32 master and states.
+      Stage 2: ``2Ψ + (2+4+K)Ψ/N`` (DeepSpeed's ``2Ψ + 18Ψ/N`` for Adam). Stage 1 is the same
+      when every step is an accumulation boundary; with gradient accumulation it keeps the full
+      16-bit grads between boundaries (``2Ψ + 4Ψ/N``). Stage 3: ``(2+4+K)Ψ/N`` with the fp32
+      gradient partition as grads (DeepSpeed's ``18Ψ/N``), plus buffers: ``4·largest_layer`` for
+      the gathered layer (``gathered``) and the persistent 16-bit reduce-scatter target
+      ``grad_partitions_flat_buffer`` (``2Ψ/N``), which the estimator leaves out.
+      Offload (ZeRO-Offload): the fp32 grads, master and states live in CPU memory; with
+      ``optimizer+params`` (ZeRO-Infinity to CPU, stage 3) the 16-bit params too.
+    * ``fsdp``: sharded fp32 params (the optimizer steps on them), sharded fp32 grads, states;
+      SHARD_GRAD_OP keeps the 16-bit unsharded params between forward and backward.
+      ``CPUOffload(offload_params=True)`` moves params, grads and states to CPU.
+    * ``megatron``: 16-bit params, fp32 main grads, fp32 master + states (18 B/param for Adam);
+      with the distributed optimizer (``zero_stage=1``) master and states are split ``nd`` ways.
+    """
+    mixed = is_mixed(precision)
+    pb = 2 if mixed else 4  # working-copy param bytes
+    states = optimizer_state_bytes(optimizer)
+    k = zero_k(precision, optimizer)
+    fp32_grad = 4 if mixed else 0  # DeepSpeed's fp32 gradient partition under mixed precision
+    nd = max(1, nd)
+    if framework == Framework.DDP:
+        # DDP's all-reduce buckets hold a second copy of the gradients unless the model is wrapped
+        # with gradient_as_bucket_view=True ("the saved memory size will be equal to the total
+        # gradients size", torch.nn.parallel.DistributedDataParallel docs); the shipped trainer
+        # uses the default.
+        return States(4 * psi, 4 * psi, states * psi, buffers=4 * psi)
+    if framework == Framework.DEEPSPEED:
+        bucket = min(DS_BUCKET_ELEMENTS, psi) * pb
+        if zero_stage == 0:
+            return States(pb * psi, (pb + fp32_grad) * psi, k * psi)
+        if zero_stage in (1, 2):
+            if offload != Offload.NONE:
+                # ZeRO-Offload: 16-bit params stay; grads are reduced straight into pinned CPU memory.
+                return States(pb * psi, 0.0, 0.0, cpu=(fp32_grad + k) * psi / nd, buffers=bucket)
+            grads = (pb + fp32_grad) * psi / nd
+            if zero_stage == 1 and grad_accum > 1:
+                grads = pb * psi + fp32_grad * psi / nd
+            return States(pb * psi, grads, k * psi / nd, buffers=2 * bucket)
+        # DeepSpeed's allowance for the gathered layer (16-bit params + grads of the largest one).
+        gathered = 4 * largest_layer
+        if offload == Offload.OPTIMIZER_PARAMS:
+            cpu = (pb + fp32_grad + k) * psi / nd
+            return States(0.0, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
+        if offload == Offload.OPTIMIZER:
+            cpu = (fp32_grad + k) * psi / nd
+            return States(pb * psi / nd, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
+        grad_buffer = pb * psi / nd  # grad_partitions_flat_buffer: 16-bit, persistent
+        return States(
+            pb * psi / nd,
+            (fp32_grad or pb) * psi / nd,
+            k * psi / nd,
+            buffers=gathered + grad_buffer,
+            gathered=gathered,
+        )
+    if framework == Framework.FSDP:
+        unsharded = pb * psi if strategy == Strategy.FSDP_GRAD_OP else 0.0
+        if offload == Offload.OPTIMIZER_PARAMS:
+            return States(unsharded, 0.0, 0.0, cpu=(4 + 4 + states) * psi / nd)
+        return States(4 * psi / nd + unsharded, 4 * psi / nd, states * psi / nd)
+    # Megatron (3D): fp32 main grads; distributed optimizer shards master + states over DP.
+    opt = k * psi / nd if zero_stage >= 1 else k * psi
+    return States(pb * psi, 4 * psi, opt)
+
+
+# --------------------------------------------------------------------------------------------
+# Activations
+
+
+def korthikanti_layer_bytes(
+    s: int,
+    b: int,
+    h: int,
+    a: int,
+    *,
+    t: int = 1,
+    sp: bool = False,
+    recompute: Recompute = Recompute.NONE,
+) -> float:
+    """Activation bytes of one transformer layer as printed by Korthikanti et al. 2022 (Table 2):
+    16-bit activations, MHA, a 4h non-gated MLP, dropout. ``t`` is the TP degree, ``sp`` sequence
+    parallelism."""
+    if recompute == Recompute.FULL:
+        return 2 * s * b * h / (t if sp else 1)
+    score = 0.0 if recompute == Recompute.SELECTIVE else 5 * a * s / h
+    if sp:
+        return s * b * h / t * (34 + score)
+    return s * b * h * (10 + 24 / t + score / t)
+
+
+def layer_activation_bytes(
+    dims: ModelDims,
+    s: int,
+    b: int,
+    *,
+    t: int = 1,
+    sp: bool = False,
+    recompute: Recompute = Recompute.NONE,
+    flash: bool = False,
+    dropout: bool = True,
+    bytes_per_value: int = 2,
+) -> float:
+    """One layer's saved activations, Korthikanti's accounting generalised to the model's shape.
+
+    Replicated across TP ranks (split by ``t`` only with SP): the two layer-norm inputs (4sbh),
+    the attention and MLP inputs (2sbh each) and the two dropout masks (sbh each) -- Korthikanti's
+    ``10``. Split by ``t``: Q and K (2sbh + 2sbh_kv), V (2sbh_kv), the output projection's input
+    (2sbh), and the MLP's intermediates (non-gated: 2sbf twice; gated: gate, up, act and product,
+    2sbf each; MoE: times top-k) -- Korthikanti's ``24`` for MHA and f = 4h. The attention score
+    term ``5as²b`` (softmax output, dropout mask and output) is what selective recompute drops;
+    FlashAttention never stores it either (``flash=True``). ``bytes_per_value`` 4 doubles all
+    for fp32 training."""
+    h = dims.hidden
+    r = dims.kv_heads * dims.head_dim / h
+    q = dims.heads * dims.head_dim / h
+    f = dims.ffn / h
+    k = dims.experts_per_token if dims.is_moe else 1
+    scale = bytes_per_value / 2
+    sbh = s * b * h
+    if recompute == Recompute.FULL:
+        return 2 * sbh / (t if sp else 1) * scale
+    replicated = 4 + 2 + 2 + (2 if dropout else 0)
+    mlp = (8 * f if dims.gated_mlp else 4 * f) * k
+    split = 2 * q + 2 * r + 2 * r + 2 * q + mlp
+    score = 0.0
+    if recompute == Recompute.NONE and not flash:
+        score = (5 if dropout else 2) * dims.heads * s / h
+    if sp:
+        return sbh / t * (replicated + split + score) * scale
+    return sbh * (replicated + (split + score) / t) * scale
+
+
+def pipeline_in_flight(pp: int, grad_accum: int, schedule: PPSchedule, v: int) -> float:
+    """Micro-batches whose activations the first stage holds at its peak, as a multiple of one
+    micro-batch's activations for ``L/p`` layers: ``min(p, m)`` under 1F1B; interleaving
+    multiplies by ``1 + (p-1)/(p·v)`` (Korthikanti et al. 2022, §4.2.3)."""
+    if pp <= 1:
+        return 1.0
+    held = float(min(pp, max(1, grad_accum)))
+    if schedule == PPSchedule.INTERLEAVED and v > 1:
+        held *= 1 + (pp - 1) / (pp * v)
+    return held
+
+
+# --------------------------------------------------------------------------------------------
+# Per-GPU parameter counts
+
+
+def per_layer_params(dims: ModelDims) -> tuple[float, float]:
+    """(dense, expert) parameters of one transformer block."""
+    experts = dims.params_experts / dims.layers
+    dense = (dims.params_total - dims.params_embedding - dims.params_experts) / dims.layers
+    return dense, experts
+
+
+def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
+    """(dense, expert) parameters held by the heaviest GPU: its pipeline stage's layers (the first
+    stage also holds the input embedding; the last the head -- we take the larger) split by TP,
+    experts split further by EP."""
+    dense_l, expert_l = per_layer_params(dims)
+    layers = math.ceil(dims.layers / d.pp)
+    if d.pp == 1:
+        dense = layers * dense_l + dims.params_embedding
+    else:
+        dense = layers * dense_l + dims.vocab * dims.hidden
+    return dense / d.tp, layers * expert_l / (d.tp * d.ep)
+
+
+def largest_layer_params(dims: ModelDims, tp: int = 1) -> float:
+    """The largest single module (DeepSpeed's ``largest_layer_params``): the embedding, one MLP
+    matrix or the fused QKV projection, split by TP."""
+    qkv = dims.hidden * (dims.heads + 2 * dims.kv_heads) * dims.head_dim
+    return max(dims.vocab * dims.hidden, dims.hidden * dims.ffn, qkv) / tp
+
+
+def block_params(dims: ModelDims, tp: int = 1) -> float:
+    """Parameters of one FSDP unit (a transformer block, or the embedding when larger)."""
+    dense_l, expert_l = per_layer_params(dims)
+    return max(dense_l + expert_l, dims.vocab * dims.hidden) / tp
+
+
+# --------------------------------------------------------------------------------------------
+# The whole breakdown
+
+
+def estimate_memory(
+    dims: ModelDims,
+    d: LayoutDraft,
+    *,
+    seq_len: int,
+    optimizer: Optimizer,
+    flash: bool = True,
+    gpus_per_node: int = 0,
+) -> MemoryBreakdown:
+    """Per-GPU memory of layout ``d`` for ``dims`` at ``seq_len``: the heaviest GPU (first
+    pipeline stage). ``flash`` assumes FlashAttention / SDPA kernels (true on GPUs), so the
+    ``as²`` score term is not stored even without recompute. ``gpus_per_node`` bounds the shard
+    group of FSDP HYBRID_SHARD."""
+    dense, expert = stage_params(dims, d)
+    shard = d.dp * d.cp  # CP ranks hold the same weights and reduce gradients with DP
+    expert_shard = max(1, shard // d.ep)
+    nd = shard
+    if d.strategy == Strategy.FSDP_HYBRID and gpus_per_node:
+        nd = max(1, math.gcd(shard, gpus_per_node))  # shard inside a node, replicate across
+    kw = {
+        "grad_accum": d.grad_accum,
+        "framework": d.framework,
+        "strategy": d.strategy,
+        "zero_stage": d.zero_stage,
+        "precision": d.precision,
+        "optimizer": optimizer,
+        "offload": d.offload,
+    }
+    ll = largest_layer_params(dims, d.tp)
+    st_dense = model_states(dense, nd, largest_layer=ll, **kw)  # type: ignore[arg-type]
+    st_exp = (
+        model_states(expert, expert_shard, largest_layer=0.0, **kw)  # type: ignore[arg-type]
+        if expert
+        else States(0.0, 0.0, 0.0)
+    )
+    bpv = 2 if is_mixed(d.precision) else 4
+    s_local = max(1, seq_len // d.cp)
+    per_layer = layer_activation_bytes(
+        dims,
+        s_local,
+        d.micro_batch,
+        t=d.tp,
+        sp=d.sequence_parallel,
+        recompute=d.recompute,
+        flash=flash,
+        bytes_per_value=bpv,
+    )
+    layers = math.ceil(dims.layers / d.pp)
+    held = pipeline_in_flight(d.pp, d.grad_accum, d.pp_schedule, d.virtual_stages)
+    acts = per_layer * layers * held
+    if d.recompute == Recompute.FULL:
+        # Recomputing one layer in backward materialises that layer's full activations again.
+        acts += layer_activation_bytes(
+            dims,
+            s_local,
+            d.micro_batch,
+            t=d.tp,
+            sp=d.sequence_parallel,
+            recompute=Recompute.SELECTIVE if flash else Recompute.NONE,
+            flash=flash,
+            bytes_per_value=bpv,
+        )
+    buffers = st_dense.buffers + st_exp.buffers
+    if d.pp == 1:
+        # fp32 logits and their gradient for the cross-entropy (the last stage's peak).
+        buffers += 2 * 4 * s_local * d.micro_batch * dims.vocab / d.tp
+    if d.framework == Framework.FSDP:
+        # Current + prefetched unit gathered in 16-bit, and the unit's unsharded 16-bit grads.
+        buffers += 3 * block_params(dims, d.tp) * (2 if is_mixed(d.precision) else 4)
+    parts = [
+        int(st_dense.params + st_exp.params),
+        int(st_dense.grads + st_exp.grads),
+        int(st_dense.optimizer + st_exp.optimizer),
+        int(acts),
+        int(buffers),
+    ]
+    # model_construct: the planner builds thousands of these; the values are ints by construction.
+    return MemoryBreakdown.model_construct(
+        params=parts[0],
+        grads=parts[1],
+        optimizer=parts[2],
+        activations=parts[3],
+        buffers=parts[4],
+        total=sum(parts),
+        cpu_bytes=int(st_dense.cpu + st_exp.cpu),
+    )
+
+
+def usable_bytes(memory_bytes: int) -> int:
+    """What a plan may use of an accelerator's memory (see :data:`USABLE_FRACTION`)."""
+    return int(memory_bytes * USABLE_FRACTION)

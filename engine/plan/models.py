@@ -1,0 +1,465 @@
+"""Model resolution: from a preset, a local Hugging Face ``config.json``, raw dimensions or a bare
+parameter count to a :class:`~engine.plan.specs.ModelDims` with *exact* parameter counts.
+
+The counts follow each architecture's own module definition in ``transformers`` (which
+projections carry biases, how many norms a block has, fused or tied matrices), so they equal
+``sum(p.numel() for p in model.parameters())`` of the real model (tests check that against
+``transformers`` itself). Presets are stored as Hugging Face configs (``engine/plan/data/presets.json``)
+and go through the same code path as a user's file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from engine.errors import SpecError
+from engine.plan.specs import ModelDims, ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _Arch:
+    """How an architecture lays out its parameters (read from its transformers modeling file)."""
+
+    norm_bias: bool = False
+    """LayerNorm with a bias (2h per norm) instead of RMSNorm (h)."""
+    norms_per_layer: int = 2
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    learned_positions: bool = False
+    qk_norm: bool = False
+    """Per-head RMSNorm on q and k (qwen3): 2 * head_dim per layer."""
+    final_norm: bool = True
+
+
+_SUPPORTED = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "phi3",
+    "gpt2",
+    "gpt_neox",
+    "falcon",
+)
+
+
+def _cfg(c: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in c and c[k] is not None:
+            return c[k]
+    return default
+
+
+MAX_DIM = 2**31
+"""Largest dimension read from a config.json: a 10**30 hidden size is a broken file, not a model."""
+
+
+def _need_int(c: dict[str, Any], field: str, *keys: str, default: int | None = None) -> int:
+    v = _cfg(c, *keys, default=default)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+        shown = repr(v)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise SpecError(
+            f"config.json has no positive integer {keys[0]!r} up to {MAX_DIM} (got {shown}); "
+            "fix the file or pass --layers/--hidden/--heads/--vocab instead",
+            field=f"model.config_path ({field})",
+        )
+    return v
+
+
+def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
+    mt = c.get("model_type")
+    if not isinstance(mt, str):
+        raise SpecError(
+            "config.json has no 'model_type'; pass a Hugging Face config.json or give "
+            "--layers/--hidden/--heads/--vocab",
+            field="model.config_path",
+        )
+    if mt not in _SUPPORTED:
+        raise SpecError(
+            f"model_type {mt!r} is not supported (supported: {', '.join(_SUPPORTED)}); "
+            "pass its dimensions with --layers/--hidden/--heads/--kv-heads/--vocab/--ffn "
+            "or a bare --params count",
+            field="model.config_path",
+        )
+    if mt == "gpt2":
+        h = _need_int(c, "hidden", "n_embd")
+        layers = _need_int(c, "layers", "n_layer")
+        heads = _need_int(c, "heads", "n_head")
+        kv = heads
+        ffn = _need_int(c, "ffn", "n_inner", default=4 * h)
+        vocab = _need_int(c, "vocab", "vocab_size")
+        arch = _Arch(
+            norm_bias=True, qkv_bias=True, o_bias=True, mlp_bias=True, learned_positions=True
+        )
+        gated = False
+        tie = bool(c.get("tie_word_embeddings", True))
+        max_pos = _cfg(c, "n_positions", "n_ctx", default=1024)
+        head_dim = h // heads
+    elif mt == "gpt_neox":
+        h = _need_int(c, "hidden", "hidden_size")
+        layers = _need_int(c, "layers", "num_hidden_layers")
+        heads = _need_int(c, "heads", "num_attention_heads")
+        kv = heads
+        ffn = _need_int(c, "ffn", "intermediate_size")
+        vocab = _need_int(c, "vocab", "vocab_size")
+        arch = _Arch(
+            norm_bias=True,
+            qkv_bias=bool(c.get("attention_bias", True)),
+            o_bias=bool(c.get("attention_bias", True)),
+            mlp_bias=True,
+        )
+        gated = False
+        tie = bool(c.get("tie_word_embeddings", False))
+        max_pos = _cfg(c, "max_position_embeddings")
+        head_dim = h // heads
+    elif mt == "falcon":
+        h = _need_int(c, "hidden", "hidden_size")
+        layers = _need_int(c, "layers", "num_hidden_layers", "n_layer")
+        heads = _need_int(c, "heads", "num_attention_heads", "n_head")
+        new_arch = bool(c.get("new_decoder_architecture", False))
+        if new_arch:
+            kv = _need_int(c, "kv_heads", "num_kv_heads", default=heads)
+        elif c.get("multi_query", True):
+            kv = 1
+        else:
+            kv = heads
+        bias = bool(c.get("bias", False))
+        ffn = _need_int(c, "ffn", "ffn_hidden_size", default=4 * h)
+        vocab = _need_int(c, "vocab", "vocab_size")
+        norms = 2 if new_arch else (1 if c.get("parallel_attn", True) else 2)
+        if new_arch and c.get("num_ln_in_parallel_attn") == 1:
+            norms = 1
+        arch = _Arch(
+            norm_bias=True, norms_per_layer=norms, qkv_bias=bias, o_bias=bias, mlp_bias=bias
+        )
+        gated = False
+        tie = bool(c.get("tie_word_embeddings", True))
+        max_pos = _cfg(c, "max_position_embeddings")
+        head_dim = h // heads
+    else:
+        h = _need_int(c, "hidden", "hidden_size")
+        layers = _need_int(c, "layers", "num_hidden_layers")
+        heads = _need_int(c, "heads", "num_attention_heads")
+        kv = _need_int(c, "kv_heads", "num_key_value_heads", default=heads)
+        ffn = _need_int(c, "ffn", "intermediate_size")
+        vocab = _need_int(c, "vocab", "vocab_size")
+        head_dim = _need_int(c, "head_dim", "head_dim", default=max(h // heads, 1))
+        gated = True
+        tie = bool(c.get("tie_word_embeddings", mt in ("gemma", "gemma2")))
+        max_pos = _cfg(c, "max_position_embeddings")
+        if mt == "qwen2":
+            arch = _Arch(qkv_bias=True)
+        elif mt == "qwen3":
+            ab = bool(c.get("attention_bias", False))
+            arch = _Arch(qkv_bias=ab, o_bias=ab, qk_norm=True)
+        elif mt == "gemma2":
+            arch = _Arch(norms_per_layer=4)
+        elif mt in ("llama", "mistral"):
+            ab = bool(c.get("attention_bias", False))
+            arch = _Arch(qkv_bias=ab, o_bias=ab, mlp_bias=bool(c.get("mlp_bias", False)))
+        else:  # mixtral, gemma, phi3: no biases, RMSNorm, two norms
+            arch = _Arch()
+    if heads % kv:
+        raise SpecError(
+            f"num_key_value_heads {kv} does not divide num_attention_heads {heads}; fix config.json",
+            field="model.config_path",
+        )
+    experts = 1
+    top_k = 1
+    if mt == "mixtral":
+        experts = _need_int(c, "num_experts", "num_local_experts")
+        top_k = _need_int(c, "experts_per_token", "num_experts_per_tok", default=2)
+    return _build(
+        name=name,
+        arch_name=mt,
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=int(head_dim),
+        vocab=vocab,
+        ffn=int(ffn),
+        gated=gated,
+        experts=experts,
+        top_k=top_k,
+        tie=tie,
+        arch=arch,
+        max_pos=max_pos if isinstance(max_pos, int) else None,
+    )
+
+
+def _build(
+    *,
+    name: str,
+    arch_name: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    vocab: int,
+    ffn: int,
+    gated: bool,
+    experts: int,
+    top_k: int,
+    tie: bool,
+    arch: _Arch,
+    max_pos: int | None,
+) -> ModelDims:
+    h = hidden
+    q = heads * head_dim
+    k = kv_heads * head_dim
+    norm = 2 * h if arch.norm_bias else h
+    attn = h * q + 2 * h * k + q * h
+    if arch.qkv_bias:
+        attn += q + 2 * k
+    if arch.o_bias:
+        attn += h
+    if arch.qk_norm:
+        attn += 2 * head_dim
+    mlp = (3 if gated else 2) * h * ffn
+    if arch.mlp_bias:
+        mlp += (2 * ffn if gated else ffn) + h
+    router = h * experts if experts > 1 else 0
+    per_layer_dense = attn + arch.norms_per_layer * norm + router
+    embed = vocab * h
+    positions = (max_pos or 1024) * h if arch.learned_positions else 0
+    head = 0 if tie else vocab * h
+    final = norm if arch.final_norm else 0
+    total = layers * (per_layer_dense + experts * mlp) + embed + positions + head + final
+    active = (
+        layers * (per_layer_dense + min(top_k, experts) * mlp) + embed + positions + head + final
+    )
+    return ModelDims(
+        name=name,
+        arch=arch_name,
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=vocab,
+        ffn=ffn,
+        gated_mlp=gated,
+        num_experts=experts,
+        experts_per_token=min(top_k, experts),
+        tie_embeddings=tie,
+        max_position=max_pos,
+        params_total=total,
+        params_active=active,
+        params_embedding=embed + positions + head,
+        params_experts=layers * experts * mlp if experts > 1 else 0,
+    )
+
+
+@cache
+def _presets() -> dict[str, dict[str, Any]]:
+    text = resources.files("engine.plan").joinpath("data/presets.json").read_text(encoding="utf-8")
+    data: dict[str, dict[str, Any]] = json.loads(text)
+    return data
+
+
+def list_presets() -> list[str]:
+    """Preset names, in catalog order."""
+    return list(_presets())
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The Hugging Face config a preset stands for (without our ``_`` metadata keys)."""
+    try:
+        entry = _presets()[name.lower()]
+    except KeyError:
+        close = [p for p in _presets() if name.lower().split("-")[0] in p][:5]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise SpecError(
+            f"unknown preset {name!r}{hint}; `dtrain-tui model list` shows the presets",
+            field="model.preset",
+        ) from None
+    return {k: v for k, v in entry.items() if not k.startswith("_")}
+
+
+def preset_description(name: str) -> str:
+    return str(_presets()[name].get("_description", ""))
+
+
+def load_hf_config(path: Path) -> ModelDims:
+    """Read a local Hugging Face ``config.json`` (or a directory holding one)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(
+            f"{p} does not exist; pass the path of a config.json", field="model.config_path"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read {p}: {e}", field="model.config_path") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecError(
+            f"{p} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
+            field="model.config_path",
+        ) from None
+    except RecursionError:
+        raise SpecError(
+            f"{p} nests too deeply to be a Hugging Face config.json", field="model.config_path"
+        ) from None
+    except ValueError:  # an integer of more than 4300 digits
+        raise SpecError(
+            f"{p} holds a number too long to be a model dimension; fix the file",
+            field="model.config_path",
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{p} must hold a JSON object", field="model.config_path")
+    stem = p.parent.name if p.name == "config.json" else p.stem
+    name = str(data.get("_name_or_path") or stem or data.get("model_type", "model"))
+    return _dims_from_hf(data, name)
+
+
+# Shapes of well-known dense decoders, used to give a bare parameter count plausible dimensions
+# (params ≈ 12·L·h² for a non-gated block). Sizes from GPT-3 (Brown et al. 2020, Table 2.1) and
+# Llama 2/3 (Touvron et al. 2023; Meta 2024).
+_SHAPES: tuple[tuple[float, int, int, int, int, int], ...] = (
+    # params, layers, hidden, heads, kv_heads, ffn (gated)
+    (125e6, 12, 768, 12, 12, 2048),
+    (350e6, 24, 1024, 16, 16, 2816),
+    (760e6, 24, 1536, 16, 16, 4096),
+    (1.3e9, 24, 2048, 16, 16, 5504),
+    (2.7e9, 32, 2560, 32, 32, 6912),
+    (7e9, 32, 4096, 32, 32, 11008),
+    (13e9, 40, 5120, 40, 40, 13824),
+    (30e9, 60, 6656, 52, 52, 17920),
+    (70e9, 80, 8192, 64, 8, 28672),
+    (175e9, 96, 12288, 96, 96, 32768),
+    (405e9, 126, 16384, 128, 8, 53248),
+    (1e12, 128, 25600, 160, 16, 81920),
+)
+
+
+def _fmt_count(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def _from_count(spec: ModelSpec, params: float) -> ModelDims:
+    shape = min(_SHAPES, key=lambda s: abs(math.log(s[0] / params)))
+    _, layers, hidden, heads, kv, ffn = shape
+    vocab = spec.vocab or 32000
+    n = int(round(params))
+    experts = spec.num_experts or 1
+    top_k = min(spec.experts_per_token or (2 if experts > 1 else 1), experts)
+    if experts > 1:
+        # Split the count: attention + embeddings as in the shape, the rest spread over experts.
+        dense = _build(
+            name="x",
+            arch_name="generic",
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv,
+            head_dim=hidden // heads,
+            vocab=vocab,
+            ffn=ffn,
+            gated=True,
+            experts=1,
+            top_k=1,
+            tie=False,
+            arch=_Arch(),
+            max_pos=None,
+        )
+        mlp = 3 * hidden * ffn
+        non_expert = dense.params_total - layers * mlp
+        per_expert_total = max(n - non_expert, 0) / (layers * experts)
+        active = int(non_expert + layers * top_k * per_expert_total)
+        experts_params = n - non_expert
+    else:
+        active = n
+        experts_params = 0
+    return ModelDims(
+        name=f"custom-{_fmt_count(params)}",
+        arch="generic",
+        layers=spec.layers or layers,
+        hidden=spec.hidden or hidden,
+        heads=spec.heads or heads,
+        kv_heads=spec.kv_heads or kv,
+        head_dim=(spec.hidden or hidden) // (spec.heads or heads),
+        vocab=vocab,
+        ffn=spec.ffn or ffn,
+        gated_mlp=True,
+        num_experts=experts,
+        experts_per_token=top_k,
+        tie_embeddings=spec.tie_embeddings,
+        params_total=n,
+        params_active=min(active, n),
+        params_embedding=2 * vocab * hidden,
+        params_experts=max(experts_params, 0),
+    )
+
+
+def _from_dims(spec: ModelSpec) -> ModelDims:
+    missing = [f for f in ("layers", "hidden", "heads", "vocab") if getattr(spec, f) is None]
+    if missing:
+        raise SpecError(
+            f"dimensions incomplete: give {', '.join('--' + m for m in missing)} too, "
+            "or a preset / config.json / bare --params",
+            field=f"model.{missing[0]}",
+        )
+    assert spec.layers and spec.hidden and spec.heads and spec.vocab
+    gated = spec.gated_mlp if spec.gated_mlp is not None else spec.ffn is not None
+    ffn = spec.ffn or 4 * spec.hidden
+    experts = spec.num_experts or 1
+    top_k = spec.experts_per_token or (2 if experts > 1 else 1)
+    return _build(
+        name="custom",
+        arch_name="generic",
+        layers=spec.layers,
+        hidden=spec.hidden,
+        heads=spec.heads,
+        kv_heads=spec.kv_heads or spec.heads,
+        head_dim=spec.hidden // spec.heads,
+        vocab=spec.vocab,
+        ffn=ffn,
+        gated=gated,
+        experts=experts,
+        top_k=top_k,
+        tie=spec.tie_embeddings,
+        arch=_Arch(),
+        max_pos=None,
+    )
+
+
+def resolve_model(spec: ModelSpec) -> ModelDims:
+    """Resolve a ModelSpec: config file, then preset, then dimensions, then a bare count."""
+    if spec.config_path is not None:
+        return load_hf_config(spec.config_path)
+    if spec.preset:
+        return _dims_from_hf(preset_config(spec.preset), spec.preset.lower())
+    if spec.layers is not None or spec.hidden is not None:
+        return _from_dims(spec)
+    if spec.params is not None:
+        return _from_count(spec, spec.params)
+    raise SpecError(
+        "no model given; pass --model PRESET, --model-config FILE, --params N, "
+        "or --layers/--hidden/--heads/--vocab",
+        field="model",
+    )
+
+
+def format_count(n: float) -> str:
+    """A parameter count for people: 6.74B, 124M."""
+    return _fmt_count(n)

@@ -1,0 +1,172 @@
+"""The planner's result: frozen values that the CLI's ``--json``, the wizard's decision step and
+the config writers all read. ``Plan.to_json_dict()`` is the documented ``plan --json`` schema.
+
+All memory figures are bytes per GPU; times are seconds; ``mfu`` is a fraction in [0, 1].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.plan.specs import (
+    Framework,
+    ModelDims,
+    Offload,
+    PPSchedule,
+    Precision,
+    Recompute,
+    Spec,
+    Strategy,
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class MemoryBreakdown(_Frozen):
+    """Bytes per GPU, on the GPU (what is offloaded to CPU is in ``cpu_*``)."""
+
+    params: int
+    """Model parameters held on this GPU (16-bit working copy, or fp32 in fp32 training)."""
+    grads: int
+    """Gradients held on this GPU (16-bit for DeepSpeed; fp32 main grads for Megatron)."""
+    optimizer: int
+    """Optimizer states, including the fp32 master copy under mixed precision."""
+    activations: int
+    """Activations saved for backward at the peak (first pipeline stage for PP)."""
+    buffers: int
+    """Temporary buffers: communication buckets, ZeRO-3 gathered params, logits, fragmentation."""
+    total: int
+    """Sum of the above."""
+    cpu_bytes: int = 0
+    """Bytes moved to CPU memory per GPU by offload (optimizer and/or params)."""
+
+
+class Layout(_Frozen):
+    """One candidate parallel layout and its estimates."""
+
+    strategy: Strategy
+    framework: Framework
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+    offload: Offload = Offload.NONE
+    micro_batch: int = 1
+    grad_accum: int = 1
+    global_batch: int = 1
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    precision: Precision = Precision.BF16
+    pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    memory_per_gpu: MemoryBreakdown
+    fits: bool
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    compute_time_s: float = 0.0
+    comm_time_s: float = 0.0
+    """Communication time not hidden behind compute."""
+    bubble_fraction: float = 0.0
+    scaling_efficiency: float = 1.0
+    """Throughput per GPU relative to the same model on one GPU with no communication."""
+    gpu_hours: float | None = None
+    cost_usd: float | None = None
+    rejected_because: str | None = None
+    """Why this candidate lost (None for the recommended one)."""
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+class PathStep(_Frozen):
+    """One question of the decision flowchart and how this spec answered it."""
+
+    question: str
+    answer: str
+    reason: str
+
+
+class GpuInfo(_Frozen):
+    """What the plan assumed of the accelerator and the fabric."""
+
+    key: str
+    name: str
+    memory_bytes: int
+    peak_tflops: float
+    """Dense peak for the plan's precision, TFLOP/s."""
+    bf16: bool
+    intra_node_gbps: float
+    """Per-GPU scale-up bandwidth inside a node, GB/s, one direction."""
+    inter_node_gbps: float
+    """Per-node scale-out bandwidth, GB/s, one direction."""
+    dist_backend: str
+    """``nccl`` (``rccl`` on AMD is still called nccl by torch) or ``gloo`` for cpu."""
+    price_per_gpu_hour: float | None = None
+
+
+class Plan(_Frozen):
+    """The whole answer: the resolved model, the flowchart path, the recommended layout and the
+    alternatives that lost (each with ``rejected_because``), plus warnings."""
+
+    spec: Spec
+    model: ModelDims
+    gpu: GpuInfo
+    world_size: int
+    nodes: int
+    gpus_per_node: int
+    recommended: Layout
+    alternatives: list[Layout] = Field(default_factory=list)
+    path: list[PathStep] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    forced: bool = False
+    """True when the user forced (part of) the layout; ``recommended`` is then that layout."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``plan --json`` object (documented in the README)."""
+        m = self.model
+        data: dict[str, Any] = {
+            "model": model_json(m),
+            "gpu": self.gpu.model_dump(mode="json"),
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "forced": self.forced,
+            "recommended": self.recommended.model_dump(mode="json"),
+            "alternatives": [a.model_dump(mode="json") for a in self.alternatives],
+            "path": [p.model_dump(mode="json") for p in self.path],
+            "warnings": list(self.warnings),
+            "spec": self.spec.model_dump(mode="json", exclude_none=True),
+        }
+        return data
+
+
+def model_json(m: ModelDims) -> dict[str, Any]:
+    """The ``model`` object of ``plan --json`` and ``model inspect --json``."""
+    return {
+        "name": m.name,
+        "arch": m.arch,
+        "params_total": m.params_total,
+        "params_active": m.params_active,
+        "layers": m.layers,
+        "hidden": m.hidden,
+        "heads": m.heads,
+        "kv_heads": m.kv_heads,
+        "head_dim": m.head_dim,
+        "vocab": m.vocab,
+        "ffn": m.ffn,
+        "gated_mlp": m.gated_mlp,
+        "num_experts": m.num_experts,
+        "experts_per_token": m.experts_per_token,
+        "tie_embeddings": m.tie_embeddings,
+        "params_embedding": m.params_embedding,
+        "params_experts": m.params_experts,
+    }

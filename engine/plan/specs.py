@@ -1,0 +1,563 @@
+"""What the user asks for: the model, the machines, the network, the training set-up, a forced
+layout if any, and how to launch.
+
+Every surface edits these models (the wizard one sub-spec per step, the CLI through options or a
+``--spec`` TOML/YAML file, profiles through a TOML document) and hands a whole :class:`Spec` to
+``engine.plan.planner.plan``. Validation lives here, in one place: every field has a docstring, a
+range, and an error that names the field and what to pass instead. Unknown keys are refused
+(``extra="forbid"``) so a typo in a spec file is reported, not silently defaulted.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Self, get_args
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+
+class Precision(StrEnum):
+    """Training precision. bf16/fp16 are mixed precision with fp32 master weights."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class Optimizer(StrEnum):
+    """Optimizer, which sets the bytes of optimizer state per parameter."""
+
+    ADAMW = "adamw"
+    SGD = "sgd"  # SGD with momentum
+    ADAM8BIT = "adam8bit"
+
+
+class Recompute(StrEnum):
+    """Activation recomputation (checkpointing) granularity, as in Korthikanti et al. 2022."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Framework(StrEnum):
+    """Which framework runs the plan (decides config files and the gradient convention)."""
+
+    DDP = "ddp"
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
+    MEGATRON = "megatron"
+
+
+class Strategy(StrEnum):
+    """The data-parallel memory strategy; ``3d`` is TP+PP(+CP/EP)+DP."""
+
+    DDP = "ddp"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+    FSDP_FULL = "fsdp-full"
+    FSDP_GRAD_OP = "fsdp-grad-op"
+    FSDP_HYBRID = "fsdp-hybrid"
+    THREE_D = "3d"
+
+
+class Offload(StrEnum):
+    """What lives in CPU memory instead of GPU memory (ZeRO-Offload / ZeRO-Infinity to CPU)."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
+
+class NetworkTier(StrEnum):
+    """Inter-node fabric. ``ib`` means InfiniBand of unspecified generation (taken as HDR)."""
+
+    IB = "ib"
+    IB_HDR = "ib-hdr"
+    IB_NDR = "ib-ndr"
+    EFA = "efa"
+    ROCE = "roce"
+    TCP = "tcp"
+
+
+class IntraNodeLink(StrEnum):
+    """How GPUs inside one node talk: NVLink/xGMI (fast) or PCIe only."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+
+
+class Backend(StrEnum):
+    """How a run is started."""
+
+    LOCAL = "local"
+    SSH = "ssh"
+    SKYPILOT = "skypilot"
+
+
+class PPSchedule(StrEnum):
+    """Pipeline schedule: plain 1F1B or interleaved 1F1B (virtual stages)."""
+
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+def _number_kinds(annotation: object) -> tuple[bool, bool]:
+    """(takes a number, takes a bool) for a field's annotation such as ``int | None``."""
+    args = get_args(annotation) or (annotation,)
+    number = any(a in (int, float) for a in args)
+    return number, bool in args
+
+
+class _Strict(BaseModel):
+    # allow_inf_nan=False: nan/inf are refused as "not a finite number" before any range check
+    # (which would report nan as "should be ≤ 10000"), so no config file ever holds Infinity.
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_enum_values=False, allow_inf_nan=False
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lax_numbers(cls, v: object, info: ValidationInfo) -> object:
+        """A number field takes a number: not ``yes``/``true`` (YAML's bools, which pydantic
+        would read as 1) and not a string of non-ASCII digits (``"٣"``)."""
+        if not isinstance(v, bool | str) or info.field_name is None:
+            return v
+        number, takes_bool = _number_kinds(cls.model_fields[info.field_name].annotation)
+        if not number or takes_bool:
+            return v
+        if isinstance(v, bool):
+            raise ValueError(f"must be a number, not {str(v).lower()}")
+        if not v.isascii():
+            raise ValueError(f"{v!r} is not a number; use the digits 0-9")
+        return v
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
+_SIZE_MULT = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def parse_count(value: object) -> float:
+    """Read a parameter count: ``7e9``, ``7000000000``, ``"7B"``, ``"1.3b"``, ``"350M"``."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number such as 7e9 or '7B'")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            return float(m.group(1)) * _SIZE_MULT[m.group(2).lower()]
+    raise ValueError(f"{value!r} is not a parameter count; pass e.g. 7e9, 7B or 350M")
+
+
+class ModelSpec(_Strict):
+    """Which model to train: a preset, a local Hugging Face ``config.json``, explicit dimensions,
+    or a bare parameter count (dimensions are then derived from a standard aspect ratio).
+    Exactly one source wins, in this order: ``config_path``, ``preset``, dimensions, ``params``."""
+
+    preset: str | None = None
+    """Name of a built-in preset (``dtrain-tui model list``), e.g. ``llama-3-8b``, ``mixtral-8x7b``."""
+    config_path: Path | None = None
+    """Path to a local Hugging Face ``config.json`` (or the directory holding it)."""
+    params: float | None = Field(default=None, gt=0, le=1e14)
+    """Bare total parameter count, e.g. 7e9 (``"7B"`` is accepted)."""
+    layers: int | None = Field(default=None, ge=1, le=1024)
+    """Number of transformer blocks."""
+    hidden: int | None = Field(default=None, ge=8, le=262144)
+    """Hidden (model) dimension."""
+    heads: int | None = Field(default=None, ge=1, le=4096)
+    """Attention heads."""
+    kv_heads: int | None = Field(default=None, ge=1, le=4096)
+    """Key/value heads (GQA/MQA); defaults to ``heads``."""
+    vocab: int | None = Field(default=None, ge=2, le=10_000_000)
+    """Vocabulary size."""
+    ffn: int | None = Field(default=None, ge=1, le=1_048_576)
+    """MLP intermediate size; defaults to 4·hidden (non-gated) when not given."""
+    gated_mlp: bool | None = None
+    """SwiGLU-style MLP with three matrices (llama) instead of two (gpt2); default: gated when ffn is given."""
+    num_experts: int | None = Field(default=None, ge=1, le=4096)
+    """MoE: experts per MoE layer (None or 1 for a dense model)."""
+    experts_per_token: int | None = Field(default=None, ge=1, le=64)
+    """MoE: experts each token is routed to (top-k)."""
+    tie_embeddings: bool = False
+    """Input embedding and output head share one matrix."""
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _count(cls, v: object) -> object:
+        return None if v is None else parse_count(v)
+        from engine.errors import DtrainError
+        from engine.plan.models import preset_config
+
+        try:
+            preset_config(v)
+        except DtrainError as e:
+            raise ValueError(e.message) from None
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        source = "config_path" if self.config_path is not None else "preset" if self.preset else ""
+        if source:
+            # A preset or config.json sets every dimension: a --layers beside it would be
+            # silently ignored, so it is refused instead.
+            if self.config_path is not None and self.preset:
+                raise ValueError(
+                    "model.preset: give one model source, a preset or a config.json, not both"
+                )
+            for name in _DIMENSION_FIELDS:
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"model.{name}: the {source.replace('_', ' ')} sets the model's dimensions; "
+                        f"drop {name}, or drop the {source.replace('_', ' ')} and give every dimension"
+                    )
+        if self.heads is not None and self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(
+                f"model.kv_heads: {self.kv_heads} must divide model.heads ({self.heads}); "
+                "pass a kv_heads that divides heads"
+            )
+        if self.hidden is not None and self.heads is not None and self.hidden % self.heads:
+            raise ValueError(
+                f"model.heads: hidden size {self.hidden} is not divisible by {self.heads} heads; "
+                "pass a head count that divides hidden"
+            )
+        if (
+            self.num_experts is not None
+            and self.experts_per_token is not None
+            and self.experts_per_token > self.num_experts
+        ):
+            raise ValueError(
+                f"model.experts_per_token: {self.experts_per_token} exceeds num_experts "
+                f"({self.num_experts}); pass at most num_experts"
+            )
+        return self
+
+    @property
+    def has_source(self) -> bool:
+        """True when some source of model dimensions was given."""
+        return bool(self.config_path or self.preset or self.params or (self.layers and self.hidden))
+
+
+_DIMENSION_FIELDS = (
+    "params",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "vocab",
+    "ffn",
+    "gated_mlp",
+    "num_experts",
+    "experts_per_token",
+)
+"""ModelSpec fields a preset or a config.json would override (so they are refused beside one)."""
+
+
+class ModelDims(BaseModel):
+    """A resolved model: every dimension concrete, with exact parameter counts.
+    Produced by ``engine.plan.models.resolve_model``; frozen, it is a result."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    """Display name (preset name, ``model_type`` of a config, or ``custom``)."""
+    arch: str
+    """Architecture family (``llama``, ``gpt2``, ``mixtral``, …, or ``generic``)."""
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    ffn: int
+    """Dense MLP intermediate size (per expert for MoE)."""
+    gated_mlp: bool
+    num_experts: int = 1
+    experts_per_token: int = 1
+    tie_embeddings: bool = False
+    max_position: int | None = None
+    params_total: int
+    """Exact total parameter count."""
+    params_active: int
+    """Parameters touched per token (equals total for dense; MoE counts top-k experts)."""
+    params_embedding: int = 0
+    """Embedding (+ untied head) parameters, part of the total."""
+    params_experts: int = 0
+    """Parameters inside expert MLPs (all experts), part of the total; 0 for dense."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+
+def _normalise_gpu(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    from engine.plan.catalog import resolve_gpu_key
+
+    return resolve_gpu_key(value)
+
+
+class HardwareSpec(_Strict):
+    """The machines: which accelerator, how many per node, how many nodes."""
+
+    gpu: str = "cpu"
+    """Accelerator key from the catalog (``dtrain-tui gpus``): ``h100-sxm``, ``a100-80gb``, ``cpu``, …
+    Aliases such as ``H100`` or ``A100 80GB`` are accepted."""
+    gpus_per_node: int = Field(default=2, ge=1, le=64)
+    """Accelerators (or, for ``cpu``, ranks) per node."""
+    nodes: int = Field(default=1, ge=1, le=4096)
+    """Number of nodes."""
+    cpu_ram_gb: float | None = Field(default=None, gt=0, le=65536)
+    """Host RAM per node in GB (bounds CPU offload); None: assume 2 GB per GB of GPU memory."""
+    intra_node_link: IntraNodeLink | None = None
+    """NVLink or PCIe inside a node; None: what the GPU type usually has."""
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, v: object) -> object:
+        return _normalise_gpu(v)
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class NetworkSpec(_Strict):
+    """The fabric between nodes and the interfaces NCCL should use."""
+
+    tier: NetworkTier = NetworkTier.TCP
+    """Inter-node network: ib, ib-hdr, ib-ndr, efa, roce, tcp."""
+    bandwidth_gbps: float | None = Field(default=None, gt=0, le=100_000)
+    """Per-node inter-node bandwidth in Gbit/s; None: the tier's catalog figure."""
+    socket_ifname: str | None = None
+    """NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, e.g. ``eth0`` or ``^lo,docker``."""
+    ib_hca: str | None = None
+    """NCCL_IB_HCA, e.g. ``mlx5_0,mlx5_1`` or ``=mlx5_0:1``."""
+
+    @field_validator("socket_ifname", "ib_hca")
+    @classmethod
+    def _iface(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:,\-]+", v):
+            raise ValueError(
+                f"{v!r} is not an interface list; use names like eth0, ens5 or mlx5_0,mlx5_1 "
+                "(optionally prefixed by ^ or =)"
+            )
+        return v
+
+
+class TrainingSpec(_Strict):
+    """The training set-up: batch, sequence, precision, optimizer."""
+
+    seq_len: int = Field(default=2048, ge=1, le=16_777_216)
+    """Tokens per sequence."""
+    global_batch: int = Field(default=64, ge=1, le=100_000_000)
+    """Sequences per optimizer step across all data-parallel replicas."""
+    micro_batch: int | None = Field(default=None, ge=1, le=65536)
+    """Sequences per GPU per forward/backward; None lets the planner choose."""
+    precision: Precision | None = None
+    """bf16, fp16 or fp32; None: bf16 where the GPU has it, else fp16 (fp32 on cpu)."""
+    optimizer: Optimizer = Optimizer.ADAMW
+    """adamw, sgd (with momentum) or adam8bit."""
+    recompute: Recompute | None = None
+    """Activation recompute: none, selective, full; None lets the planner choose."""
+    lr: float | None = Field(default=None, gt=0, le=10)
+    """Learning rate at ``reference_batch``; used for the linear LR-scaling advice."""
+    reference_batch: int | None = Field(default=None, ge=1)
+    """The global batch the ``lr`` was tuned for."""
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Gradient clipping norm (0 disables)."""
+    tokens: float | None = Field(default=None, gt=0, le=1e16)
+    """Token budget for the GPU-hours and cost estimate; None: one step is estimated only."""
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, le=10_000)
+    """USD per GPU-hour; None: the catalog's on-demand list figure."""
+    steps: int = Field(default=20, ge=1)
+    """Steps the example trainer runs (a smoke test)."""
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v: object) -> object:
+        return None if v is None else parse_count(v)
+
+
+class LayoutSpec(_Strict):
+    """A forced layout. Every field is optional; what is set is kept, the rest is searched."""
+
+    strategy: Strategy | None = None
+    framework: Framework | None = None
+    tp: int | None = Field(default=None, ge=1, le=1024)
+    """Tensor-parallel degree (keep it inside a node)."""
+    pp: int | None = Field(default=None, ge=1, le=1024)
+    """Pipeline-parallel stages."""
+    dp: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Data-parallel degree."""
+    cp: int | None = Field(default=None, ge=1, le=1024)
+    """Context-parallel degree (sequence split across GPUs)."""
+    ep: int | None = Field(default=None, ge=1, le=4096)
+    """Expert-parallel degree (MoE)."""
+    zero_stage: int | None = Field(default=None, ge=0, le=3)
+    offload: Offload | None = None
+    sequence_parallel: bool | None = None
+    """Megatron sequence parallelism (needs tp > 1)."""
+    micro_batch: int | None = Field(default=None, ge=1, le=65536)
+    recompute: Recompute | None = None
+    virtual_stages: int | None = Field(default=None, ge=1, le=128)
+    """Interleaved pipeline: model chunks per stage."""
+
+    @property
+    def is_forced(self) -> bool:
+        return any(v is not None for v in self.model_dump().values())
+
+
+# No part may start with "-": the name reaches ssh, pdsh and the hostfile, where "-oX" is an option.
+_HOST_RE = re.compile(
+    r"(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.\-]*)@)?(?P<host>[A-Za-z0-9_.][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?"
+)
+ADDR_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.\-]*|\[?[0-9A-Fa-f:.]+\]?")
+"""A rendezvous address: a host name or an IP (IPv6 may be bracketed); matched whole."""
+
+
+class Host(BaseModel):
+    """One node: ``[user@]host[:port]``; ``host`` may be an alias from ~/.ssh/config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+    @classmethod
+    def parse(cls, text: str) -> Host:
+        m = _HOST_RE.fullmatch(text.strip())
+        if not m:
+            raise ValueError(
+                f"{text!r} is not a host; write [user@]host[:port] with letters, digits, . _ - only "
+                "(not starting with -)"
+            )
+        port = m.group("port")
+        return cls(host=m.group("host"), user=m.group("user"), port=int(port) if port else None)
+
+    def __str__(self) -> str:
+        s = self.host
+        if self.user:
+            s = f"{self.user}@{s}"
+        if self.port:
+            s = f"{s}:{self.port}"
+        return s
+
+
+_SAFE_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class LaunchSpec(_Strict):
+    """How and where to start the run. Never holds a password, a key or a token: key files by path."""
+
+    backend: Backend = Backend.LOCAL
+    hosts: list[str] = Field(default_factory=list)
+    """One ``[user@]host[:port]`` per node, in node-rank order; empty for local runs."""
+    master_addr: str | None = None
+    """Rendezvous address; None: the first host (127.0.0.1 for local runs)."""
+    master_port: int = Field(default=29500, ge=1, le=65535)
+    ssh_user: str | None = None
+    identity_file: Path | None = None
+    """Private key file, by path (the key itself is never stored)."""
+    known_hosts: Path | None = None
+    remote_workdir: str = "~/dtrain-runs"
+    remote_setup: str | None = None
+    """A shell command run on each node before launch, e.g. ``source ~/venv/bin/activate``."""
+    script: str | None = None
+    """Training script; None: the shipped example trainer."""
+    script_args: list[str] = Field(default_factory=list)
+    nccl_debug: str | None = None
+    """NCCL_DEBUG level for the run: VERSION, WARN, INFO, TRACE."""
+    nccl_debug_subsys: str | None = None
+    """NCCL_DEBUG_SUBSYS, e.g. ``INIT,NET``."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for every rank."""
+    max_restarts: int = Field(default=0, ge=0, le=100)
+    hang_timeout_s: float = Field(default=300.0, gt=0)
+    sky_cluster: str | None = None
+    sky_cloud: str | None = None
+    sky_autostop_min: int | None = Field(default=None, ge=0)
+    sky_down: bool = False
+    hf_integration: bool = False
+    """Write ``"auto"`` values in ds_config.json for the HF Trainer / Accelerate integration."""
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for h in v:
+            Host.parse(h)
+        return [h.strip() for h in v]
+
+    @field_validator("master_addr")
+    @classmethod
+    def _master_addr(cls, v: str | None) -> str | None:
+        if v is not None and not ADDR_RE.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a host name or IP address; use letters, digits and . _ - : only "
+                "(not starting with -)"
+            )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not _SAFE_ENV_NAME.match(k):
+                raise ValueError(f"{k!r} is not an environment variable name; use A-Z, 0-9 and _")
+            if "\n" in val or "\0" in val:
+                raise ValueError(f"value of {k} contains a newline or NUL; pass one line")
+        return v
+
+    @field_validator("nccl_debug")
+    @classmethod
+    def _nccl_debug(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        levels = {"VERSION", "WARN", "INFO", "TRACE", "ABORT"}
+        if v.upper() not in levels:
+            raise ValueError(f"{v!r} is not an NCCL_DEBUG level; use one of {sorted(levels)}")
+        return v.upper()
+
+    @field_validator("nccl_debug_subsys", "sky_cluster", "sky_cloud")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\^A-Za-z0-9_,.\-]+", v):
+            raise ValueError(f"{v!r}: use letters, digits and , . _ - only")
+        return v
+
+    def parsed_hosts(self) -> list[Host]:
+        return [Host.parse(h) for h in self.hosts]
+
+
+class Spec(_Strict):
+    """Everything the planner needs, plus how to launch. The unit a profile or a spec file holds."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    hardware: HardwareSpec = Field(default_factory=HardwareSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    layout: LayoutSpec = Field(default_factory=LayoutSpec)
+    launch: LaunchSpec = Field(default_factory=LaunchSpec)
+
+
+def demo_spec() -> Spec:
+    """The embedded default: a tiny GPT on one node, 2 CPU ranks over gloo; launches in seconds."""
+    return Spec(
+        model=ModelSpec(layers=4, hidden=256, heads=4, vocab=1024),
+        hardware=HardwareSpec(gpu="cpu", gpus_per_node=2, nodes=1),
+        training=TrainingSpec(seq_len=64, global_batch=8, steps=20),
+    )

@@ -1,0 +1,196 @@
+"""The run directory: what one launch leaves behind, written as it happens.
+
+Layout (the contract the monitor reads)::
+
+    RUN/run.json                    state, times, per-rank exit codes and hosts (atomic rewrites)
+    RUN/bundle/                     a copy of the bundle that was started
+    RUN/plan.json                   the plan the bundle was written from
+    RUN/commands/node<i>.txt        the exact command sent to node i
+    RUN/logs/rank<R>.stdout.log     one file per global rank and stream
+    RUN/logs/rank<R>.stderr.log
+    RUN/logs/node<i>.log            lines of node i no rank can be named for (launcher chatter)
+    RUN/stop.request                written by a monitor to ask the launcher to stop the run
+
+Every line is appended and flushed here before a backend hands it to any consumer, so a crash of
+dtrain-tui loses nothing already received. run.json names its launcher (pid and start time): a
+reader believes ``running`` only while that process lives (:func:`read_run`).
+
+A full disk is not a crash: :meth:`RunDir.append` raises the OSError for the backend to end the
+run with, and :meth:`RunDir.update` falls back to rewriting run.json in place, compact, so the
+final state still lands where no new block can be had.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from engine.fsio import atomic_write_text
+from engine.rundir.launcher import as_read
+
+RUN_JSON = "run.json"
+STATES = ("starting", "running", "succeeded", "failed", "stopped")
+FINAL_STATES = frozenset({"succeeded", "failed", "stopped"})
+
+
+def default_runs_root() -> Path:
+    """``<user data dir>/dtrain-tui/runs`` (platformdirs), e.g. ~/.local/share/dtrain-tui/runs."""
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("dtrain-tui")) / "runs"
+
+
+def default_run_dir(name: str, *, now: float | None = None) -> Path:
+    """A fresh timestamped directory name under :func:`default_runs_root`."""
+    stamp = datetime.fromtimestamp(now if now is not None else time.time()).strftime(
+        "%Y%m%d-%H%M%S"
+    )
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
+    root = default_runs_root()
+    path = root / f"{stamp}-{safe}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}-{safe}-{n}"
+    return path
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def rank_log(run: Path, rank: int, stream: str) -> Path:
+    return run / "logs" / f"rank{rank}.{stream}.log"
+
+
+def node_log(run: Path, node: int) -> Path:
+    return run / "logs" / f"node{node}.log"
+
+
+class RunDir:
+    """One run's directory. Thread-safe: reader threads append lines, the supervisor updates
+    ``run.json``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._files: dict[Path, IO[bytes]] = {}
+        self._lock = threading.Lock()
+        self._info: dict[str, Any] = {}
+
+    # --- creation
+
+    def create(self, bundle_dir: Path) -> None:
+        """Make the directory and copy the bundle and its plan into it."""
+        bundle_dir = Path(bundle_dir)
+        in_place = bundle_dir.resolve() == self.bundle.resolve()
+        if self.path.exists() and any(
+            p.name != "bundle" or not in_place for p in self.path.iterdir()
+        ):
+            from engine.errors import DtrainError
+
+            raise DtrainError(
+                f"{self.path} already exists and is not empty; pass a new --run-dir",
+                field="--run-dir",
+            )
+        (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        (self.path / "commands").mkdir(exist_ok=True)
+        if not in_place:  # a bundle written straight into the run directory stays where it is
+            shutil.copytree(bundle_dir, self.bundle, symlinks=True)
+        plan = Path(bundle_dir) / "plan.json"
+        if plan.exists():
+            shutil.copy2(plan, self.path / "plan.json")
+
+    @property
+    def bundle(self) -> Path:
+        return self.path / "bundle"
+
+    def write_command(self, node: int, text: str) -> None:
+        atomic_write_text(self.path / "commands" / f"node{node}.txt", text.rstrip("\n") + "\n")
+
+    # --- logs
+
+    def append(self, node: int, rank: int | None, stream: str, data: bytes) -> None:
+        """Append ``data`` (whole lines, newline-terminated) and flush before returning."""
+        target = node_log(self.path, node) if rank is None else rank_log(self.path, rank, stream)
+        with self._lock:
+            f = self._files.get(target)
+            if f is None:
+                f = open(target, "ab")  # noqa: SIM115 - kept open for the run, closed in close()
+                self._files[target] = f
+            try:
+                f.write(data)
+                f.flush()
+            except OSError:
+                # Disk full (or gone): drop this file's buffer, so closing it later does not
+                # raise the same error again, and let the caller end the run.
+                del self._files[target]
+                _close_quietly(f)
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._files.values():
+                _close_quietly(f)
+            self._files.clear()
+
+    # --- run.json
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        """Merge ``fields`` into run.json and rewrite it atomically; returns a copy."""
+        with self._lock:
+            self._info.update(fields)
+            try:
+                atomic_write_text(self.path / RUN_JSON, json.dumps(self._info, indent=2) + "\n")
+            except OSError:
+                if not self._rewrite_in_place():
+                    raise
+            return copy.deepcopy(self._info)
+
+    def _rewrite_in_place(self) -> bool:
+        """run.json over its own blocks, compact and padded to its old size: where the disk is
+        full a new file cannot be had, but the old one's space can be reused. Not atomic (a
+        reader may see a half-written file once, and keeps what it knew); True when it fit."""
+        data = json.dumps(self._info, separators=(",", ":")).encode("utf-8")
+        try:
+            with open(self.path / RUN_JSON, "r+b") as f:
+                old = os.fstat(f.fileno()).st_size
+                f.write(data + b"\n" + b" " * max(0, old - len(data) - 1))
+                f.flush()
+        except OSError:
+            return False
+        return True
+
+    def set_rank_exit(self, rank: int, exit_code: int | None, reason: str = "") -> None:
+        with self._lock:
+            for r in self._info.get("ranks", []):
+                if r["rank"] == rank:
+                    r["exit_code"] = exit_code
+                    if reason:
+                        r["reason"] = reason
+        self.update()
+
+    @property
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self._info)
+
+
+def _close_quietly(f: IO[bytes]) -> None:
+    with contextlib.suppress(OSError):
+        f.close()
+
+
+def read_run(path: Path) -> dict[str, Any]:
+    """Read ``RUN/run.json`` (for consumers: monitor, tests). A run not over whose launcher is
+    gone reads ``failed``, "launcher died (...)" (:func:`engine.rundir.launcher.as_read`)."""
+    data = json.loads((Path(path) / RUN_JSON).read_text(encoding="utf-8"))
+    return as_read(data) if isinstance(data, dict) else {}

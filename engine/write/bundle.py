@@ -1,0 +1,306 @@
+"""Assemble a run bundle from a plan (:func:`render_bundle`, pure) and write it to a directory
+(:func:`write_bundle`, atomic per file, manifest last).
+
+Rewriting a bundle never destroys a person's work. A file on disk is *ours* when its sha256 is
+the one ``bundle.json`` recorded when dtrain-tui wrote it; ours may be replaced. Any other
+existing file with a name the bundle needs (edited by hand, or never written by dtrain-tui) is a
+conflict: without ``force`` nothing is written and the error lists the conflicts; with
+``force`` each is first renamed to ``NAME.bak-<UTC time>`` and the report says so. A file we
+wrote before that the new plan no longer needs is removed when unedited, kept when edited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from engine.errors import DtrainError, one_line
+from engine.fsio import atomic_write_text, unused_path
+from engine.plan.result import Plan
+from engine.plan.specs import Framework
+from engine.write.common import (
+    check_batch,
+    check_world,
+    hosts,
+    master_addr,
+    natural_key,
+    run_name,
+    script_args,
+    script_path,
+    uses_example_trainer,
+)
+from engine.write.ds_config import Scheduler, ds_config
+from engine.write.fsdp import FSDP_VERSION, accelerate_config, fsdp_settings
+from engine.write.hostfile import hostfile
+from engine.write.launch_scripts import node_script_name, node_scripts
+from engine.write.manifest import MANIFEST, BundleManifest, plain_name
+from engine.write.megatron import megatron_args
+from engine.write.nccl_env import nccl_env
+from engine.write.plan_json import plan_json
+from engine.write.readme import bundle_readme
+from engine.write.sky import sky_yaml
+
+EXEC_MODE = 0o755
+FILE_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    """One file of a bundle: its text and permission bits."""
+
+    text: str
+    mode: int = FILE_MODE
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Choices that are not part of the spec (``write`` command options)."""
+
+    scheduler: Scheduler = Scheduler.NONE
+    warmup_steps: int | None = None
+    fsdp_version: int = FSDP_VERSION
+    """FSDP API named in fsdp.json and accelerate_config.yaml (2: fully_shard, 1: the wrapper)."""
+
+
+@dataclass
+class WriteReport:
+    """What :func:`write_bundle` did, file by file."""
+
+    out_dir: Path
+    written: list[str] = field(default_factory=list)
+    """Files created or replaced."""
+    unchanged: list[str] = field(default_factory=list)
+    """Files already on disk with exactly the new content."""
+    backed_up: dict[str, str] = field(default_factory=dict)
+    """File -> backup name, for changed or foreign files replaced under ``force``."""
+    removed: list[str] = field(default_factory=list)
+    """Files from the previous bundle that this plan no longer needs (unedited)."""
+    kept: list[str] = field(default_factory=list)
+    """Files from the previous bundle this plan no longer needs, kept because they were edited."""
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one line per file."""
+        out = [f"wrote {name}" for name in self.written]
+        out += [f"unchanged {name}" for name in self.unchanged]
+        out += [f"backed up your {name} as {bak}" for name, bak in self.backed_up.items()]
+        out += [f"removed stale {name}" for name in self.removed]
+        out += [f"kept {name} (edited; no longer used by this plan)" for name in self.kept]
+        return out
+
+
+def example_trainer_text() -> str:
+    """The shipped example trainer, ``engine/trainer/train.py``."""
+    try:
+        return resources.files("engine").joinpath("trainer/train.py").read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        raise DtrainError(
+            "the example trainer engine/trainer/train.py is not installed; "
+            "reinstall dtrain-tui or pass --script YOUR_SCRIPT",
+            field="launch.script",
+        ) from None
+
+
+def _check(plan: Plan) -> None:
+    check_world(plan)
+    check_batch(plan.recommended)
+    hosts(plan)
+    script_path(plan)
+    script_args(plan)
+
+
+def render_bundle(plan: Plan, options: WriteOptions | None = None) -> dict[str, BundleFile]:
+    """Every file of the bundle except ``bundle.json``, by name. Pure; raises DtrainError."""
+    opts = options or WriteOptions()
+    _check(plan)
+    files: dict[str, BundleFile] = {"plan.json": BundleFile(plan_json(plan))}
+    for name, text in node_scripts(plan).items():
+        files[name] = BundleFile(text, EXEC_MODE)
+    files["nccl.env"] = BundleFile(nccl_env(plan))
+    files["hostfile"] = BundleFile(hostfile(plan))
+    files["sky.yaml"] = BundleFile(sky_yaml(plan))
+    fw = plan.recommended.framework
+    if fw == Framework.DEEPSPEED:
+        files["ds_config.json"] = BundleFile(
+            ds_config(plan, scheduler=opts.scheduler, warmup_steps=opts.warmup_steps)
+        )
+    elif opts.scheduler != Scheduler.NONE:
+        raise DtrainError(
+            f"--scheduler is written into ds_config.json; this plan uses {fw.value}, not DeepSpeed",
+            field="--scheduler",
+        )
+    if fw == Framework.FSDP:
+        files["fsdp.json"] = BundleFile(fsdp_settings(plan, version=opts.fsdp_version))
+        files["accelerate_config.yaml"] = BundleFile(
+            accelerate_config(plan, version=opts.fsdp_version)
+        )
+    if fw == Framework.MEGATRON:
+        files["megatron_args.txt"] = BundleFile(megatron_args(plan))
+    if uses_example_trainer(plan):
+        files["train.py"] = BundleFile(example_trainer_text())
+    files["README.md"] = BundleFile(bundle_readme(plan, [*files, MANIFEST]))
+    return {name: files[name] for name in sorted(files, key=natural_key)}
+
+
+def manifest_for(plan: Plan, files: dict[str, BundleFile]) -> BundleManifest:
+    """The ``bundle.json`` manifest recording ``files``' hashes."""
+    launch = plan.spec.launch
+    return BundleManifest(
+        name=run_name(plan),
+        framework=plan.recommended.framework.value,
+        launcher="torchrun",
+        dist_backend=plan.gpu.dist_backend,
+        nodes=plan.nodes,
+        gpus_per_node=plan.gpus_per_node,
+        hosts=list(launch.hosts),
+        master_addr=master_addr(plan) or "",
+        master_port=launch.master_port,
+        node_scripts=[node_script_name(i) for i in range(plan.nodes)],
+        script=script_path(plan),
+        script_args=script_args(plan),
+        files={name: f.sha256 for name, f in files.items()},
+        sky_yaml="sky.yaml",
+        backend=launch.backend.value,
+    )
+
+
+def manifest_text(manifest: BundleManifest) -> str:
+    return json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n"
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_NAMED_FILES = frozenset({"files", "node_scripts", "sky_yaml"})
+"""Manifest fields that name files in the bundle directory."""
+
+
+def _previous(out: Path) -> tuple[dict[str, str], bool]:
+    """Hashes recorded by the previous bundle.json, and whether bundle.json is ours.
+
+    A manifest naming a file outside the bundle directory (``../x``, ``/x``, ``a/b``) is
+    refused outright: its names are what a rewrite replaces and deletes."""
+    path = out / MANIFEST
+    if not path.exists():
+        return {}, True
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return dict(BundleManifest.model_validate(data).files), True
+    except ValidationError as e:
+        if any(err.get("loc", ("",))[0] in _NAMED_FILES for err in e.errors()):
+            raise DtrainError(
+                f"{path}: {one_line(e)}; nothing was written (fix or remove {MANIFEST})",
+                field="--out",
+            ) from None
+        return {}, False
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return {}, False
+
+
+def write_bundle(
+    plan: Plan,
+    out_dir: Path,
+    *,
+    force: bool = False,
+    options: WriteOptions | None = None,
+) -> WriteReport:
+    """Write the bundle for ``plan`` into ``out_dir`` (created if missing).
+
+    Raises DtrainError, before writing anything, when a needed file exists and is not ours
+    (edited since dtrain-tui wrote it, or never written by it) unless ``force``: then each such
+    file is kept as ``NAME.bak-<UTC time>`` first."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DtrainError(f"{out} exists and is not a directory; pass a directory", field="--out")
+    files = render_bundle(plan, options)
+    manifest = manifest_for(plan, files)
+    manifest_file = BundleFile(manifest_text(manifest))
+    recorded, manifest_ours = _previous(out) if out.is_dir() else ({}, True)
+    report = WriteReport(out_dir=out)
+
+    conflicts: list[tuple[str, str]] = []
+    todo: list[str] = []
+    for name, f in files.items():
+        path = out / name
+        if not path.exists() and not path.is_symlink():
+            todo.append(name)
+            continue
+        if path.is_symlink() or not path.is_file():
+            conflicts.append((name, "not a regular file"))
+            continue
+        current = _sha_file(path)
+        if current == f.sha256:
+            report.unchanged.append(name)
+            if (path.stat().st_mode & 0o777) != f.mode:
+                os.chmod(path, f.mode)
+        elif recorded.get(name) == current:
+            todo.append(name)
+        elif name in recorded:
+            conflicts.append((name, "edited since dtrain-tui wrote it"))
+        else:
+            conflicts.append((name, "not written by dtrain-tui"))
+    if not manifest_ours:
+        conflicts.append((MANIFEST, "not a dtrain-tui manifest"))
+
+    if conflicts and not force:
+        listed = ", ".join(f"{n} ({why})" for n, why in conflicts)
+        raise DtrainError(
+            f"{out}: refusing to replace {listed}; nothing was written. Pass --force to keep "
+            "each as NAME.bak-<time> and write the new files, or choose another --out",
+            field="--out",
+        )
+
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    for name, _why in conflicts:
+        path = out / name
+        bak = unused_path(path, f".bak-{stamp}")
+        os.replace(path, bak)
+        report.backed_up[name] = bak.name
+        if name in files:
+            todo.append(name)
+
+    for name in sorted(todo, key=natural_key):
+        f = files[name]
+        atomic_write_text(out / name, f.text, mode=f.mode)
+        report.written.append(name)
+
+    # Files the previous bundle had that this plan does not produce.
+    for name, old_hash in sorted(recorded.items()):
+        plain_name(name)  # checked when read; never delete outside ``out``
+        path = out / name
+        if name in files or name == MANIFEST or path.is_symlink() or not path.is_file():
+            continue
+        if _sha_file(path) == old_hash:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            report.removed.append(name)
+        else:
+            report.kept.append(name)
+
+    # The manifest last: an interrupted write leaves the old one, whose hashes still protect
+    # the user's files (files already rewritten match the new content and count as unchanged).
+    mpath = out / MANIFEST
+    if mpath.is_file() and _sha_file(mpath) == manifest_file.sha256:
+        report.unchanged.append(MANIFEST)
+    else:
+        atomic_write_text(mpath, manifest_file.text)
+        report.written.append(MANIFEST)
+    report.unchanged.sort()
+    return report

@@ -1,0 +1,173 @@
+"""FSDP settings for FSDP plans: ``fsdp.json`` (read by the example trainer and meant to be read
+by the user's own script) and ``accelerate_config.yaml`` for ``accelerate launch --config_file``.
+
+``fsdp.json`` names FSDP2 (``fully_shard``, torch >= 2.4) and carries the FSDP1 equivalents
+(``sharding_strategy``, ``backward_prefetch``) so a script on either API finds what it needs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.errors import DtrainError
+from engine.plan.result import Plan
+from engine.plan.specs import Framework, Offload, Precision, Recompute, Strategy
+from engine.write.common import check_batch, master_addr, torch_dtype_name
+from engine.write.yamlio import dump_yaml
+
+FSDP_VERSION = 2
+"""Default: FSDP2 (``fully_shard``, torch >= 2.4); ``write --fsdp-version 1`` for FSDP1 scripts."""
+
+# Hugging Face transformer block classes by architecture (what auto-wrap wraps); the example
+# trainer's block is ``Block``.
+_BLOCK_CLASS = {
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "qwen2_moe": "Qwen2MoeDecoderLayer",
+    "qwen3": "Qwen3DecoderLayer",
+    "gemma": "GemmaDecoderLayer",
+    "gemma2": "Gemma2DecoderLayer",
+    "phi3": "Phi3DecoderLayer",
+    "gpt2": "GPT2Block",
+    "gpt_neox": "GPTNeoXLayer",
+    "falcon": "FalconDecoderLayer",
+    "opt": "OPTDecoderLayer",
+    "bloom": "BloomBlock",
+    "deepseek_v2": "DeepseekV2DecoderLayer",
+    "deepseek_v3": "DeepseekV3DecoderLayer",
+}
+EXAMPLE_BLOCK = "Block"
+
+_SHARDING = {
+    Strategy.FSDP_FULL: "FULL_SHARD",
+    Strategy.FSDP_GRAD_OP: "SHARD_GRAD_OP",
+    Strategy.FSDP_HYBRID: "HYBRID_SHARD",
+    Strategy.DDP: "NO_SHARD",
+}
+
+
+def block_class(plan: Plan) -> str:
+    """The transformer block class to wrap: the HF class for a known architecture when the
+    user brings their script, the example trainer's ``Block`` otherwise."""
+    if plan.spec.launch.script is None:
+        return EXAMPLE_BLOCK
+    return _BLOCK_CLASS.get(plan.model.arch, EXAMPLE_BLOCK)
+
+
+def _sharding(plan: Plan) -> str:
+    strategy = plan.recommended.strategy
+    if strategy not in _SHARDING:
+        raise DtrainError(
+            f"strategy {strategy.value} is not an FSDP strategy; use fsdp-full, fsdp-grad-op "
+            "or fsdp-hybrid",
+            field="layout.strategy",
+        )
+    return _SHARDING[strategy]
+
+
+def _check_version(version: int) -> int:
+    if version not in (1, 2):
+        raise DtrainError(f"{version} is not an FSDP version; pass 1 or 2", field="--fsdp-version")
+    return version
+
+
+def fsdp_settings_dict(plan: Plan, *, version: int = FSDP_VERSION) -> dict[str, Any]:
+    """The fsdp.json object."""
+    _check_version(version)
+    lay = plan.recommended
+    if lay.framework != Framework.FSDP:
+        raise DtrainError(
+            f"fsdp.json is for FSDP plans; this plan uses {lay.framework.value}",
+            field="layout.framework",
+        )
+    check_batch(lay)
+    sharding = _sharding(plan)
+    mixed: dict[str, Any] | None = None
+    if lay.precision != Precision.FP32:
+        dtype = torch_dtype_name(lay.precision)
+        # Gradients are reduced in fp32: a bf16 reduce over many ranks loses precision.
+        mixed = {"param_dtype": dtype, "reduce_dtype": "float32", "buffer_dtype": dtype}
+    mesh: dict[str, int] | None = None
+    if sharding == "HYBRID_SHARD":
+        mesh = {"replicate": plan.nodes, "shard": plan.gpus_per_node}
+    return {
+        "fsdp_version": version,
+        "sharding_strategy": sharding,
+        "reshard_after_forward": sharding in ("FULL_SHARD", "HYBRID_SHARD"),
+        "device_mesh": mesh,
+        "mixed_precision": mixed,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "transformer_layer_cls_to_wrap": [block_class(plan)],
+        "backward_prefetch": "BACKWARD_PRE",
+        "forward_prefetch": False,
+        "limit_all_gathers": True,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "activation_checkpointing": lay.recompute != Recompute.NONE,
+        "cpu_offload": lay.offload != Offload.NONE,
+        "use_orig_params": True,
+        "sync_module_states": True,
+        "micro_batch": lay.micro_batch,
+        "grad_accum": lay.grad_accum,
+        "global_batch": lay.global_batch,
+        "grad_clip": plan.spec.training.grad_clip,
+    }
+
+
+def fsdp_settings(plan: Plan, *, version: int = FSDP_VERSION) -> str:
+    """``fsdp.json`` text."""
+    return json.dumps(fsdp_settings_dict(plan, version=version), indent=2) + "\n"
+
+
+def accelerate_config(plan: Plan, *, version: int = FSDP_VERSION) -> str:
+    """``accelerate_config.yaml`` for ``accelerate launch --config_file`` (node 0's view)."""
+    s = fsdp_settings_dict(plan, version=version)
+    lay = plan.recommended
+    fsdp: dict[str, Any] = {
+        "fsdp_version": version,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": s["transformer_layer_cls_to_wrap"][0],
+    }
+    if version == 2:
+        fsdp["fsdp_reshard_after_forward"] = s["reshard_after_forward"]
+    else:
+        # FSDP1 names the strategy and the backward prefetch explicitly.
+        fsdp["fsdp_sharding_strategy"] = s["sharding_strategy"]
+        fsdp["fsdp_backward_prefetch"] = s["backward_prefetch"]
+        fsdp["fsdp_forward_prefetch"] = s["forward_prefetch"]
+    fsdp |= {
+        "fsdp_state_dict_type": s["state_dict_type"],
+        "fsdp_offload_params": s["cpu_offload"],
+        "fsdp_activation_checkpointing": s["activation_checkpointing"],
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,
+        "fsdp_use_orig_params": True,
+    }
+    addr = master_addr(plan)
+    data: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "debug": False,
+        "downcast_bf16": "no",
+        "mixed_precision": "no" if lay.precision == Precision.FP32 else lay.precision.value,
+        "num_machines": plan.nodes,
+        "num_processes": plan.world_size,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": plan.gpu.dist_backend == "gloo",
+        "fsdp_config": fsdp,
+    }
+    if plan.nodes > 1:
+        data["main_process_ip"] = addr or "NODE0_ADDRESS"
+        data["main_process_port"] = plan.spec.launch.master_port
+    header = [
+        "# Accelerate config for this FSDP plan, written by dtrain-tui.",
+        "#   accelerate launch --config_file accelerate_config.yaml your_script.py",
+    ]
+    if plan.nodes > 1:
+        header.append("# On node i pass --machine_rank i (this file holds node 0's rank).")
+    return "\n".join(header) + "\n" + dump_yaml(data)

@@ -1,0 +1,108 @@
+"""The bundle's ``README.md``: what each file is and how to start the run by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from engine.plan.result import Plan
+from engine.plan.specs import Framework
+from engine.write.common import (
+    effective_batch_lines,
+    lr_advice_lines,
+    natural_key,
+    one_line,
+    plan_summary,
+    run_name,
+)
+
+_WHAT = {
+    "plan.json": "the plan (`dtrain-tui plan --json` schema) plus the trainer's `training` settings",
+    "bundle.json": "manifest for `dtrain-tui launch`: nodes, hosts, scripts, sha256 of every file",
+    "nccl.env": "NCCL / torch.distributed environment, one reason per variable",
+    "hostfile": "DeepSpeed-format host list (`host slots=N`)",
+    "sky.yaml": "SkyPilot task: `sky launch -c NAME sky.yaml` from this directory",
+    "ds_config.json": "DeepSpeed config (ZeRO, precision, batch, optimizer)",
+    "fsdp.json": "FSDP settings the training script reads (FSDP2 with FSDP1 equivalents)",
+    "accelerate_config.yaml": "`accelerate launch --config_file accelerate_config.yaml script.py`",
+    "megatron_args.txt": "Megatron-LM arguments for the 3D layout",
+    "train.py": "the example trainer (a small GPT on generated tokens; torch only)",
+}
+
+
+def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
+    """README.md text for a bundle holding ``files``."""
+    name = run_name(plan)
+    lines = [
+        f"# Run bundle `{name}`",
+        "",
+        "Written by dtrain-tui. " + plan_summary(plan) + ".",
+        "",
+        *effective_batch_lines(plan),
+        "",
+        *lr_advice_lines(plan),
+        "",
+    ]
+    lines.extend(f"> warning: {w}" for w in plan.warnings)
+    if plan.warnings:
+        lines.append("")
+    lines += ["## Files", ""]
+    for f in sorted(files, key=natural_key):
+        what = _WHAT.get(f)
+        if what is None and f.startswith("launch_node"):
+            node = f.removeprefix("launch_node").removesuffix(".sh")
+            what = f"starts node {node}'s {plan.gpus_per_node} ranks with torchrun"
+        lines.append(f"- `{f}`: {what or 'written by dtrain-tui'}")
+    lines += ["", "## Start it", ""]
+    lines.append("With dtrain-tui, from this directory: `dtrain-tui launch .`")
+    lines.append("")
+    if plan.nodes == 1:
+        lines += [
+            "By hand, on the machine:",
+            "",
+            "```sh",
+            "MASTER_PORT=29500 ./launch_node0.sh",
+            "```",
+        ]
+    else:
+        lines += [
+            "By hand: copy this directory to every node, then on node i run its script",
+            "(node 0 first is not required; all must start within the rendezvous timeout):",
+            "",
+            "```sh",
+            *(f"./launch_node{i}.sh    # on node {i}" for i in range(plan.nodes)),
+            "```",
+        ]
+    lines += [
+        "",
+        "`MASTER_ADDR`, `MASTER_PORT` and `TORCHRUN` in the environment override the written values.",
+        "Each rank's output carries torchrun's `[default<local_rank>]:` prefix; torchrun also keeps",
+        "per-rank files under `logs/`.",
+    ]
+    fw = plan.recommended.framework
+    if fw == Framework.DEEPSPEED:
+        lines += [
+            "",
+            "DeepSpeed runs under torchrun here (DeepSpeed reads torchrun's environment). The",
+            "equivalent with DeepSpeed's own launcher, from node 0:",
+            "`deepspeed --hostfile hostfile --master_port 29500 train.py --bundle .`",
+        ]
+    if fw == Framework.MEGATRON:
+        lines += [
+            "",
+            "`megatron_args.txt` is for Megatron-LM's `pretrain_gpt.py` (pass it with `--script`);",
+            "the example trainer runs this plan's data-parallel part only, as a smoke test.",
+        ]
+    script = plan.spec.launch.script
+    if script is not None and not script.startswith(("/", "~")):
+        lines += [
+            "",
+            f"The training script `{one_line(script)}` is a relative path: node scripts run from this",
+            "directory, so copy the script here (or write the bundle with an absolute `--script`).",
+        ]
+    if plan.spec.launch.remote_setup:
+        lines += [
+            "",
+            "`remote_setup` from the spec runs before launch on every node as a shell command,",
+            "verbatim (it is the `setup` of sky.yaml).",
+        ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,134 @@
+"""``sky.yaml``: a SkyPilot task for the plan: ``num_nodes``, ``resources.accelerators``, the
+set-up command, and a ``run`` section that starts torchrun from SkyPilot's ``SKYPILOT_*``
+variables (node 0's IP from ``SKYPILOT_NODE_IPS`` is the rendezvous address).
+
+Launch it from the bundle directory: ``sky launch -c NAME sky.yaml`` (``workdir: .`` syncs the
+bundle to every node). ``remote_setup`` is copied into ``setup`` verbatim: it is a command by
+design (e.g. ``source ~/venv/bin/activate``), the one spec field that is not quoted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.plan.result import Plan
+from engine.plan.specs import Framework, NetworkTier
+from engine.write.common import (
+    effective_batch_lines,
+    plan_summary,
+    q,
+    run_name,
+    script_args,
+    script_path,
+)
+from engine.write.launch_scripts import TEE_ALL
+from engine.write.yamlio import dump_yaml
+
+# Catalog key -> SkyPilot accelerator name (`sky show-gpus`).
+_SKY_ACCELERATOR = {
+    "v100-32gb": "V100-32GB",
+    "a100-40gb": "A100",
+    "a100-80gb": "A100-80GB",
+    "h100-sxm": "H100",
+    "h100-pcie": "H100",
+    "h200": "H200",
+    "b200": "B200",
+    "mi300x": "MI300X",
+    "l40s": "L40S",
+    "a10g": "A10G",
+    "l4": "L4",
+}
+_FAST_TIERS = (
+    NetworkTier.IB,
+    NetworkTier.IB_HDR,
+    NetworkTier.IB_NDR,
+    NetworkTier.EFA,
+    NetworkTier.ROCE,
+)
+
+
+def sky_accelerator(plan: Plan) -> str | None:
+    """``NAME:COUNT`` for ``resources.accelerators``; None for CPU plans."""
+    if plan.gpu.dist_backend == "gloo":
+        return None
+    name = _SKY_ACCELERATOR.get(plan.gpu.key, plan.gpu.key.upper())
+    return f"{name}:{plan.gpus_per_node}"
+
+
+def _setup(plan: Plan) -> str:
+    setup = plan.spec.launch.remote_setup
+    if setup:
+        return setup + "\n"
+    pkgs = ["'torch>=2.4'"]
+    if plan.recommended.framework == Framework.DEEPSPEED:
+        pkgs.append("deepspeed")
+    return f"pip install {' '.join(pkgs)}\n"
+
+
+def _run(plan: Plan) -> str:
+    gloo = plan.gpu.dist_backend == "gloo"
+    nproc = str(plan.gpus_per_node) if gloo else '"$SKYPILOT_NUM_GPUS_PER_NODE"'
+    words = " ".join(q(w) for w in [script_path(plan), *script_args(plan)])
+    return (
+        "\n".join(
+            [
+                "set -euo pipefail",
+                "set -a; source ./nccl.env; set +a",
+                'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
+                "export MASTER_ADDR",
+                "mkdir -p logs",
+                "exec torchrun \\",
+                '  --nnodes "$SKYPILOT_NUM_NODES" \\',
+                f"  --nproc-per-node {nproc} \\",
+                '  --node-rank "$SKYPILOT_NODE_RANK" \\',
+                '  --master-addr "$MASTER_ADDR" \\',
+                '  --master-port "$MASTER_PORT" \\',
+                f"  --max-restarts {plan.spec.launch.max_restarts} \\",
+                "  --log-dir logs \\",
+                f"  --tee {TEE_ALL} \\",
+                f"  {words}",
+            ]
+        )
+        + "\n"
+    )
+
+
+def sky_task_dict(plan: Plan) -> dict[str, Any]:
+    """The task as a dict, in file order."""
+    launch = plan.spec.launch
+    resources: dict[str, Any] = {}
+    if launch.sky_cloud:
+        resources["cloud"] = launch.sky_cloud
+    acc = sky_accelerator(plan)
+    if acc is None:
+        resources["cpus"] = f"{plan.gpus_per_node}+"
+    else:
+        resources["accelerators"] = acc
+    envs: dict[str, str] = {"MASTER_PORT": str(launch.master_port)}
+    envs.update({k: launch.env[k] for k in sorted(launch.env)})
+    return {
+        "name": launch.sky_cluster or run_name(plan),
+        "num_nodes": plan.nodes,
+        "resources": resources,
+        "workdir": ".",
+        "envs": envs,
+        "setup": _setup(plan),
+        "run": _run(plan),
+    }
+
+
+def sky_yaml(plan: Plan) -> str:
+    """``sky.yaml`` text."""
+    header = [
+        "# SkyPilot task written by dtrain-tui. From the bundle directory:",
+        f"#   sky launch -c {run_name(plan)} sky.yaml",
+        f"# Plan: {plan_summary(plan)}.",
+        *(f"# {line}" for line in effective_batch_lines(plan)),
+    ]
+    tier = plan.spec.network.tier
+    if plan.nodes > 1 and tier in _FAST_TIERS:
+        header.append(
+            f"# Network: the plan assumes {tier.value}. On SkyPilot >= 0.10 add `network_tier: best` "
+            "under resources to get it (InfiniBand / EFA / GPUDirect)."
+        )
+    return "\n".join(header) + "\n" + dump_yaml(sky_task_dict(plan))
