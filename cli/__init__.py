@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-# Subcommand modules, each with register(subparsers); a missing one is skipped so the CLI
-# keeps working while a command is being built.
+# Subcommand modules, each with register(subparsers), in the order `--help` lists them.
 _COMMANDS = (
     "cli.model_cmd",
     "cli.plan_cmd",
@@ -76,13 +75,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for modname in _COMMANDS:
         if only is not None and modname != only:
             continue
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:
-                continue
-            raise
-        mod.register(sub)
+        importlib.import_module(modname).register(sub)
     return parser
 
 
@@ -176,7 +169,3 @@ def _system_error_line(e: BaseException) -> str:
     else:
         text = str(e) or type(e).__name__
     return " ".join(text.split())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

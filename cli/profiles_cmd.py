@@ -152,13 +152,10 @@ def _cmd_path(args: argparse.Namespace) -> int:
 
 
 def _config_dir(p: argparse.ArgumentParser) -> None:
-    # SUPPRESS: don't overwrite a --config-dir given before the subcommand.
-    p.add_argument(
-        "--config-dir",
-        type=Path,
-        metavar="DIR",
-        default=argparse.SUPPRESS,
-        help="config dir holding profiles/ (default: $DTRAIN_CONFIG_DIR or the platform's)",
+    from cli.spec_options import add_config_dir_option
+
+    add_config_dir_option(
+        p, "config dir holding profiles/ (default: $DTRAIN_CONFIG_DIR or the platform's)"
     )
 
 

@@ -144,6 +144,13 @@ def _metavar(kw: dict[str, Any]) -> dict[str, Any]:
     return {**kw, "metavar": "N" if kw.get("type") in (whole_number, number) else "VALUE"}
 
 
+def add_config_dir_option(group: Any, help_text: str) -> None:
+    """``--config-dir DIR``. SUPPRESS: a ``--config-dir`` given before the subcommand is kept."""
+    group.add_argument(
+        "--config-dir", type=Path, metavar="DIR", default=argparse.SUPPRESS, help=help_text
+    )
+
+
 def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -> None:
     """Add the spec options (and, with ``launch``, the launch options) to ``parser``."""
     src = parser.add_argument_group("spec source")
@@ -155,13 +162,7 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         default=argparse.SUPPRESS,
         help="saved profile or built-in preset",
     )
-    src.add_argument(
-        "--config-dir",
-        type=Path,
-        metavar="DIR",
-        default=argparse.SUPPRESS,
-        help="profiles directory root",
-    )
+    add_config_dir_option(src, "profiles directory root")
     g = parser.add_argument_group("model")
     for opt, fld, kw in _MODEL_OPTS:
         g.add_argument(opt, dest=f"model__{fld}", default=None, **_metavar(kw))

@@ -18,20 +18,16 @@ It promises:
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import itertools
 import os
 import stat
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import tomlkit
 from pydantic import ValidationError
-from tomlkit.exceptions import TOMLKitError
 from tomlkit.toml_document import TOMLDocument
 
 from engine.errors import validation_messages
@@ -48,19 +44,24 @@ from profiles.schema import (
     migrate,
     now_utc,
 )
+from profiles.tomldoc import (
+    FILE_MODE,
+    backup,
+    declared_name,
+    fs_errors,
+    new_doc,
+    read_doc,
+    render,
+    set_profile_keys,
+    unwrap,
+    validate,
+    where,
+)
+from profiles.usage import builtin_usage, mark_builtin, mark_user_profile
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 ENV_CONFIG_DIR = "DTRAIN_CONFIG_DIR"
-FILE_MODE = 0o600
 DIR_MODE = 0o700
-STATE_FILE = ".state.toml"
-"""Last-use times of built-in presets (their files are read-only package data)."""
-
-_HEADER = (
-    "dtrain-tui profile. Edit freely: comments and layout are kept when dtrain-tui saves a change.",
-    "Sections and keys are those of `dtrain-tui plan --help`; check with `dtrain-tui profiles show NAME`.",
-    "Never put a password, a private key or a token here: name key files by path.",
-)
 
 
 def default_config_dir() -> Path:
@@ -96,157 +97,6 @@ class ProfileEntry:
     @property
     def description(self) -> str:
         return self.profile.profile.description if self.profile else ""
-
-
-def _where(path: Path) -> str:
-    return str(path)
-
-
-@contextlib.contextmanager
-def _fs(path: Path) -> Iterator[None]:
-    """File-system failures (permissions, a full disk) as one ProfileError line."""
-    try:
-        yield
-    except OSError as e:
-        reason = e.strerror or type(e).__name__
-        where = e.filename or path
-        raise ProfileError(f"cannot write {where}: {reason}", field=_where(path)) from None
-
-
-def _read_doc(path: Path) -> TOMLDocument:
-    """Parse a profile file into a tomlkit document; every failure is one ProfileError line."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ProfileError("file not found", field=_where(path)) from None
-    except OSError as e:
-        raise ProfileError(f"cannot read: {e.strerror}", field=_where(path)) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ProfileError(
-            f"not UTF-8 text (byte {e.start} is {raw[e.start : e.start + 1]!r}); the file is "
-            "corrupted: fix it or delete it",
-            field=_where(path),
-        ) from None
-    if not text.strip():
-        raise ProfileError(
-            "the file is empty (truncated?); fix it or delete it", field=_where(path)
-        )
-    try:
-        return tomlkit.parse(text)
-    except TOMLKitError as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ProfileError(
-            f"not valid TOML ({first}); the file may be truncated: fix it or delete it",
-            field=_where(path),
-        ) from None
-
-
-def _validate(data: Mapping[str, Any], path: Path, name: str) -> Profile:
-    """Secret guard, then the Spec's own validation; errors name the file and dotted keys."""
-    check_secrets(data, where=_where(path))
-    try:
-        prof = Profile.model_validate(dict(data))
-    except ValidationError as e:
-        msgs = "; ".join(validation_messages(e))
-        raise ProfileError(msgs, field=_where(path)) from None
-    except ProfileError:
-        raise
-    except (ValueError, TypeError) as e:  # a validator outside pydantic's wrapping
-        raise ProfileError(str(e).splitlines()[0], field=_where(path)) from None
-    prof.profile.name = name
-    return prof
-
-
-def _plain(item: Any) -> Any:
-    unwrap = getattr(item, "unwrap", None)
-    return unwrap() if callable(unwrap) else item
-
-
-def _set_table(container: MutableMapping[str, Any], key: str, data: Mapping[str, Any]) -> None:
-    tbl = tomlkit.table()
-    for k, v in data.items():
-        if isinstance(v, Mapping):
-            _set_table(tbl, k, v)
-        else:
-            tbl[k] = v
-    container[key] = tbl
-
-
-def _merge(
-    container: MutableMapping[str, Any], new: Mapping[str, Any], old: Mapping[str, Any]
-) -> None:
-    """Make ``container`` (a tomlkit table) hold ``new``, touching only keys whose value changed
-    (``old`` is what the file meant before), so untouched lines keep their text and comments."""
-    for k in [k for k in container if k not in new]:
-        del container[k]
-    for k, v in new.items():
-        if k in container and k in old and old[k] == v:
-            continue
-        cur = container.get(k)
-        if isinstance(v, Mapping):
-            if isinstance(cur, MutableMapping):
-                prev = old.get(k)
-                _merge(cur, v, prev if isinstance(prev, Mapping) else {})
-            else:
-                _set_table(container, k, v)
-        elif k in container and _plain(cur) == v:
-            continue
-        else:
-            container[k] = v
-
-
-def _section_data(prof: Profile, section: str, present: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Keys to write for ``section``: those that differ from the default, plus those the file
-    already spells out (kept even at their default, so a hand-written line is not dropped)."""
-    sub = getattr(prof, section)
-    full: dict[str, Any] = sub.model_dump(mode="json", exclude_none=True)
-    nondefault = sub.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-    return {k: v for k, v in full.items() if k in nondefault or (present and k in present)}
-
-
-def _apply(doc: TOMLDocument, prof: Profile, old: Profile | None) -> None:
-    """Write ``prof`` into ``doc`` in place."""
-    if _plain(doc.get("schema_version")) != SCHEMA_VERSION:
-        if "schema_version" in doc:
-            doc["schema_version"] = SCHEMA_VERSION
-        else:
-            doc.add("schema_version", SCHEMA_VERSION)  # tomlkit puts it before the tables
-    cur_meta = doc.get("profile")
-    meta_new = {
-        k: v
-        for k, v in prof.profile.model_dump(exclude_none=True).items()
-        if k == "name" or v != "" or (isinstance(cur_meta, Mapping) and k in cur_meta)
-    }
-    meta_old = old.profile.model_dump(exclude_none=True) if old else {}
-    if isinstance(cur_meta, MutableMapping):
-        _merge(cur_meta, meta_new, meta_old)
-    else:
-        _set_table(doc, "profile", meta_new)
-    for section in SPEC_SECTIONS:
-        cur = doc.get(section)
-        present = cur if isinstance(cur, MutableMapping) else None
-        data = _section_data(prof, section, present)
-        if present is None:
-            if data:
-                _set_table(doc, section, data)
-            continue
-        prev = getattr(old, section).model_dump(mode="json", exclude_none=True) if old else {}
-        _merge(present, data, prev)
-
-
-def _new_doc() -> TOMLDocument:
-    doc = tomlkit.document()
-    for line in _HEADER:
-        doc.add(tomlkit.comment(line))
-    doc.add("schema_version", SCHEMA_VERSION)
-    return doc
-
-
-def _unwrap(doc: TOMLDocument) -> dict[str, Any]:
-    data: dict[str, Any] = doc.unwrap()
-    return data
 
 
 class ProfileStore:
@@ -318,9 +168,9 @@ class ProfileStore:
 
     def _read(self, path: Path, name: str) -> tuple[Profile, int]:
         """Parse and validate ``path`` without touching it; returns (profile, file version)."""
-        doc = _read_doc(path)
-        version = migrate(doc, _where(path))
-        return _validate(_unwrap(doc), path, name), version
+        doc = read_doc(path)
+        version = migrate(doc, where(path))
+        return validate(unwrap(doc), path, name), version
 
     def list(self) -> list[ProfileEntry]:
         """Every profile, the user's first, each a usable profile or a broken file marked with
@@ -369,14 +219,14 @@ class ProfileStore:
 
     def _load_user(self, name: str) -> Profile:
         path = self.user_path(name)
-        doc = _read_doc(path)
-        version = file_version(doc, _where(path))
+        doc = read_doc(path)
+        version = file_version(doc, where(path))
         if version == SCHEMA_VERSION:
-            return _validate(_unwrap(doc), path, name)
-        migrate(doc, _where(path))
-        prof = _validate(_unwrap(doc), path, name)  # a broken old file stays untouched
+            return validate(unwrap(doc), path, name)
+        migrate(doc, where(path))
+        prof = validate(unwrap(doc), path, name)  # a broken old file stays untouched
         try:
-            _backup(path, version)
+            backup(path, version)
             atomic_write_text(path, doc.as_string(), mode=FILE_MODE)
         except OSError:
             # A read-only config dir: use the migrated profile in memory, leave the file be.
@@ -389,25 +239,12 @@ class ProfileStore:
         try:
             return path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise ProfileError(f"cannot read: {e}", field=_where(path)) from None
+            raise ProfileError(f"cannot read: {e}", field=where(path)) from None
 
     # ------------------------------------------------------------------ writing
 
     def _ensure_dir(self) -> None:
-        """Create the profiles dir (0700); tighten an existing one of ours to 0700. Never
-        through a symlink: a profiles dir linked to a shared directory keeps that directory's
-        mode (the files in it are 0600 all the same)."""
-        self.profiles_dir.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        try:
-            fd = os.open(self.profiles_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            return  # a symlink (ELOOP) or unreadable: leave its mode alone
-        try:
-            st = os.fstat(fd)
-            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != DIR_MODE:
-                os.fchmod(fd, DIR_MODE)
-        finally:
-            os.close(fd)
+        _ensure_private_dir(self.profiles_dir)
 
     def save(self, profile: Profile, *, name: str | None = None, overwrite: bool = True) -> Path:
         """Write ``profile`` as ``<profiles dir>/NAME.toml`` (NAME: ``name`` or the profile's).
@@ -429,46 +266,12 @@ class ProfileStore:
             raise ProfileError(
                 "; ".join(validation_messages(e)), field=f"profile {name!r}"
             ) from None
-        doc: TOMLDocument | None = None
-        old: Profile | None = None
-        if path.exists():
-            if not overwrite:
-                raise ProfileError(
-                    f"profile {name!r} already exists ({path}); choose another name or overwrite it",
-                    field="profile name",
-                )
-            try:
-                doc = _read_doc(path)
-                start = migrate(doc, _where(path))
-                if start < SCHEMA_VERSION:  # keep the original, as load does
-                    with _fs(path):
-                        _backup(path, start)
-                old = _validate(_unwrap(doc), path, name)
-            except ProfileError:
-                # The file is broken: keep it beside the new one rather than lose it.
-                with _fs(path):
-                    _backup(path, "broken")
-                doc, old = None, None
-        elif self.is_builtin(name):
-            try:
-                doc = _read_doc(self.builtin_path(name))
-                migrate(doc, name)
-                old = _validate(_unwrap(doc), self.builtin_path(name), name)
-            except ProfileError:
-                doc, old = None, None
-        if doc is None:
-            doc = _new_doc()
+        builtin = self.builtin_path(name) if self.is_builtin(name) else None
+        doc, old = _doc_to_edit(path, builtin, name, overwrite=overwrite)
         if old is not None and old.profile.created is not None and profile.profile.created is None:
             prof.profile.created = old.profile.created
-        _apply(doc, prof, old)
-        text = doc.as_string()
-        # What is written must read back as the same profile: never write a file we can't load.
-        check = _validate(_unwrap(tomlkit.parse(text)), path, name)
-        if check.model_dump(include=set(SPEC_SECTIONS)) != prof.model_dump(
-            include=set(SPEC_SECTIONS)
-        ):
-            raise ProfileError("internal: the saved file would not read back the same", field=name)
-        with _fs(path):
+        text = render(doc, prof, old, path, name)
+        with fs_errors(path):
             self._ensure_dir()
             atomic_write_text(path, text, mode=FILE_MODE)
         return path
@@ -510,7 +313,7 @@ class ProfileStore:
                     field="profile name",
                 )
             raise self._not_found(name)
-        with _fs(path):
+        with fs_errors(path):
             path.unlink()
         return path
 
@@ -531,14 +334,10 @@ class ProfileStore:
                 f"profile {new!r} already exists ({dst}); delete it first or pick another name",
                 field="profile name",
             )
-        doc = _read_doc(src)
+        doc = read_doc(src)
         meta = doc.get("profile")
-        if isinstance(meta, MutableMapping):
-            if "name" in meta:
-                meta["name"] = new
-        else:
-            _set_table(doc, "profile", {"name": new})
-        with _fs(dst):
+        set_profile_keys(doc, {"name": new}, only_present=isinstance(meta, MutableMapping))
+        with fs_errors(dst):
             self._ensure_dir()
             atomic_write_text(dst, doc.as_string(), mode=FILE_MODE)
             if src != dst:
@@ -558,7 +357,7 @@ class ProfileStore:
                     f"{dest} already exists; pass another file or --force to replace it",
                     field="--output",
                 )
-            with _fs(dest):
+            with fs_errors(dest):
                 atomic_write_text(dest, text, mode=FILE_MODE)
         return text
 
@@ -569,69 +368,38 @@ class ProfileStore:
         else its file stem), migrated to the current schema and checked first. Returns
         (name, path)."""
         src = Path(src)
-        doc = _read_doc(src)
-        migrate(doc, _where(src))
-        meta = doc.get("profile")
-        declared = _plain(meta.get("name")) if isinstance(meta, Mapping) else None
-        target = name or (declared if isinstance(declared, str) and declared else src.stem)
+        doc = read_doc(src)
+        migrate(doc, where(src))
+        target = name or declared_name(doc) or src.stem
         check_name(target)
-        _validate(_unwrap(doc), src, target)
+        validate(unwrap(doc), src, target)
         dst = self.user_path(target)
         if dst.exists() and not overwrite:
             raise ProfileError(
                 f"profile {target!r} already exists ({dst}); pass --name NEW or --force",
                 field="profile name",
             )
-        if isinstance(meta, MutableMapping):
-            if "name" in meta:
-                meta["name"] = target
-        with _fs(dst):
+        set_profile_keys(doc, {"name": target}, only_present=True)
+        with fs_errors(dst):
             self._ensure_dir()
             atomic_write_text(dst, doc.as_string(), mode=FILE_MODE)
         return target, dst
 
     # ------------------------------------------------------------------ last use
 
-    def _state_path(self) -> Path:
-        return self.profiles_dir / STATE_FILE
-
     def _state(self) -> dict[str, datetime]:
-        path = self._state_path()
-        try:
-            data = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
-        except (OSError, UnicodeDecodeError, TOMLKitError):
-            return {}
-        used = data.get("last_used", {})
-        if not isinstance(used, dict):
-            return {}
-        return {k: v for k, v in used.items() if isinstance(v, datetime)}
+        return builtin_usage(self.profiles_dir)
 
     def mark_used(self, name: str, when: datetime | None = None) -> None:
-        """Record that ``name`` was loaded or launched now. A user profile keeps it in its own
-        ``[profile].last_used`` (comments untouched); a built-in in ``profiles/.state.toml``.
-        Best effort: a broken or unwritable file is left as it is."""
+        """Record that ``name`` was loaded or launched now (:mod:`profiles.usage`). Best
+        effort: a broken or unwritable file is left as it is."""
         when = when or now_utc()
         try:
             if self.is_user(name):
-                path = self.user_path(name)
-                doc = _read_doc(path)
-                if file_version(doc, _where(path)) != SCHEMA_VERSION:
-                    return
-                _validate(_unwrap(doc), path, name)  # never touch a broken file
-                meta = doc.get("profile")
-                if isinstance(meta, MutableMapping):
-                    meta["last_used"] = when
-                else:
-                    _set_table(doc, "profile", {"last_used": when})
-                atomic_write_text(path, doc.as_string(), mode=FILE_MODE)
+                mark_user_profile(self.user_path(name), name, when)
             elif self.is_builtin(name):
-                state = self._state()
-                state[name] = when
-                doc = tomlkit.document()
-                doc.add(tomlkit.comment("When each built-in preset was last used (dtrain-tui)."))
-                _set_table(doc, "last_used", dict(sorted(state.items())))
                 self._ensure_dir()
-                atomic_write_text(self._state_path(), doc.as_string(), mode=FILE_MODE)
+                mark_builtin(self.profiles_dir, name, when)
         except (ProfileError, OSError):
             return
 
@@ -644,31 +412,52 @@ def _valid_name(stem: str) -> bool:
     return True
 
 
-def _backup(path: Path, tag: int | str) -> Path:
-    """Copy ``path`` to a new ``NAME.toml.v1.bak`` (or ``.broken.bak``), numbered if one is
-    already there, 0600. The backup is created with O_EXCL | O_NOFOLLOW: a name taken by
-    anything, a planted symlink included, is skipped, never written or chmodded through."""
-    label = f"v{tag}" if isinstance(tag, int) else tag
-    with path.open("rb") as src:
-        data = src.read()
-        st = os.fstat(src.fileno())
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    for n in itertools.count():
-        backup = path.with_name(f"{path.name}.{label}{f'-{n}' if n else ''}.bak")
+def _ensure_private_dir(path: Path) -> None:
+    """Create the profiles dir (0700); tighten an existing one of ours to 0700. Never
+    through a symlink: a profiles dir linked to a shared directory keeps that directory's
+    mode (the files in it are 0600 all the same)."""
+    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return  # a symlink (ELOOP) or unreadable: leave its mode alone
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != DIR_MODE:
+            os.fchmod(fd, DIR_MODE)
+    finally:
+        os.close(fd)
+
+
+def _doc_to_edit(
+    path: Path, builtin: Path | None, name: str, *, overwrite: bool
+) -> tuple[TOMLDocument, Profile | None]:
+    """The document a save of ``name`` edits in place, and the profile it meant before: the
+    user's existing file (migrated, its original kept as a backup), else the built-in it
+    shadows (``builtin``), else a new document. A broken existing file is kept as
+    ``NAME.toml.broken.bak`` and a new document started."""
+    if path.exists():
+        if not overwrite:
+            raise ProfileError(
+                f"profile {name!r} already exists ({path}); choose another name or overwrite it",
+                field="profile name",
+            )
         try:
-            fd = os.open(backup, flags, FILE_MODE)
-        except FileExistsError:
-            continue
+            doc = read_doc(path)
+            start = migrate(doc, where(path))
+            if start < SCHEMA_VERSION:  # keep the original, as load does
+                with fs_errors(path):
+                    backup(path, start)
+            return doc, validate(unwrap(doc), path, name)
+        except ProfileError:
+            # The file is broken: keep it beside the new one rather than lose it.
+            with fs_errors(path):
+                backup(path, "broken")
+    elif builtin is not None:
         try:
-            with os.fdopen(fd, "wb") as f:
-                os.fchmod(f.fileno(), FILE_MODE)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-                os.utime(f.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(backup)
-            raise
-        return backup
-    raise AssertionError("unreachable")
+            doc = read_doc(builtin)
+            migrate(doc, name)
+            return doc, validate(unwrap(doc), builtin, name)
+        except ProfileError:
+            pass
+    return new_doc(), None

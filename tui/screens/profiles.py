@@ -44,50 +44,7 @@ def _when(t: datetime | None) -> str:
 class ProfilesScreen(ModalScreen[Profile | None]):
     """Load, save, save as, delete and rename profiles."""
 
-    DEFAULT_CSS = """
-    ProfilesScreen {
-        align: center middle;
-    }
-    ProfilesScreen > #profiles-dialog {
-        width: 110;
-        max-width: 100%;
-        height: auto;
-        max-height: 90%;
-        border: thick $primary;
-        background: $panel;
-        padding: 0 1;
-    }
-    ProfilesScreen #profiles-title {
-        padding: 0 0 1 0;
-    }
-    ProfilesScreen DataTable {
-        height: auto;
-        max-height: 16;
-    }
-    ProfilesScreen #profiles-detail {
-        height: auto;
-        min-height: 2;
-        color: $text-muted;
-        padding: 1 0 0 0;
-    }
-    ProfilesScreen #profiles-detail.-error {
-        color: $error;
-    }
-    ProfilesScreen #profiles-prompt {
-        display: none;
-    }
-    ProfilesScreen #profiles-prompt.-shown {
-        display: block;
-    }
-    ProfilesScreen #profiles-buttons {
-        height: auto;
-        padding: 1 0 0 0;
-    }
-    ProfilesScreen #profiles-buttons Button {
-        margin: 0 1 0 0;
-        min-width: 10;
-    }
-    """
+    CSS_PATH = "profiles.tcss"
 
     BINDINGS = [
         Binding("escape", "cancel", "Close"),
