@@ -3,8 +3,8 @@ can, through the same pipeline as a launch, into the monitor (headless Textual a
 
 Pipeline (``--mode launch``, the default): a bundle whose node script starts 16 printer processes
 that prefix each line ``[default<i>]:`` as ``torchrun --tee 3`` does -> the launch package's
-:class:`LocalBackend` (pipe reader, rank splitter, run-directory writer) -> ``MonitorScreen``'s
-reader thread -> panes. ``--mode rundir``: the printers write ``RUN/logs/rank<R>.stdout.log``
+:class:`LocalBackend` (pipe reader, rank splitter, run-directory writer) -> the monitor's
+:class:`engine.monitor.reader.BatchReader` (on ``MonitorScreen``'s thread worker) -> panes. ``--mode rundir``: the printers write ``RUN/logs/rank<R>.stdout.log``
 (16 writer processes, as a launch's run directory fills) and the monitor tails the directory
 (:class:`engine.monitor.tail.RunDirSource`), the ``dtrain-tui monitor RUN_DIR`` path.
 
@@ -108,13 +108,15 @@ def make_bundle(root: Path, procs: int, per_proc: int) -> Path:
 
 
 def make_run_dir(run: Path, procs: int) -> None:
+    from engine.rundir.record import RunState
+
     (run / "logs").mkdir(parents=True)
     ranks = [
         {"rank": r, "node_rank": 0, "local_rank": r, "host": "localhost", "exit_code": None}
         for r in range(procs)
     ]
     (run / "run.json").write_text(
-        json.dumps({"state": "running", "world_size": procs, "ranks": ranks})
+        json.dumps({"state": RunState.RUNNING, "world_size": procs, "ranks": ranks})
     )
     (run / "printer.py").write_text(PRINTER)
 
@@ -140,6 +142,7 @@ def start_rundir_writers(run: Path, procs: int, per_proc: int) -> list[Any]:
 async def bench(args: argparse.Namespace) -> dict[str, float]:
     from textual.binding import Binding
 
+    from engine.rundir.record import RunState
     from tui.screens.monitor import MonitorApp
 
     procs, per_proc = args.procs, args.lines // args.procs
@@ -217,7 +220,7 @@ async def bench(args: argparse.Namespace) -> dict[str, float]:
                 for r in ranks:
                     r["exit_code"] = 0
                 (run / "run.json").write_text(
-                    json.dumps({"state": "succeeded", "world_size": procs, "ranks": ranks})
+                    json.dumps({"state": RunState.SUCCEEDED, "world_size": procs, "ranks": ranks})
                 )
                 writers = []
             await asyncio.sleep(0.01)

@@ -47,7 +47,7 @@ def _time_start(work: Path, servers: list, key: Path, kh: Path, n: int, tag: str
     backend = SshBackend(b, work / f"run{n}-{tag}", opts)
     backend.start()
     collect(backend, timeout=60)
-    assert backend.state == "succeeded", backend.run.info.get("reason")
+    assert backend.state == "succeeded", backend.run.record.reason
     assert backend.start_time_s is not None
     return backend.start_time_s
 

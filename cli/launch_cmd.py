@@ -53,14 +53,18 @@ def register(sub: Any) -> None:
 
 
 def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: Any) -> Any:
-    from engine.launch.base import LaunchOptions
-    from engine.plan.specs import Host
+    """The spec's launch section (or the defaults, for a written bundle) with the launch
+    options given on the command line applied; hosts from --hosts, else the spec, else the
+    bundle."""
+    from engine.launch.options import LaunchOptions
+    from engine.plan.specs import Host, LaunchSpec
 
-    def given(name: str, default: Any) -> Any:
-        v = getattr(args, f"launch__{name}", None)
-        return default if v is None else v
-
-    raw_hosts = given("hosts", None)
+    given: dict[str, Any] = {
+        k.removeprefix("launch__"): v
+        for k, v in vars(args).items()
+        if k.startswith("launch__") and v is not None
+    }
+    raw_hosts = given.pop("hosts", None)
     if isinstance(raw_hosts, str):
         raw_hosts = [h for h in raw_hosts.split(",") if h.strip()]
     hosts_text = (
@@ -72,43 +76,25 @@ def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: A
         hosts = [Host.parse(h) for h in hosts_text]
     except ValueError as e:
         raise DtrainError(str(e), field="--hosts") from None
-    sl = spec_launch
-    return LaunchOptions(
-        hosts=hosts,
-        identity_file=Path(i)
-        if (i := given("identity_file", sl.identity_file if sl else None))
-        else None,
-        known_hosts=Path(k)
-        if (k := given("known_hosts", sl.known_hosts if sl else None))
-        else None,
-        accept_new_host_keys=bool(args.accept_new_host_keys),
-        remote_workdir=str(given("remote_workdir", sl.remote_workdir if sl else "~/dtrain-runs")),
-        remote_setup=given("remote_setup", sl.remote_setup if sl else None),
-        hang_timeout_s=float(given("hang_timeout_s", sl.hang_timeout_s if sl else 300.0)),
-        nccl_debug=_nccl_level(given("nccl_debug", sl.nccl_debug if sl else None)),
-        nccl_debug_subsys=given("nccl_debug_subsys", sl.nccl_debug_subsys if sl else None),
-        env=dict(sl.env) if sl else {},
-        master_port=getattr(args, "launch__master_port", None),
-        ssh_config=args.ssh_config,
-        ssh_user=given("ssh_user", sl.ssh_user if sl else None),
-        sky_cluster=given("sky_cluster", sl.sky_cluster if sl else None),
-        sky_cloud=given("sky_cloud", sl.sky_cloud if sl else None),
-        sky_down=bool(args.sky_down or (sl.sky_down if sl else False)),
-        sky_autostop_min=args.sky_autostop
-        if args.sky_autostop is not None
-        else (sl.sky_autostop_min if sl else None),
+    for key in ("identity_file", "known_hosts"):  # an empty --identity "" means none
+        if key in given:
+            given[key] = given[key] or None
+    # Each given value was checked on its own (check_launch_args): checked again together.
+    launch = LaunchSpec.model_validate(
+        {**(spec_launch.model_dump() if spec_launch else {}), **given}
     )
-
-
-def _nccl_level(v: str | None) -> str | None:
-    if v is None:
-        return None
-    levels = {"VERSION", "WARN", "INFO", "TRACE", "ABORT"}
-    if v.upper() not in levels:
-        raise DtrainError(
-            f"{v!r} is not an NCCL_DEBUG level; use one of {sorted(levels)}", field="--nccl-debug"
-        )
-    return v.upper()
+    sky: dict[str, Any] = {}  # not spec options: passed on as given
+    if args.sky_down:
+        sky["sky_down"] = True
+    if args.sky_autostop is not None:
+        sky["sky_autostop_min"] = args.sky_autostop
+    return LaunchOptions.from_spec(
+        launch.model_copy(update=sky),
+        hosts=hosts,
+        accept_new_host_keys=bool(args.accept_new_host_keys),
+        master_port=given.get("master_port"),
+        ssh_config=args.ssh_config,
+    )
 
 
 def _spec_given(args: argparse.Namespace) -> bool:
@@ -194,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
     from cli.spec_options import check_launch_args
     from engine.launch import make_backend
-    from engine.rundir.files import default_run_dir
+    from engine.rundir.files import new_run_dir
     from engine.write.manifest import read_manifest
 
     check_launch_args(args)  # --hang-timeout, --hosts, --run-dir…, also for a written bundle
@@ -231,7 +217,7 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
         check_spec_batch(p)  # the bundle must train the global batch asked for
         from engine.write.common import run_name
 
-        run_dir = run_dir or default_run_dir(run_name(p))
+        run_dir = run_dir or new_run_dir(run_name(p))
         # The bundle is written inside the run directory, then started from there.
         bundle_dir = Path(run_dir) / "bundle"
         write_bundle(p, bundle_dir)
@@ -250,7 +236,7 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
         backend.start()
     except _Interrupted as e:
         stop.live = True
-        if backend.state in ("stopped", "failed"):  # start() undid itself
+        if backend.state.final:  # start() undid itself
             _say(f"dtrain-tui: run stopped while starting ({signal.Signals(e.signum).name})")
             return 128 + e.signum
         # It came just after the start: the run is going, and stops in _drive.
@@ -302,8 +288,7 @@ def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
                 _print_events(events, out)
             except OSError:  # stdout closed (a pipe reader gone, a terminal hung up)
                 out = None
-    info = backend.run.info
-    msg = info.get("reason") or ""
+    msg = backend.run.record.reason
     _say(f"dtrain-tui: run {backend.state}: {msg} ({backend.run.path})")
     return stop.exit_code() if stop.got else int(backend.exit_code())
 

@@ -54,10 +54,11 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
     from engine.monitor.logparse import classify_error
     from engine.monitor.tail import RunDirSource
     from engine.monitor.textsafe import safe_line, safe_text
+    from engine.rundir.record import RunState
 
     source = RunDirSource(run_dir)
     source.start()
-    state = ""
+    state: str = ""
     try:
         while not source.done:
             for ev in source.poll(0.25):
@@ -80,13 +81,13 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
             out.flush()
     finally:
         source.stop()
-    return 0 if state == "succeeded" else 1
+    return 0 if state == RunState.SUCCEEDED else 1
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.monitor.tail import read_run_json
+    from engine.rundir.record import read_record
 
-    read_run_json(args.run_dir)  # a bad RUN_DIR is one line, before any screen opens
+    read_record(args.run_dir)  # a bad RUN_DIR is one line, before any screen opens
     if args.follow:
         return follow(args.run_dir, errors_only=args.errors_only)
     from tui.screens.monitor import run_monitor

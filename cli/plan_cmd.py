@@ -67,7 +67,7 @@ def _duration(s: float) -> str:
 
 def render(p: Plan, out: TextIO) -> None:
     """The human report."""
-    from engine.plan.planner import describe
+    from engine.plan.annotate import describe
 
     m = p.model
     r = p.recommended

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from tui.session import Step
+
 if TYPE_CHECKING:
     from tui.app import DtrainApp
 
@@ -16,12 +18,14 @@ class WizardCommands(Provider):
     """Go to a step, write, launch, re-plan, profiles, theme, help."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
-        from tui.screens.wizard import STEP_TITLES
-
         app = cast("DtrainApp", self.app)
         cmds: list[tuple[str, str, Callable[[], object]]] = [
-            (f"Go to step {i}: {title}", f"Open the {title.lower()} step", partial(app.goto, key))
-            for i, (key, title) in enumerate(STEP_TITLES, 1)
+            (
+                f"Go to step {step.number}: {step.label}",
+                f"Open the {step} step",
+                partial(app.goto, step),
+            )
+            for step in Step
         ]
         cmds += [
             (

@@ -30,11 +30,6 @@ def seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def rate(x: float) -> str:
-    """Tokens per second."""
-    return f"{count(x)}/s".replace(" ", " ")
-
-
 def money(x: float | None) -> str:
     if x is None:
         return "—"

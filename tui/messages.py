@@ -1,5 +1,6 @@
-"""Messages of the wizard, each named for a fact. Workers post them from threads
-(``post_message`` is thread-safe); screens and the app react to them."""
+"""Messages of the wizard and the monitor, each named for a fact. Workers post them from threads
+(``post_message`` is thread-safe); the app records what they say in the
+:class:`~tui.session.WizardSession` and the screens draw it."""
 
 from __future__ import annotations
 
@@ -11,16 +12,26 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:  # annotations only: importing them costs start-up time
+    from engine.monitor.events import EventSource
     from engine.monitor.state import Snapshot as MonitorSnapshot
     from engine.plan.result import Plan
+    from tui.session import Step
 
 
 @dataclass
 class StepValidated(Message):
-    """A step re-checked its fields; ``errors`` is empty when the step is valid."""
+    """A step re-checked its fields (and handed a valid sub-spec to the session); ``errors``
+    is empty when the step is valid."""
 
-    step: str
+    step: Step
     errors: list[str]
+
+
+@dataclass
+class StepEntered(Message):
+    """The wizard now shows ``step``."""
+
+    step: Step
 
 
 @dataclass
@@ -74,6 +85,22 @@ class BundleWritten(Message):
 @dataclass
 class BundleWriteFailed(Message):
     """Writing the bundle failed (or was refused: files the user edited); one line."""
+
+    message: str
+
+
+@dataclass
+class RunStarted(Message):
+    """A launch backend was made for the written bundle (not started: the monitor starts and
+    watches it); its run keeps its logs in ``run_dir``."""
+
+    source: EventSource
+    run_dir: Path
+
+
+@dataclass
+class LaunchFailed(Message):
+    """Writing the bundle or making the backend failed; ``message`` is the one-line reason."""
 
     message: str
 

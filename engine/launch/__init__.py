@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.launch.base import LaunchBackend, LaunchError, LaunchOptions
+from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.options import LaunchOptions
 
 __all__ = ["LaunchBackend", "LaunchError", "LaunchOptions", "make_backend"]
 

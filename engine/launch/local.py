@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from engine.launch import reaper
-from engine.launch.base import STOP_GRACE_S, LaunchBackend, LaunchError
+from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.policy import STOP_GRACE_S
 from engine.launch.reaper import kill_run_processes, pids_with_env
 from engine.monitor.events import STDERR, STDOUT
 

@@ -31,6 +31,7 @@ GRACE_S = 3.0
 SWEEP_S = 10.0
 """How long to go on killing what appears (a process forking as it dies)."""
 FINAL_STATES = ("succeeded", "failed", "stopped")
+"""engine.rundir.record.RunState's final states (this script cannot import the package)."""
 DONE = b"done\n"
 """What the launcher writes before closing the pipe when it ended the run itself."""
 
@@ -76,7 +77,10 @@ def sweep(run_id: str, grace_s: float = GRACE_S, sweep_s: float = SWEEP_S) -> No
 
 
 def mark_launcher_died(run_dir: Path, pid: int) -> None:
-    """Give run.json a final state when the launcher did not write one."""
+    """Give run.json a final state when the launcher did not write one. A patch of the file with
+    the stdlib, keeping every other key: the fields it sets (``state``, ``reason``, ``ended_at``,
+    ``launcher_died``, each rank's ``reason``) are :class:`engine.rundir.record.RunRecord`'s, in
+    the same JSON layout as its writer's (indent 2, a final newline)."""
     path = Path(run_dir) / "run.json"
     try:
         info = json.loads(path.read_text(encoding="utf-8"))

@@ -26,6 +26,7 @@ import threading
 from typing import Any
 
 from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.torchrun_output import split_tee
 from engine.monitor.events import STDOUT
 
 _ANSI_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
@@ -33,10 +34,8 @@ _SKY_RE = re.compile(
     rb"^\((?:(?:head|worker(?P<idx>\d+)), rank=(?P<rank>\d+), |[A-Za-z0-9_.\-]+, )"
     rb"pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\) ?"
 )
-_TEE_RE = re.compile(rb"^\[default(\d+)\]:")
-
-JOB_SUCCEEDED = 0
 JOB_CANCELLED = 103
+"""SkyPilot's exit code of a cancelled job."""
 
 
 def cluster_name_for(name: str) -> str:
@@ -162,11 +161,7 @@ class SkyPilotBackend(LaunchBackend):
         n = int(m.group("rank")) if m.group("rank") is not None else 0
         if not 0 <= n < self.manifest.nodes:
             return 0, None, raw
-        body = raw[m.end() :]
-        mt = _TEE_RE.match(body)
-        if mt:
-            return n, n * self.manifest.gpus_per_node + int(mt.group(1)), body[mt.end() :]
-        return n, None, body
+        return split_tee(n, self.manifest.gpus_per_node, raw[m.end() :])
 
     def _node_exit(self, node: int) -> tuple[bool, int | None]:
         if not self._finished.is_set():

@@ -58,7 +58,8 @@ class RankExit:
 
 @dataclass(frozen=True, slots=True)
 class RunStateChanged:
-    """The run moved to ``state`` (starting|running|succeeded|failed|stopped)."""
+    """The run moved to ``state``: a :class:`engine.rundir.record.RunState` name (kept a plain
+    string: a run directory's ``run.json`` may say anything)."""
 
     state: str
     message: str = ""
@@ -101,3 +102,15 @@ class EventSource(Protocol):
     def done(self) -> bool:
         """True once no more events will come."""
         ...
+
+
+def stop_run(source: EventSource) -> None:
+    """Stop the run, not the watching: a source that can (a launch backend, a run directory whose
+    launcher polls for the request: a ``request_stop()`` method) asks for it and goes on
+    reporting until the run ends; any other source is stopped outright. May block (it runs
+    commands or writes files) and may raise :class:`engine.errors.DtrainError`."""
+    request = getattr(source, "request_stop", None)
+    if request is None:
+        source.stop()
+    else:
+        request()

@@ -2,14 +2,15 @@
 launchers add (torchrun, pdsh, SkyPilot, OpenMPI, Ray, TorchX; nested, outermost first), classify
 NCCL and torch.distributed lines, spot errors and parse the example trainer's step lines.
 
-Called by the launch backends (to attribute a raw line to a rank), by the run-directory tailer and
-by the monitor (per batch, on the reader thread). Pure and total: any string in, a value out; a
-cut, spliced or hard-wrapped line never raises, it is attributed as far as its prefixes allow and
-the rest is left as plain text.
+Called by the monitor's reader thread (:func:`scan_batch` and :class:`NcclSummary`, per batch),
+by the rank state (:mod:`engine.monitor.state`) and by whatever marks error lines (the monitor's
+panes, ``monitor --follow --errors-only``: :func:`classify_error`). Pure and total: any string in, a
+value out; a cut, spliced or hard-wrapped line never raises, it is attributed as far as its
+prefixes allow and the rest is left as plain text.
 
-Two speeds: :func:`parse_line` gives everything about one line; the batch helpers
-(:func:`nccl_lines`, :func:`scan_errors`, :func:`scan_steps`) gate on a substring test over the
-joined batch first, so a firehose of INFO lines costs well under a microsecond per line.
+Two speeds: :func:`parse_line` gives everything about one line of a foreign log (what
+:func:`summarize_nccl` reads); :func:`scan_batch` gates on substring tests over the joined batch
+first, so a firehose of INFO lines costs well under a microsecond per line.
 """
 
 from __future__ import annotations
@@ -207,6 +208,83 @@ def classify(text: str) -> tuple[LineKind, ErrorKind | None]:
     return LineKind.PLAIN, None
 
 
+@dataclass
+class _Peeled:
+    """What the launcher prefixes peeled off one line said (see :func:`_peel`)."""
+
+    node: int | None
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str = ""
+    stream: str | None = None
+    pid: int | None = None
+    prefixes: list[str] = field(default_factory=list)
+
+
+def _peel(text: str, p: _Peeled, pdsh: bool) -> int:
+    """Match one launcher prefix at the start of ``text`` and record what it says in ``p``;
+    the prefix's length, 0 when there is none. Each kind at most once per line except
+    torchrun's, which nests ([default0]:[rank0]:)."""
+    m = _OPENMPI_RE.match(text)
+    if m is not None:
+        p.rank = int(m[2])
+        p.stream = "stdout" if m[3] != "stderr" else "stderr"
+        p.prefixes.append("openmpi")
+        return m.end()
+    m = _SKY_RE.match(text)
+    if m is not None and "skypilot" not in p.prefixes:
+        p.node = int(m[3])
+        p.pid = int(m[4])
+        p.host = m[5] or p.host or m[1]
+        p.prefixes.append("skypilot")
+        return m.end()
+    m = _RAY_RE.match(text)
+    if m is not None and "ray" not in p.prefixes:
+        p.pid = int(m[2])
+        p.host = m[3] or p.host
+        p.prefixes.append("ray")
+        return m.end()
+    return _peel_torch(text, p) or _peel_pdsh(text, p, pdsh)
+
+
+def _peel_torch(text: str, p: _Peeled) -> int:
+    """torchrun's and torchx's prefixes, as :func:`_peel`."""
+    m = _TORCHRUN_RANK_RE.match(text)
+    if m is not None:
+        p.rank = int(m[1])
+        p.prefixes.append("torchrun")
+        return m.end()
+    m = _TORCHRUN_HOST_RE.match(text)
+    if m is not None:
+        p.host = m[1]
+        p.local_rank = int(m[2])
+        p.prefixes.append("torchrun")
+        return m.end()
+    m = _TORCHRUN_ROLE_RE.match(text)
+    if m is not None and not m[1].startswith("rank"):
+        p.local_rank = int(m[2])
+        p.prefixes.append("torchrun")
+        return m.end()
+    m = _TORCHX_RE.match(text)
+    if m is not None and "torchx" not in p.prefixes:
+        p.node = int(m[2])
+        p.local_rank = int(m[3])
+        p.prefixes.append("torchx")
+        return m.end()
+    return 0
+
+
+def _peel_pdsh(text: str, p: _Peeled, pdsh: bool) -> int:
+    """pdsh's ``host: `` prefix, only as the outermost one, as :func:`_peel`."""
+    if pdsh and not p.prefixes:
+        m = _PDSH_RE.match(text)
+        if m is not None and any(c.isdigit() or c == "-" for c in m[1]):
+            p.host = m[1]
+            p.prefixes.append("pdsh")
+            return m.end()
+    return 0
+
+
 def parse_line(
     raw: str,
     *,
@@ -217,71 +295,13 @@ def parse_line(
     """Take ``raw`` apart. ``node`` and ``gpus_per_node``, when the caller knows them (a launch
     backend reading node i's output), turn torchrun's local rank into a global rank."""
     text = strip_ansi(raw).rstrip("\r\n")
-    rank: int | None = None
-    local_rank: int | None = None
-    host = ""
-    stream: str | None = None
-    pid: int | None = None
-    prefixes: list[str] = []
-    # Peel prefixes, outermost first; each kind at most once per line except torchrun's,
-    # which nests ([default0]:[rank0]:).
-    for _ in range(8):
-        m = _OPENMPI_RE.match(text)
-        if m is not None:
-            rank = int(m[2])
-            stream = "stdout" if m[3] != "stderr" else "stderr"
-            prefixes.append("openmpi")
-            text = text[m.end() :]
-            continue
-        m = _SKY_RE.match(text)
-        if m is not None and "skypilot" not in prefixes:
-            node = int(m[3])
-            pid = int(m[4])
-            host = m[5] or host or m[1]
-            prefixes.append("skypilot")
-            text = text[m.end() :]
-            continue
-        m = _RAY_RE.match(text)
-        if m is not None and "ray" not in prefixes:
-            pid = int(m[2])
-            host = m[3] or host
-            prefixes.append("ray")
-            text = text[m.end() :]
-            continue
-        m = _TORCHRUN_RANK_RE.match(text)
-        if m is not None:
-            rank = int(m[1])
-            prefixes.append("torchrun")
-            text = text[m.end() :]
-            continue
-        m = _TORCHRUN_HOST_RE.match(text)
-        if m is not None:
-            host = m[1]
-            local_rank = int(m[2])
-            prefixes.append("torchrun")
-            text = text[m.end() :]
-            continue
-        m = _TORCHRUN_ROLE_RE.match(text)
-        if m is not None and not m[1].startswith("rank"):
-            local_rank = int(m[2])
-            prefixes.append("torchrun")
-            text = text[m.end() :]
-            continue
-        m = _TORCHX_RE.match(text)
-        if m is not None and "torchx" not in prefixes:
-            node = int(m[2])
-            local_rank = int(m[3])
-            prefixes.append("torchx")
-            text = text[m.end() :]
-            continue
-        if pdsh and not prefixes:
-            m = _PDSH_RE.match(text)
-            if m is not None and any(c.isdigit() or c == "-" for c in m[1]):
-                host = m[1]
-                prefixes.append("pdsh")
-                text = text[m.end() :]
-                continue
-        break
+    p = _Peeled(node)
+    for _ in range(8):  # prefixes, outermost first
+        n = _peel(text, p, pdsh)
+        if not n:
+            break
+        text = text[n:]
+    node, rank, local_rank, host, pid = p.node, p.rank, p.local_rank, p.host, p.pid
     repeated = 1
     if "repeated" in text:
         m = _RAY_REPEAT_RE.search(text)
@@ -307,9 +327,9 @@ def parse_line(
         local_rank=local_rank,
         node=node,
         host=host,
-        stream=stream,
+        stream=p.stream,
         pid=pid,
-        prefixes=tuple(prefixes),
+        prefixes=tuple(p.prefixes),
         repeated=repeated,
         kind=kind,
         error=error,
@@ -319,30 +339,6 @@ def parse_line(
 
 
 # ---- batch helpers: the monitor's hot path -------------------------------------------------
-
-
-def nccl_lines(lines: Sequence[str]) -> list[str]:
-    """The lines of a batch that belong in the NCCL pane, in order."""
-    joined = "\n".join(lines)
-    has_nccl = "NCCL" in joined
-    if not has_nccl and not any(m in joined for m in _TORCH_DIST_MARKERS):
-        return []
-    if has_nccl and not any(m in joined for m in _TORCH_DIST_MARKERS):
-        return [line for line in lines if "NCCL" in line]
-    return [line for line in lines if is_nccl(line)]
-
-
-def scan_errors(lines: Sequence[str]) -> list[tuple[int, ErrorKind]]:
-    """``(index, kind)`` for each line of a batch that reports an error."""
-    joined = "\n".join(lines)
-    if not any(g in joined for g in _ERROR_GATE):
-        return []
-    out: list[tuple[int, ErrorKind]] = []
-    for i, line in enumerate(lines):
-        kind = classify_error(line)
-        if kind is not None:
-            out.append((i, kind))
-    return out
 
 
 def scan_steps(lines: Sequence[str]) -> list[StepInfo]:
@@ -359,11 +355,6 @@ def scan_steps(lines: Sequence[str]) -> list[StepInfo]:
         except ValueError:
             continue
     return out
-
-
-def scan_done(lines: Sequence[str]) -> bool:
-    """True when a batch holds the trainer's ``[dtrain] done`` line."""
-    return any("[dtrain] done" in line for line in lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,10 +444,10 @@ class NcclSummary:
     ib_no_device: bool = False
     avg_busbw_gbps: float | None = None
     _via_budget: int = 4096
+    """Channel lines still looked at in :meth:`feed_batch` (transports are set up at init)."""
     _line_budget: int = 200_000
     """NCCL lines fully looked at by :meth:`feed_batch`; version, network and transports are
     printed at communicator set-up, so a firehose later on costs two substring scans a batch."""
-    """Channel lines still looked at in :meth:`feed_batch` (transports are set up at init)."""
 
     @property
     def gdrdma(self) -> bool:

@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from engine.monitor.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.logparse import BatchFacts, ErrorKind, scan_batch
+from engine.rundir.record import FINAL_STATES, RunState
 
 HISTORY = 120
 """Points kept per rank for the loss / throughput charts (one per step line)."""
@@ -57,9 +58,7 @@ class RankState:
     exit_code: int | None = None
     reason: str = ""
     lines: int = 0
-    first_line_ts: float | None = None
     last_line_ts: float | None = None
-    last_step_ts: float | None = None
     step: int | None = None
     total_steps: int | None = None
     loss: float | None = None
@@ -147,17 +146,16 @@ class MonitorState:
         world_size: int = 0,
         *,
         hang_after_s: float = 60.0,
-        idle_after_s: float = 10.0,
         straggler_factor: float = 1.5,
     ) -> None:
         self.ranks: dict[int, RankState] = {}
         self.node_lines: dict[int, int] = {}
         self.errors: deque[ErrorRecord] = deque(maxlen=MAX_ERRORS)
-        self.run_state = "starting"
+        self.run_state: str = RunState.STARTING
+        """A :class:`RunState` name (a string: what the source said, known or not)."""
         self.run_message = ""
         self.total_lines = 0
         self.hang_after_s = hang_after_s
-        self.idle_after_s = idle_after_s
         self.straggler_factor = straggler_factor
         for r in range(world_size):
             self.rank(r)
@@ -201,8 +199,6 @@ class MonitorState:
         st = self.rank(rank, node, host)
         base = st.lines
         st.lines += len(lines)
-        if st.first_line_ts is None:
-            st.first_line_ts = now
         st.last_line_ts = now
         if st.status is RankStatus.STARTING:
             st.status = RankStatus.RUNNING
@@ -216,7 +212,6 @@ class MonitorState:
             st.loss_history.append(info.loss)
             st.tps_history.append(info.tokens_per_s)
             st.recent_step_times.append(info.step_time_s)
-            st.last_step_ts = now
         if facts.done:
             st.finished = True
         new = [ErrorRecord(rank, st.node, k, lines[i], now, base + i) for i, k in found]
@@ -246,7 +241,7 @@ class MonitorState:
             st = self.rank(r)
             if st.status not in (RankStatus.EXITED, RankStatus.FAILED, RankStatus.STOPPED):
                 st.status = RankStatus.FAILED
-        if ev.state in ("succeeded", "failed", "stopped"):
+        if ev.state in FINAL_STATES:
             for st in self.ranks.values():
                 st.hung = False
 

@@ -1,8 +1,9 @@
 """Tail a run directory as an :class:`engine.monitor.events.EventSource`: what ``dtrain-tui monitor RUN_DIR``
 watches, for a run still going (files grow, ``run.json`` changes) or one long finished.
 
-Reads the run-directory contract the launch backends write: ``RUN/run.json`` (state, ranks with
-node_rank / host / exit_code, failed_rank / reason), ``RUN/logs/rank<R>.stdout.log``,
+Reads the run-directory contract the launch backends write: ``RUN/run.json`` (through
+:func:`engine.rundir.record.read_record`, which bounds what an untrusted file may ask for; the
+text in it is made safe for a terminal here), ``RUN/logs/rank<R>.stdout.log``,
 ``rank<R>.stderr.log`` and ``node<i>.log``. Lines come out as :class:`LineBatch` events (one per
 file read, in file order, so no line of a rank is lost or reordered); a rank's exit is reported
 only after its files have been drained, so its last lines come before its exit. Pure I/O on plain
@@ -11,24 +12,21 @@ files: no threads of its own (the monitor polls it from its reader thread).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from engine.errors import DtrainError
 from engine.monitor.events import STDERR, STDOUT, Event, LineBatch, RankExit, RunStateChanged
 from engine.monitor.textsafe import safe_line
-from engine.rundir.launcher import as_read, launcher_gone
+from engine.rundir.record import RUN_JSON, RunRecord, RunState, read_record
 from engine.write.manifest import MAX_NODES, MAX_RANKS
 
-RUN_JSON = "run.json"
 LOGS = "logs"
 _FILE_RE = re.compile(r"^(?:rank(\d+)\.(stdout|stderr)|node(\d+))\.log$")
-FINAL_STATES = frozenset({"succeeded", "failed", "stopped"})
 ALIVE_CHECK_S = 0.5
 """How often a run still going has its launcher's pid checked (a killed one writes nothing)."""
 MAX_LINE_BYTES = 64 << 10
@@ -43,7 +41,6 @@ class _Tail:
     stream: str
     fh: BinaryIO | None = None
     rest: bytes = b""
-    lines: int = 0
     cut: int = 0
     """Bytes of the unfinished line in ``rest`` dropped past MAX_LINE_BYTES."""
 
@@ -75,88 +72,30 @@ def _decode_lines(chunk: bytes, first_cut: int) -> list[str]:
 
 @dataclass(slots=True)
 class _RunInfo:
-    state: str = "starting"
+    """What the tail needs of a :class:`RunRecord`, by rank, its text made safe to show."""
+
+    record: RunRecord = field(default_factory=RunRecord)
+    state: RunState = RunState.STARTING
     reason: str = ""
     failed: tuple[int, ...] = ()
-    world_size: int = 0
-    nodes: int = 0
     rank_node: dict[int, int] = field(default_factory=dict)
     rank_host: dict[int, str] = field(default_factory=dict)
     rank_reason: dict[int, str] = field(default_factory=dict)
     """Why a rank ended, as the launcher put it ("stopped" for a user's stop)."""
     exits: dict[int, int | None] = field(default_factory=dict)
-    """Ranks whose exit is known (exit_code present in run.json, possibly null)."""
-    raw: dict[str, Any] = field(default_factory=dict)
+    """Ranks whose exit is known (an exit code, or the run is over)."""
 
 
-def read_run_json(run_dir: Path) -> dict[str, Any]:
-    """``RUN/run.json`` as a dict; a missing or unreadable one is a one-line error."""
-    path = Path(run_dir) / RUN_JSON
-    if not Path(run_dir).is_dir():
-        raise DtrainError(f"{run_dir} is not a directory; pass a run directory", field="RUN_DIR")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DtrainError(
-            f"{path} not found; pass a run directory written by `dtrain-tui launch`",
-            field="RUN_DIR",
-        ) from None
-    except (OSError, ValueError) as e:
-        raise DtrainError(f"{path} is unreadable ({e})", field="RUN_DIR") from None
-    except RecursionError:
-        raise DtrainError(f"{path} is unreadable (nested too deeply)", field="RUN_DIR") from None
-    if not isinstance(data, dict):
-        raise DtrainError(f"{path} is not a JSON object", field="RUN_DIR")
-    return data
-
-
-def _bounded(value: int, limit: int, what: str, path: Path | str) -> int:
-    """``value`` when 0 <= value < limit, else a one-line error naming the file and field."""
-    if not 0 <= value < limit:
-        raise DtrainError(
-            f"{path}: {what} {value} is out of range (0 to {limit - 1}); "
-            "this file was not written by dtrain-tui",
-            field="RUN_DIR",
-        )
-    return value
-
-
-def _run_info(data: dict[str, Any], path: Path | str = RUN_JSON) -> _RunInfo:
-    info = _RunInfo(raw=data)
-    info.state = safe_line(str(data.get("state") or "running"))
-    info.reason = safe_line(str(data.get("reason") or data.get("failed_reason") or ""))
-    failed = data.get("failed_rank")
-    if isinstance(failed, int):
-        info.failed = (failed,)
-    elif isinstance(failed, list):
-        info.failed = tuple(r for r in failed if isinstance(r, int))
-    ranks = data.get("ranks") or []
-    if isinstance(ranks, list) and len(ranks) > MAX_RANKS:
-        _bounded(len(ranks), MAX_RANKS + 1, "ranks: length", path)
-    for entry in ranks if isinstance(ranks, list) else []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int):
-            continue
-        r = _bounded(int(entry["rank"]), MAX_RANKS, "ranks: rank", path)
-        node = entry.get("node_rank", entry.get("node", 0))
-        if isinstance(node, int):
-            info.rank_node[r] = _bounded(node, MAX_NODES, "ranks: node_rank", path)
-        else:
-            info.rank_node[r] = 0
-        info.rank_host[r] = safe_line(str(entry.get("host") or ""))
-        if entry.get("reason"):
-            info.rank_reason[r] = safe_line(str(entry["reason"]))
-        if "exit_code" in entry and (entry["exit_code"] is not None or info.state in FINAL_STATES):
-            code = entry["exit_code"]
-            info.exits[r] = int(code) if isinstance(code, int) else None
-    ws = data.get("world_size")
-    info.world_size = int(ws) if isinstance(ws, int) else len(info.rank_node)
-    _bounded(info.world_size, MAX_RANKS + 1, "world_size", path)
-    nodes = data.get("nodes")
-    if isinstance(nodes, int):
-        info.nodes = nodes
-    elif isinstance(nodes, list):
-        info.nodes = len(nodes)
-    _bounded(info.nodes, MAX_NODES + 1, "nodes", path)
+def _run_info(rec: RunRecord) -> _RunInfo:
+    info = _RunInfo(record=rec, state=rec.state, reason=safe_line(rec.reason))
+    info.failed = () if rec.failed_rank is None else (rec.failed_rank,)
+    for r in rec.ranks:
+        info.rank_node[r.rank] = r.node_rank
+        info.rank_host[r.rank] = safe_line(r.host)
+        if r.reason:
+            info.rank_reason[r.rank] = safe_line(r.reason)
+        if r.exit_code is not None or rec.state.final:
+            info.exits[r.rank] = r.exit_code
     return info
 
 
@@ -196,8 +135,7 @@ class RunDirSource:
     def start(self) -> None:
         if self._started:
             return
-        data = as_read(read_run_json(self.run_dir))  # a dead launcher's run reads failed
-        self._info = _run_info(data, self.run_dir / RUN_JSON)
+        self._info = _run_info(read_record(self.run_dir))  # a dead launcher's run reads failed
         self._run_mtime = self._mtime()
         self._started = True
         self._scan()
@@ -208,15 +146,7 @@ class RunDirSource:
 
     @property
     def world_size(self) -> int:
-        return self._info.world_size
-
-    @property
-    def info(self) -> dict[str, Any]:
-        """The last ``run.json`` read."""
-        return self._info.raw
-
-    def rank_nodes(self) -> dict[int, int]:
-        return dict(self._info.rank_node)
+        return self._info.record.world_size
 
     def request_stop(self) -> None:
         """Ask the run's launcher to stop the run (``RUN/stop.request``); tailing goes on, and
@@ -224,11 +154,11 @@ class RunDirSource:
         a one-line :class:`DtrainError` says so."""
         from engine.rundir.launcher import request_stop
 
-        data = as_read(read_run_json(self.run_dir))
-        if data.get("launcher_died"):
-            raise DtrainError(f"nothing to stop: the {data.get('reason')}", field="RUN_DIR")
-        if data.get("state") in FINAL_STATES:
-            raise DtrainError(f"nothing to stop: the run is {data.get('state')}", field="RUN_DIR")
+        rec = read_record(self.run_dir)
+        if rec.launcher_died:
+            raise DtrainError(f"nothing to stop: the {rec.reason}", field="RUN_DIR")
+        if rec.state.final:
+            raise DtrainError(f"nothing to stop: the run is {rec.state}", field="RUN_DIR")
         try:
             request_stop(self.run_dir)
         except OSError as e:
@@ -285,19 +215,16 @@ class RunDirSource:
         if m != self._run_mtime:
             self._run_mtime = m
             try:
-                data = as_read(read_run_json(self.run_dir))
-                self._info = _run_info(data, self.run_dir / RUN_JSON)
+                self._info = _run_info(read_record(self.run_dir))
             except DtrainError:
                 pass  # mid-rename or removed: keep what we knew
-        elif (
-            self._info.state not in FINAL_STATES
-            and time.monotonic() - self._alive_checked >= ALIVE_CHECK_S
-        ):
+        elif not self._info.state.final and time.monotonic() - self._alive_checked >= ALIVE_CHECK_S:
             # A launcher killed outright writes nothing more: ask the process table.
             self._alive_checked = time.monotonic()
-            if launcher_gone(self._info.raw):
-                self._info = _run_info(as_read(self._info.raw), self.run_dir / RUN_JSON)
-        return self._info.state in FINAL_STATES
+            rec = self._info.record.as_read()
+            if rec is not self._info.record:
+                self._info = _run_info(rec)
+        return self._info.state.final
 
     def _scan(self) -> None:
         self._last_scan = time.monotonic()
@@ -359,7 +286,6 @@ class RunDirSource:
             if t.rank is not None:
                 t.node = self._info.rank_node.get(t.rank, t.node)
             host = self._info.rank_host.get(t.rank, "") if t.rank is not None else ""
-            t.lines += len(lines)
             events.append(LineBatch(t.node, t.rank, t.stream, tuple(lines), now, host))
         return events, busy
 
@@ -370,7 +296,6 @@ class RunDirSource:
             if t.rest:
                 text = _cut_text(t.rest, t.cut)
                 t.rest, t.cut = b"", 0
-                t.lines += 1
                 events.append(LineBatch(t.node, t.rank, t.stream, (text,), time.time()))
         return events
 
@@ -383,7 +308,7 @@ class RunDirSource:
                 continue
             self._reported_exits.add(r)
             reason = self._info.rank_reason.get(r, "")
-            if r in self._info.failed or self._info.raw.get("launcher_died"):
+            if r in self._info.failed or self._info.record.launcher_died:
                 reason = self._info.reason
             node = self._info.rank_node.get(r, 0)
             out.append(
@@ -393,14 +318,10 @@ class RunDirSource:
 
     def _state_event(self, *, only_live: bool = False) -> list[Event]:
         state = self._info.state
-        if state == self._reported_state or (only_live and state in FINAL_STATES):
+        if state == self._reported_state or (only_live and state.final):
             return []
         self._reported_state = state
         return [RunStateChanged(state, self._info.reason, time.time(), self._info.failed)]
-
-    def lines_read(self) -> dict[str, int]:
-        """Lines delivered per file name (for tests and benchmarks)."""
-        return {name: t.lines for name, t in self._tails.items()}
 
 
 class ListSource:

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 from engine.plan.specs import IntraNodeLink, NetworkTier, Precision
 
 GIB = 1024**3
 GB = 1000**3
+
+
+class Vendor(StrEnum):
+    """Who makes the accelerator; ``cpu`` is a CPU rank over gloo (smoke tests)."""
+
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    CPU = "cpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +32,7 @@ class GpuType:
     key: str
     """Lower-case catalog key (``--gpu``)."""
     name: str
-    vendor: str
-    """nvidia | amd | cpu."""
+    vendor: Vendor
     memory_bytes: int
     bf16_tflops: float
     """Dense bf16 tensor-core peak (0 when the GPU has no bf16)."""
@@ -46,9 +54,14 @@ class GpuType:
     source: str
 
     @property
+    def is_cpu(self) -> bool:
+        """A CPU rank (gloo), not an accelerator: fp32, no offload, no Megatron, no FlashAttention."""
+        return self.vendor == Vendor.CPU
+
+    @property
     def dist_backend(self) -> str:
         """torch.distributed backend: gloo for cpu ranks, nccl otherwise (RCCL answers to nccl)."""
-        return "gloo" if self.vendor == "cpu" else "nccl"
+        return "gloo" if self.is_cpu else "nccl"
 
     def peak_tflops(self, precision: Precision) -> float:
         """Dense peak for ``precision`` in TFLOP/s."""
@@ -60,7 +73,7 @@ class GpuType:
 
     def default_precision(self) -> Precision:
         """bf16 where the hardware has it, fp16 otherwise, fp32 on cpu."""
-        if self.vendor == "cpu":
+        if self.is_cpu:
             return Precision.FP32
         return Precision.BF16 if self.has_bf16 else Precision.FP16
 
@@ -69,7 +82,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "v100-32gb",
         "NVIDIA V100 SXM2 32GB",
-        "nvidia",
+        Vendor.NVIDIA,
         32 * GIB,
         0.0,
         125.0,
@@ -85,7 +98,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "a100-40gb",
         "NVIDIA A100 SXM4 40GB",
-        "nvidia",
+        Vendor.NVIDIA,
         40 * GIB,
         312.0,
         312.0,
@@ -101,7 +114,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "a100-80gb",
         "NVIDIA A100 SXM4 80GB",
-        "nvidia",
+        Vendor.NVIDIA,
         80 * GIB,
         312.0,
         312.0,
@@ -117,7 +130,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "h100-sxm",
         "NVIDIA H100 SXM5 80GB",
-        "nvidia",
+        Vendor.NVIDIA,
         80 * GIB,
         989.0,
         989.0,
@@ -133,7 +146,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "h100-pcie",
         "NVIDIA H100 PCIe 80GB",
-        "nvidia",
+        Vendor.NVIDIA,
         80 * GIB,
         756.0,
         756.0,
@@ -149,7 +162,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "h200",
         "NVIDIA H200 SXM 141GB",
-        "nvidia",
+        Vendor.NVIDIA,
         141 * GB,
         989.0,
         989.0,
@@ -165,7 +178,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "b200",
         "NVIDIA B200 180GB",
-        "nvidia",
+        Vendor.NVIDIA,
         180 * GB,
         2250.0,
         2250.0,
@@ -181,7 +194,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "mi300x",
         "AMD Instinct MI300X 192GB",
-        "amd",
+        Vendor.AMD,
         192 * GB,
         1307.4,
         1307.4,
@@ -197,7 +210,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "l40s",
         "NVIDIA L40S 48GB",
-        "nvidia",
+        Vendor.NVIDIA,
         48 * GB,
         362.05,
         362.05,
@@ -213,7 +226,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "a10g",
         "NVIDIA A10G 24GB",
-        "nvidia",
+        Vendor.NVIDIA,
         24 * GB,
         70.0,
         70.0,
@@ -230,7 +243,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "l4",
         "NVIDIA L4 24GB",
-        "nvidia",
+        Vendor.NVIDIA,
         24 * GB,
         121.0,
         121.0,
@@ -246,7 +259,7 @@ _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "cpu",
         "CPU rank (gloo)",
-        "cpu",
+        Vendor.CPU,
         8 * GIB,
         0.0,
         0.0,

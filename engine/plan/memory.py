@@ -1,5 +1,5 @@
 """Per-GPU memory model: parameters, gradients, optimizer states, activations and buffers of one
-candidate layout. Called by :mod:`engine.plan.planner` for every candidate it weighs (so it is plain
+candidate layout. Called by :mod:`engine.plan.search` for every candidate it weighs (so it is plain
 arithmetic, no allocation), and by the tests that pin it to its sources:
 
 * **Model states** follow the ZeRO paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
@@ -31,7 +31,8 @@ All results are bytes per GPU (ints). Nothing here imports torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 
 from engine.plan.result import MemoryBreakdown
 from engine.plan.specs import (
@@ -45,8 +46,6 @@ from engine.plan.specs import (
     Strategy,
 )
 
-GIB = 1024**3
-
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
 # allgather_bucket_size are 5e8 elements.
 DS_BUCKET_ELEMENTS = 500_000_000
@@ -58,7 +57,8 @@ USABLE_FRACTION = 0.90
 @dataclass(frozen=True, slots=True)
 class LayoutDraft:
     """A candidate layout before it is estimated: what :func:`estimate_memory` and
-    :mod:`engine.plan.perf` read. The planner turns a chosen draft into a :class:`engine.plan.result.Layout`."""
+    :mod:`engine.plan.perf` read; :meth:`engine.plan.search.Candidate.to_layout` turns a chosen
+    one into a :class:`engine.plan.result.Layout`."""
 
     strategy: Strategy
     framework: Framework
@@ -84,9 +84,6 @@ class LayoutDraft:
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
-
-    def with_(self, **changes: object) -> LayoutDraft:
-        return replace(self, **changes)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,74 +151,129 @@ def model_states(
 ) -> States:
     """Params, grads and optimizer bytes for ``psi`` parameters held by one GPU (after TP/PP/EP
     splits) and sharded ``nd`` ways by ZeRO / FSDP, in the framework's own convention (checked
-    against a real run in tests/engine/test_real_memory.py):
-
-    * ``ddp`` (torch DDP, autocast): fp32 params (the master copy) and fp32 grads, plus states;
-      the all-reduce buckets copy the grads (buffers).
-    * ``deepspeed``: 16-bit params, a 16-bit gradient partition and the fp32 gradient partition
-      ``step()`` makes from it (both alive during the conversion), fp32 master and states.
-      Stage 2: ``2Ψ + (2+4+K)Ψ/N`` (DeepSpeed's ``2Ψ + 18Ψ/N`` for Adam). Stage 1 is the same
-      when every step is an accumulation boundary; with gradient accumulation it keeps the full
-      16-bit grads between boundaries (``2Ψ + 4Ψ/N``). Stage 3: ``(2+4+K)Ψ/N`` with the fp32
-      gradient partition as grads (DeepSpeed's ``18Ψ/N``), plus buffers: ``4·largest_layer`` for
-      the gathered layer (``gathered``) and the persistent 16-bit reduce-scatter target
-      ``grad_partitions_flat_buffer`` (``2Ψ/N``), which the estimator leaves out.
-      Offload (ZeRO-Offload): the fp32 grads, master and states live in CPU memory; with
-      ``optimizer+params`` (ZeRO-Infinity to CPU, stage 3) the 16-bit params too.
-    * ``fsdp``: sharded fp32 params (the optimizer steps on them), sharded fp32 grads, states;
-      SHARD_GRAD_OP keeps the 16-bit unsharded params between forward and backward.
-      ``CPUOffload(offload_params=True)`` moves params, grads and states to CPU.
-    * ``megatron``: 16-bit params, fp32 main grads, fp32 master + states (18 B/param for Adam);
-      with the distributed optimizer (``zero_stage=1``) master and states are split ``nd`` ways.
-    """
-    mixed = is_mixed(precision)
-    pb = 2 if mixed else 4  # working-copy param bytes
-    states = optimizer_state_bytes(optimizer)
-    k = zero_k(precision, optimizer)
-    fp32_grad = 4 if mixed else 0  # DeepSpeed's fp32 gradient partition under mixed precision
+    against a real run in tests/engine/test_real_memory.py; each convention is described where it
+    is computed)."""
     nd = max(1, nd)
     if framework == Framework.DDP:
-        # DDP's all-reduce buckets hold a second copy of the gradients unless the model is wrapped
-        # with gradient_as_bucket_view=True ("the saved memory size will be equal to the total
-        # gradients size", torch.nn.parallel.DistributedDataParallel docs); the shipped trainer
-        # uses the default.
-        return States(4 * psi, 4 * psi, states * psi, buffers=4 * psi)
+        return _ddp_states(psi, optimizer)
     if framework == Framework.DEEPSPEED:
-        bucket = min(DS_BUCKET_ELEMENTS, psi) * pb
-        if zero_stage == 0:
-            return States(pb * psi, (pb + fp32_grad) * psi, k * psi)
-        if zero_stage in (1, 2):
-            if offload != Offload.NONE:
-                # ZeRO-Offload: 16-bit params stay; grads are reduced straight into pinned CPU memory.
-                return States(pb * psi, 0.0, 0.0, cpu=(fp32_grad + k) * psi / nd, buffers=bucket)
-            grads = (pb + fp32_grad) * psi / nd
-            if zero_stage == 1 and grad_accum > 1:
-                grads = pb * psi + fp32_grad * psi / nd
-            return States(pb * psi, grads, k * psi / nd, buffers=2 * bucket)
-        # DeepSpeed's allowance for the gathered layer (16-bit params + grads of the largest one).
-        gathered = 4 * largest_layer
-        if offload == Offload.OPTIMIZER_PARAMS:
-            cpu = (pb + fp32_grad + k) * psi / nd
-            return States(0.0, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
-        if offload == Offload.OPTIMIZER:
-            cpu = (fp32_grad + k) * psi / nd
-            return States(pb * psi / nd, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
-        grad_buffer = pb * psi / nd  # grad_partitions_flat_buffer: 16-bit, persistent
-        return States(
-            pb * psi / nd,
-            (fp32_grad or pb) * psi / nd,
-            k * psi / nd,
-            buffers=gathered + grad_buffer,
-            gathered=gathered,
-        )
+        if zero_stage in (0, 1, 2):
+            return _deepspeed_states(psi, nd, zero_stage, precision, optimizer, offload, grad_accum)
+        return _zero3_states(psi, nd, precision, optimizer, offload, largest_layer)
     if framework == Framework.FSDP:
-        unsharded = pb * psi if strategy == Strategy.FSDP_GRAD_OP else 0.0
-        if offload == Offload.OPTIMIZER_PARAMS:
-            return States(unsharded, 0.0, 0.0, cpu=(4 + 4 + states) * psi / nd)
-        return States(4 * psi / nd + unsharded, 4 * psi / nd, states * psi / nd)
-    # Megatron (3D): fp32 main grads; distributed optimizer shards master + states over DP.
+        return _fsdp_states(psi, nd, strategy, precision, optimizer, offload)
+    return _megatron_states(psi, nd, zero_stage, precision, optimizer)
+
+
+def _param_bytes(precision: Precision) -> int:
+    """Bytes of the working copy of a parameter: 16-bit under mixed precision."""
+    return 2 if is_mixed(precision) else 4
+
+
+def _fp32_grad_bytes(precision: Precision) -> int:
+    """DeepSpeed's fp32 gradient partition under mixed precision (none in fp32)."""
+    return 4 if is_mixed(precision) else 0
+
+
+def _ddp_states(psi: float, optimizer: Optimizer) -> States:
+    """torch DDP under autocast: fp32 params (the master copy) and fp32 grads, plus states. DDP's
+    all-reduce buckets hold a second copy of the gradients unless the model is wrapped with
+    gradient_as_bucket_view=True ("the saved memory size will be equal to the total gradients
+    size", torch.nn.parallel.DistributedDataParallel docs); the shipped trainer uses the
+    default."""
+    return States(4 * psi, 4 * psi, optimizer_state_bytes(optimizer) * psi, buffers=4 * psi)
+
+
+def _deepspeed_states(
+    psi: float,
+    nd: int,
+    zero_stage: int,
+    precision: Precision,
+    optimizer: Optimizer,
+    offload: Offload,
+    grad_accum: int,
+) -> States:
+    """DeepSpeed, ZeRO stage 0-2: 16-bit params, a 16-bit gradient partition and the fp32
+    gradient partition ``step()`` makes from it (both alive during the conversion), fp32 master
+    and states. Stage 2: ``2Ψ + (2+4+K)Ψ/N`` (DeepSpeed's ``2Ψ + 18Ψ/N`` for Adam). Stage 1 is
+    the same when every step is an accumulation boundary; with gradient accumulation it keeps the
+    full 16-bit grads between boundaries (``2Ψ + 4Ψ/N``). Offload (ZeRO-Offload): the fp32 grads,
+    master and states live in CPU memory."""
+    pb = _param_bytes(precision)
+    k = zero_k(precision, optimizer)
+    fp32_grad = _fp32_grad_bytes(precision)
+    bucket = min(DS_BUCKET_ELEMENTS, psi) * pb
+    if zero_stage == 0:
+        return States(pb * psi, (pb + fp32_grad) * psi, k * psi)
+    if offload != Offload.NONE:
+        # ZeRO-Offload: 16-bit params stay; grads are reduced straight into pinned CPU memory.
+        return States(pb * psi, 0.0, 0.0, cpu=(fp32_grad + k) * psi / nd, buffers=bucket)
+    grads = (pb + fp32_grad) * psi / nd
+    if zero_stage == 1 and grad_accum > 1:
+        grads = pb * psi + fp32_grad * psi / nd
+    return States(pb * psi, grads, k * psi / nd, buffers=2 * bucket)
+
+
+def _zero3_states(
+    psi: float,
+    nd: int,
+    precision: Precision,
+    optimizer: Optimizer,
+    offload: Offload,
+    largest_layer: float,
+) -> States:
+    """DeepSpeed ZeRO-3: ``(2+4+K)Ψ/N`` with the fp32 gradient partition as grads (DeepSpeed's
+    ``18Ψ/N``), plus buffers: ``4·largest_layer`` for the gathered layer (``gathered``) and the
+    persistent 16-bit reduce-scatter target ``grad_partitions_flat_buffer`` (``2Ψ/N``), which the
+    estimator leaves out. Offload: the fp32 grads, master and states in CPU memory; with
+    ``optimizer+params`` (ZeRO-Infinity to CPU) the 16-bit params too."""
+    pb = _param_bytes(precision)
+    k = zero_k(precision, optimizer)
+    fp32_grad = _fp32_grad_bytes(precision)
+    # DeepSpeed's allowance for the gathered layer (16-bit params + grads of the largest one).
+    gathered = 4 * largest_layer
+    if offload == Offload.OPTIMIZER_PARAMS:
+        cpu = (pb + fp32_grad + k) * psi / nd
+        return States(0.0, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
+    if offload == Offload.OPTIMIZER:
+        cpu = (fp32_grad + k) * psi / nd
+        return States(pb * psi / nd, 0.0, 0.0, cpu=cpu, buffers=gathered, gathered=gathered)
+    grad_buffer = pb * psi / nd  # grad_partitions_flat_buffer: 16-bit, persistent
+    return States(
+        pb * psi / nd,
+        (fp32_grad or pb) * psi / nd,
+        k * psi / nd,
+        buffers=gathered + grad_buffer,
+        gathered=gathered,
+    )
+
+
+def _fsdp_states(
+    psi: float,
+    nd: int,
+    strategy: Strategy,
+    precision: Precision,
+    optimizer: Optimizer,
+    offload: Offload,
+) -> States:
+    """FSDP with ``MixedPrecision``: sharded fp32 params (the optimizer steps on them), sharded
+    fp32 grads, states; SHARD_GRAD_OP keeps the 16-bit unsharded params between forward and
+    backward. ``CPUOffload(offload_params=True)`` moves params, grads and states to CPU."""
+    states = optimizer_state_bytes(optimizer)
+    unsharded = _param_bytes(precision) * psi if strategy == Strategy.FSDP_GRAD_OP else 0.0
+    if offload == Offload.OPTIMIZER_PARAMS:
+        return States(unsharded, 0.0, 0.0, cpu=(4 + 4 + states) * psi / nd)
+    return States(4 * psi / nd + unsharded, 4 * psi / nd, states * psi / nd)
+
+
+def _megatron_states(
+    psi: float, nd: int, zero_stage: int, precision: Precision, optimizer: Optimizer
+) -> States:
+    """Megatron (3D): 16-bit params, fp32 main grads, fp32 master + states (18 B/param for
+    Adam); the distributed optimizer (``zero_stage=1``) shards master and states over DP."""
+    k = zero_k(precision, optimizer)
     opt = k * psi / nd if zero_stage >= 1 else k * psi
-    return States(pb * psi, 4 * psi, opt)
+    return States(_param_bytes(precision) * psi, 4 * psi, opt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,30 +409,64 @@ def estimate_memory(
     pipeline stage). ``flash`` assumes FlashAttention / SDPA kernels (true on GPUs), so the
     ``as²`` score term is not stored even without recompute. ``gpus_per_node`` bounds the shard
     group of FSDP HYBRID_SHARD."""
+    st_dense, st_exp = _layout_states(dims, d, optimizer, gpus_per_node)
+    s_local = max(1, seq_len // d.cp)
+    acts = _activations(dims, d, s_local, flash)
+    buffers = st_dense.buffers + st_exp.buffers
+    if d.pp == 1:
+        # fp32 logits and their gradient for the cross-entropy (the last stage's peak).
+        buffers += 2 * 4 * s_local * d.micro_batch * dims.vocab / d.tp
+    if d.framework == Framework.FSDP:
+        # Current + prefetched unit gathered in 16-bit, and the unit's unsharded 16-bit grads.
+        buffers += 3 * block_params(dims, d.tp) * (2 if is_mixed(d.precision) else 4)
+    parts = [
+        int(st_dense.params + st_exp.params),
+        int(st_dense.grads + st_exp.grads),
+        int(st_dense.optimizer + st_exp.optimizer),
+        int(acts),
+        int(buffers),
+    ]
+    # model_construct: the planner builds thousands of these; the values are ints by construction.
+    return MemoryBreakdown.model_construct(
+        params=parts[0],
+        grads=parts[1],
+        optimizer=parts[2],
+        activations=parts[3],
+        buffers=parts[4],
+        total=sum(parts),
+        cpu_bytes=int(st_dense.cpu + st_exp.cpu),
+    )
+
+
+def _layout_states(
+    dims: ModelDims, d: LayoutDraft, optimizer: Optimizer, gpus_per_node: int
+) -> tuple[States, States]:
+    """Model states of the dense and the expert parameters the heaviest GPU holds."""
     dense, expert = stage_params(dims, d)
     shard = d.dp * d.cp  # CP ranks hold the same weights and reduce gradients with DP
     expert_shard = max(1, shard // d.ep)
     nd = shard
     if d.strategy == Strategy.FSDP_HYBRID and gpus_per_node:
         nd = max(1, math.gcd(shard, gpus_per_node))  # shard inside a node, replicate across
-    kw = {
-        "grad_accum": d.grad_accum,
-        "framework": d.framework,
-        "strategy": d.strategy,
-        "zero_stage": d.zero_stage,
-        "precision": d.precision,
-        "optimizer": optimizer,
-        "offload": d.offload,
-    }
-    ll = largest_layer_params(dims, d.tp)
-    st_dense = model_states(dense, nd, largest_layer=ll, **kw)  # type: ignore[arg-type]
-    st_exp = (
-        model_states(expert, expert_shard, largest_layer=0.0, **kw)  # type: ignore[arg-type]
-        if expert
-        else States(0.0, 0.0, 0.0)
+    states = partial(
+        model_states,
+        grad_accum=d.grad_accum,
+        framework=d.framework,
+        strategy=d.strategy,
+        zero_stage=d.zero_stage,
+        precision=d.precision,
+        optimizer=optimizer,
+        offload=d.offload,
     )
+    st_dense = states(dense, nd, largest_layer=largest_layer_params(dims, d.tp))
+    st_exp = states(expert, expert_shard, largest_layer=0.0) if expert else States(0.0, 0.0, 0.0)
+    return st_dense, st_exp
+
+
+def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> float:
+    """Activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
+    rank."""
     bpv = 2 if is_mixed(d.precision) else 4
-    s_local = max(1, seq_len // d.cp)
     per_layer = layer_activation_bytes(
         dims,
         s_local,
@@ -406,30 +492,7 @@ def estimate_memory(
             flash=flash,
             bytes_per_value=bpv,
         )
-    buffers = st_dense.buffers + st_exp.buffers
-    if d.pp == 1:
-        # fp32 logits and their gradient for the cross-entropy (the last stage's peak).
-        buffers += 2 * 4 * s_local * d.micro_batch * dims.vocab / d.tp
-    if d.framework == Framework.FSDP:
-        # Current + prefetched unit gathered in 16-bit, and the unit's unsharded 16-bit grads.
-        buffers += 3 * block_params(dims, d.tp) * (2 if is_mixed(d.precision) else 4)
-    parts = [
-        int(st_dense.params + st_exp.params),
-        int(st_dense.grads + st_exp.grads),
-        int(st_dense.optimizer + st_exp.optimizer),
-        int(acts),
-        int(buffers),
-    ]
-    # model_construct: the planner builds thousands of these; the values are ints by construction.
-    return MemoryBreakdown.model_construct(
-        params=parts[0],
-        grads=parts[1],
-        optimizer=parts[2],
-        activations=parts[3],
-        buffers=parts[4],
-        total=sum(parts),
-        cpu_bytes=int(st_dense.cpu + st_exp.cpu),
-    )
+    return acts
 
 
 def usable_bytes(memory_bytes: int) -> int:

@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.errors import SpecError
 from engine.plan.specs import ModelDims, ModelSpec
 
 
-@dataclass(frozen=True, slots=True)
-class _Arch:
-    """How an architecture lays out its parameters (read from its transformers modeling file)."""
+class _Arch(NamedTuple):
+    """How an architecture lays out its parameters (read from its transformers modeling file).
+    Every architecture here ends with one final norm."""
 
     norm_bias: bool = False
     """LayerNorm with a bias (2h per norm) instead of RMSNorm (h)."""
@@ -35,7 +34,6 @@ class _Arch:
     learned_positions: bool = False
     qk_norm: bool = False
     """Per-head RMSNorm on q and k (qwen3): 2 * head_dim per layer."""
-    final_norm: bool = True
 
 
 _SUPPORTED = (
@@ -77,6 +75,150 @@ def _need_int(c: dict[str, Any], field: str, *keys: str, default: int | None = N
     return v
 
 
+class _Shape(NamedTuple):
+    """An architecture's dimensions, as its config states them: what the parameter count needs."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    ffn: int
+    gated: bool
+    """A gated (SwiGLU / GeGLU) MLP: three matrices instead of two."""
+    tie: bool
+    """The output head shares the input embedding."""
+    arch: _Arch = _Arch()
+    max_pos: int | None = None
+    experts: int = 1
+    top_k: int = 1
+
+
+def _max_pos(c: dict[str, Any], *keys: str, default: Any = None) -> int | None:
+    v = _cfg(c, *keys, default=default)
+    return v if isinstance(v, int) else None
+
+
+def _gpt2(c: dict[str, Any]) -> _Shape:
+    h = _need_int(c, "hidden", "n_embd")
+    layers = _need_int(c, "layers", "n_layer")
+    heads = _need_int(c, "heads", "n_head")
+    return _Shape(
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=heads,
+        ffn=_need_int(c, "ffn", "n_inner", default=4 * h),
+        vocab=_need_int(c, "vocab", "vocab_size"),
+        arch=_Arch(
+            norm_bias=True, qkv_bias=True, o_bias=True, mlp_bias=True, learned_positions=True
+        ),
+        gated=False,
+        tie=bool(c.get("tie_word_embeddings", True)),
+        max_pos=_max_pos(c, "n_positions", "n_ctx", default=1024),
+        head_dim=h // heads,
+    )
+
+
+def _gpt_neox(c: dict[str, Any]) -> _Shape:
+    h = _need_int(c, "hidden", "hidden_size")
+    layers = _need_int(c, "layers", "num_hidden_layers")
+    heads = _need_int(c, "heads", "num_attention_heads")
+    return _Shape(
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=heads,
+        ffn=_need_int(c, "ffn", "intermediate_size"),
+        vocab=_need_int(c, "vocab", "vocab_size"),
+        arch=_Arch(
+            norm_bias=True,
+            qkv_bias=bool(c.get("attention_bias", True)),
+            o_bias=bool(c.get("attention_bias", True)),
+            mlp_bias=True,
+        ),
+        gated=False,
+        tie=bool(c.get("tie_word_embeddings", False)),
+        max_pos=_max_pos(c, "max_position_embeddings"),
+        head_dim=h // heads,
+    )
+
+
+def _falcon(c: dict[str, Any]) -> _Shape:
+    h = _need_int(c, "hidden", "hidden_size")
+    layers = _need_int(c, "layers", "num_hidden_layers", "n_layer")
+    heads = _need_int(c, "heads", "num_attention_heads", "n_head")
+    new_arch = bool(c.get("new_decoder_architecture", False))
+    if new_arch:
+        kv = _need_int(c, "kv_heads", "num_kv_heads", default=heads)
+    elif c.get("multi_query", True):
+        kv = 1
+    else:
+        kv = heads
+    bias = bool(c.get("bias", False))
+    ffn = _need_int(c, "ffn", "ffn_hidden_size", default=4 * h)
+    vocab = _need_int(c, "vocab", "vocab_size")
+    norms = 2 if new_arch else (1 if c.get("parallel_attn", True) else 2)
+    if new_arch and c.get("num_ln_in_parallel_attn") == 1:
+        norms = 1
+    return _Shape(
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=kv,
+        ffn=ffn,
+        vocab=vocab,
+        arch=_Arch(
+            norm_bias=True, norms_per_layer=norms, qkv_bias=bias, o_bias=bias, mlp_bias=bias
+        ),
+        gated=False,
+        tie=bool(c.get("tie_word_embeddings", True)),
+        max_pos=_max_pos(c, "max_position_embeddings"),
+        head_dim=h // heads,
+    )
+
+
+def _gated_decoder(c: dict[str, Any], mt: str) -> _Shape:
+    """Llama-style decoders (llama, mistral, mixtral, qwen2/3, gemma/2, phi3): gated MLP, RMSNorm."""
+    h = _need_int(c, "hidden", "hidden_size")
+    layers = _need_int(c, "layers", "num_hidden_layers")
+    heads = _need_int(c, "heads", "num_attention_heads")
+    kv = _need_int(c, "kv_heads", "num_key_value_heads", default=heads)
+    ffn = _need_int(c, "ffn", "intermediate_size")
+    vocab = _need_int(c, "vocab", "vocab_size")
+    head_dim = _need_int(c, "head_dim", "head_dim", default=max(h // heads, 1))
+    if mt == "qwen2":
+        arch = _Arch(qkv_bias=True)
+    elif mt == "qwen3":
+        ab = bool(c.get("attention_bias", False))
+        arch = _Arch(qkv_bias=ab, o_bias=ab, qk_norm=True)
+    elif mt == "gemma2":
+        arch = _Arch(norms_per_layer=4)
+    elif mt in ("llama", "mistral"):
+        ab = bool(c.get("attention_bias", False))
+        arch = _Arch(qkv_bias=ab, o_bias=ab, mlp_bias=bool(c.get("mlp_bias", False)))
+    else:  # mixtral, gemma, phi3: no biases, RMSNorm, two norms
+        arch = _Arch()
+    return _Shape(
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        ffn=ffn,
+        vocab=vocab,
+        arch=arch,
+        gated=True,
+        tie=bool(c.get("tie_word_embeddings", mt in ("gemma", "gemma2"))),
+        max_pos=_max_pos(c, "max_position_embeddings"),
+    )
+
+
+_READERS = {"gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon}
+"""Readers of the architectures whose config keys differ from the Llama family's."""
+
+
 def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
     mt = c.get("model_type")
     if not isinstance(mt, str):
@@ -92,134 +234,30 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
             "or a bare --params count",
             field="model.config_path",
         )
-    if mt == "gpt2":
-        h = _need_int(c, "hidden", "n_embd")
-        layers = _need_int(c, "layers", "n_layer")
-        heads = _need_int(c, "heads", "n_head")
-        kv = heads
-        ffn = _need_int(c, "ffn", "n_inner", default=4 * h)
-        vocab = _need_int(c, "vocab", "vocab_size")
-        arch = _Arch(
-            norm_bias=True, qkv_bias=True, o_bias=True, mlp_bias=True, learned_positions=True
-        )
-        gated = False
-        tie = bool(c.get("tie_word_embeddings", True))
-        max_pos = _cfg(c, "n_positions", "n_ctx", default=1024)
-        head_dim = h // heads
-    elif mt == "gpt_neox":
-        h = _need_int(c, "hidden", "hidden_size")
-        layers = _need_int(c, "layers", "num_hidden_layers")
-        heads = _need_int(c, "heads", "num_attention_heads")
-        kv = heads
-        ffn = _need_int(c, "ffn", "intermediate_size")
-        vocab = _need_int(c, "vocab", "vocab_size")
-        arch = _Arch(
-            norm_bias=True,
-            qkv_bias=bool(c.get("attention_bias", True)),
-            o_bias=bool(c.get("attention_bias", True)),
-            mlp_bias=True,
-        )
-        gated = False
-        tie = bool(c.get("tie_word_embeddings", False))
-        max_pos = _cfg(c, "max_position_embeddings")
-        head_dim = h // heads
-    elif mt == "falcon":
-        h = _need_int(c, "hidden", "hidden_size")
-        layers = _need_int(c, "layers", "num_hidden_layers", "n_layer")
-        heads = _need_int(c, "heads", "num_attention_heads", "n_head")
-        new_arch = bool(c.get("new_decoder_architecture", False))
-        if new_arch:
-            kv = _need_int(c, "kv_heads", "num_kv_heads", default=heads)
-        elif c.get("multi_query", True):
-            kv = 1
-        else:
-            kv = heads
-        bias = bool(c.get("bias", False))
-        ffn = _need_int(c, "ffn", "ffn_hidden_size", default=4 * h)
-        vocab = _need_int(c, "vocab", "vocab_size")
-        norms = 2 if new_arch else (1 if c.get("parallel_attn", True) else 2)
-        if new_arch and c.get("num_ln_in_parallel_attn") == 1:
-            norms = 1
-        arch = _Arch(
-            norm_bias=True, norms_per_layer=norms, qkv_bias=bias, o_bias=bias, mlp_bias=bias
-        )
-        gated = False
-        tie = bool(c.get("tie_word_embeddings", True))
-        max_pos = _cfg(c, "max_position_embeddings")
-        head_dim = h // heads
-    else:
-        h = _need_int(c, "hidden", "hidden_size")
-        layers = _need_int(c, "layers", "num_hidden_layers")
-        heads = _need_int(c, "heads", "num_attention_heads")
-        kv = _need_int(c, "kv_heads", "num_key_value_heads", default=heads)
-        ffn = _need_int(c, "ffn", "intermediate_size")
-        vocab = _need_int(c, "vocab", "vocab_size")
-        head_dim = _need_int(c, "head_dim", "head_dim", default=max(h // heads, 1))
-        gated = True
-        tie = bool(c.get("tie_word_embeddings", mt in ("gemma", "gemma2")))
-        max_pos = _cfg(c, "max_position_embeddings")
-        if mt == "qwen2":
-            arch = _Arch(qkv_bias=True)
-        elif mt == "qwen3":
-            ab = bool(c.get("attention_bias", False))
-            arch = _Arch(qkv_bias=ab, o_bias=ab, qk_norm=True)
-        elif mt == "gemma2":
-            arch = _Arch(norms_per_layer=4)
-        elif mt in ("llama", "mistral"):
-            ab = bool(c.get("attention_bias", False))
-            arch = _Arch(qkv_bias=ab, o_bias=ab, mlp_bias=bool(c.get("mlp_bias", False)))
-        else:  # mixtral, gemma, phi3: no biases, RMSNorm, two norms
-            arch = _Arch()
-    if heads % kv:
+    reader = _READERS.get(mt)
+    shape = reader(c) if reader else _gated_decoder(c, mt)
+    if shape.heads % shape.kv_heads:
         raise SpecError(
-            f"num_key_value_heads {kv} does not divide num_attention_heads {heads}; fix config.json",
+            f"num_key_value_heads {shape.kv_heads} does not divide num_attention_heads "
+            f"{shape.heads}; fix config.json",
             field="model.config_path",
         )
-    experts = 1
-    top_k = 1
     if mt == "mixtral":
-        experts = _need_int(c, "num_experts", "num_local_experts")
-        top_k = _need_int(c, "experts_per_token", "num_experts_per_tok", default=2)
-    return _build(
-        name=name,
-        arch_name=mt,
-        layers=layers,
-        hidden=h,
-        heads=heads,
-        kv_heads=kv,
-        head_dim=int(head_dim),
-        vocab=vocab,
-        ffn=int(ffn),
-        gated=gated,
-        experts=experts,
-        top_k=top_k,
-        tie=tie,
-        arch=arch,
-        max_pos=max_pos if isinstance(max_pos, int) else None,
-    )
+        shape = shape._replace(
+            experts=_need_int(c, "num_experts", "num_local_experts"),
+            top_k=_need_int(c, "experts_per_token", "num_experts_per_tok", default=2),
+        )
+    return _build(name, mt, shape)
 
 
-def _build(
-    *,
-    name: str,
-    arch_name: str,
-    layers: int,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    vocab: int,
-    ffn: int,
-    gated: bool,
-    experts: int,
-    top_k: int,
-    tie: bool,
-    arch: _Arch,
-    max_pos: int | None,
-) -> ModelDims:
-    h = hidden
-    q = heads * head_dim
-    k = kv_heads * head_dim
+def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
+    """Exact parameter counts of ``shape`` (see the module docstring)."""
+    h = shape.hidden
+    arch = shape.arch
+    experts = shape.experts
+    head_dim = shape.head_dim
+    q = shape.heads * head_dim
+    k = shape.kv_heads * head_dim
     norm = 2 * h if arch.norm_bias else h
     attn = h * q + 2 * h * k + q * h
     if arch.qkv_bias:
@@ -228,34 +266,39 @@ def _build(
         attn += h
     if arch.qk_norm:
         attn += 2 * head_dim
-    mlp = (3 if gated else 2) * h * ffn
+    mlp = (3 if shape.gated else 2) * h * shape.ffn
     if arch.mlp_bias:
-        mlp += (2 * ffn if gated else ffn) + h
+        mlp += (2 * shape.ffn if shape.gated else shape.ffn) + h
     router = h * experts if experts > 1 else 0
     per_layer_dense = attn + arch.norms_per_layer * norm + router
-    embed = vocab * h
-    positions = (max_pos or 1024) * h if arch.learned_positions else 0
-    head = 0 if tie else vocab * h
-    final = norm if arch.final_norm else 0
+    embed = shape.vocab * h
+    positions = (shape.max_pos or 1024) * h if arch.learned_positions else 0
+    head = 0 if shape.tie else shape.vocab * h
+    final = norm
+    layers = shape.layers
     total = layers * (per_layer_dense + experts * mlp) + embed + positions + head + final
     active = (
-        layers * (per_layer_dense + min(top_k, experts) * mlp) + embed + positions + head + final
+        layers * (per_layer_dense + min(shape.top_k, experts) * mlp)
+        + embed
+        + positions
+        + head
+        + final
     )
     return ModelDims(
         name=name,
         arch=arch_name,
         layers=layers,
         hidden=h,
-        heads=heads,
-        kv_heads=kv_heads,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
         head_dim=head_dim,
-        vocab=vocab,
-        ffn=ffn,
-        gated_mlp=gated,
+        vocab=shape.vocab,
+        ffn=shape.ffn,
+        gated_mlp=shape.gated,
         num_experts=experts,
-        experts_per_token=min(top_k, experts),
-        tie_embeddings=tie,
-        max_position=max_pos,
+        experts_per_token=min(shape.top_k, experts),
+        tie_embeddings=shape.tie,
+        max_position=shape.max_pos,
         params_total=total,
         params_active=active,
         params_embedding=embed + positions + head,
@@ -349,7 +392,8 @@ _SHAPES: tuple[tuple[float, int, int, int, int, int], ...] = (
 )
 
 
-def _fmt_count(n: float) -> str:
+def format_count(n: float) -> str:
+    """A parameter count for people: 6.74B, 124M."""
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= div:
             return f"{n / div:.3g}{unit}"
@@ -366,21 +410,19 @@ def _from_count(spec: ModelSpec, params: float) -> ModelDims:
     if experts > 1:
         # Split the count: attention + embeddings as in the shape, the rest spread over experts.
         dense = _build(
-            name="x",
-            arch_name="generic",
-            layers=layers,
-            hidden=hidden,
-            heads=heads,
-            kv_heads=kv,
-            head_dim=hidden // heads,
-            vocab=vocab,
-            ffn=ffn,
-            gated=True,
-            experts=1,
-            top_k=1,
-            tie=False,
-            arch=_Arch(),
-            max_pos=None,
+            "x",
+            "generic",
+            _Shape(
+                layers=layers,
+                hidden=hidden,
+                heads=heads,
+                kv_heads=kv,
+                head_dim=hidden // heads,
+                vocab=vocab,
+                ffn=ffn,
+                gated=True,
+                tie=False,
+            ),
         )
         mlp = 3 * hidden * ffn
         non_expert = dense.params_total - layers * mlp
@@ -391,7 +433,7 @@ def _from_count(spec: ModelSpec, params: float) -> ModelDims:
         active = n
         experts_params = 0
     return ModelDims(
-        name=f"custom-{_fmt_count(params)}",
+        name=f"custom-{format_count(params)}",
         arch="generic",
         layers=spec.layers or layers,
         hidden=spec.hidden or hidden,
@@ -425,21 +467,21 @@ def _from_dims(spec: ModelSpec) -> ModelDims:
     experts = spec.num_experts or 1
     top_k = spec.experts_per_token or (2 if experts > 1 else 1)
     return _build(
-        name="custom",
-        arch_name="generic",
-        layers=spec.layers,
-        hidden=spec.hidden,
-        heads=spec.heads,
-        kv_heads=spec.kv_heads or spec.heads,
-        head_dim=spec.hidden // spec.heads,
-        vocab=spec.vocab,
-        ffn=ffn,
-        gated=gated,
-        experts=experts,
-        top_k=top_k,
-        tie=spec.tie_embeddings,
-        arch=_Arch(),
-        max_pos=None,
+        "custom",
+        "generic",
+        _Shape(
+            layers=spec.layers,
+            hidden=spec.hidden,
+            heads=spec.heads,
+            kv_heads=spec.kv_heads or spec.heads,
+            head_dim=spec.hidden // spec.heads,
+            vocab=spec.vocab,
+            ffn=ffn,
+            gated=gated,
+            tie=spec.tie_embeddings,
+            experts=experts,
+            top_k=top_k,
+        ),
     )
 
 
@@ -458,8 +500,3 @@ def resolve_model(spec: ModelSpec) -> ModelDims:
         "or --layers/--hidden/--heads/--vocab",
         field="model",
     )
-
-
-def format_count(n: float) -> str:
-    """A parameter count for people: 6.74B, 124M."""
-    return _fmt_count(n)

@@ -1,7 +1,7 @@
 """Time and cost model of one candidate layout: FLOPs per step, compute time at the GPU's
 achievable fraction of peak, communication per strategy, the pipeline bubble, and from them step
-time, tokens/s, MFU, scaling efficiency, GPU-hours and cost. Called by :mod:`engine.plan.planner` for
-every candidate, so it is plain arithmetic.
+time, tokens/s, MFU, scaling efficiency, GPU-hours and cost. Called by :mod:`engine.plan.search`
+for every candidate it ranks, so it is plain arithmetic.
 
 Sources: FLOPs per token ``6·N`` for forward + backward (Kaplan et al. 2020) plus the attention
 matmuls ``12·L·h·s`` (PaLM, Chowdhery et al. 2022, App. B), and ``2·N`` more for a full recompute
@@ -15,25 +15,30 @@ the 1F1B bubble ``(p-1)/(m+p-1)`` and its ``1/v`` reduction by interleaving (Nar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from engine.plan.memory import LayoutDraft, stage_params
-from engine.plan.specs import Framework, ModelDims, Offload, Recompute, Strategy
+from engine.plan.specs import Framework, ModelDims, Offload, Precision, Recompute, Strategy
 
-# Share of communication hidden behind compute, per framework, at best (public profiles: DDP's
-# bucketed all-reduce overlaps backward; ZeRO-3 / FSDP prefetch the next all-gather; Megatron's
-# TP all-reduces sit on the critical path and are not overlapped).
-OVERLAP = {
-    "ddp": 0.8,
-    "zero1": 0.6,
-    "zero2": 0.6,
-    "zero3": 0.6,
-    "fsdp": 0.7,
-    "megatron": 0.6,
-    "tp": 0.0,
-    "pp": 0.5,
-    "ep": 0.2,
-    "cp": 0.7,
-}
+
+class Overlap:
+    """Share of each kind of communication hidden behind compute, at best (public profiles:
+    DDP's bucketed all-reduce overlaps backward; ZeRO-3 / FSDP prefetch the next all-gather;
+    Megatron's TP all-reduces sit on the critical path and are not overlapped). A namespace of
+    constants, not instantiated (a dataclass would cost start-up time for nothing)."""
+
+    ddp: Final = 0.8
+    zero: Final = 0.6
+    """DeepSpeed ZeRO-1/2/3's gradient reduction and parameter gathers."""
+    fsdp: Final = 0.7
+    megatron: Final = 0.6
+    """Megatron's data-parallel all-reduce (3D layouts)."""
+    tp: Final = 0.0
+    pp: Final = 0.5
+    ep: Final = 0.2
+    cp: Final = 0.7
+
+
 # Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate.
 INTRA_EFFICIENCY = 0.8
 # Fraction of host<->GPU bandwidth an offloaded optimizer step achieves (pinned copies).
@@ -117,9 +122,9 @@ def bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
 
 def group_bandwidth(hw: Hardware, ranks: int, stride: int) -> float:
     """Per-rank bus bandwidth of a collective over ``ranks`` ranks placed ``stride`` apart in the
-    global rank order (TP innermost, then CP, then PP... see :func:`engine.plan.planner`): inside one
-    node it runs on the scale-up link; across nodes each node's NICs are shared by the group's
-    ranks on that node."""
+    global rank order (TP innermost, then CP, then DP, then PP: see :func:`estimate_time`):
+    inside one node it runs on the scale-up link; across nodes each node's NICs are shared by
+    the group's ranks on that node."""
     intra = hw.intra_bytes_per_s * INTRA_EFFICIENCY
     if ranks <= 1:
         return intra
@@ -146,82 +151,9 @@ def estimate_time(
     per_gpu = total_flops / world
     eff = hw.peak_flops * hw.achievable_mfu
     compute = per_gpu / eff
-    m = d.grad_accum
-    bubble = bubble_fraction(d.pp, m, d.virtual_stages)
+    bubble = bubble_fraction(d.pp, d.grad_accum, d.virtual_stages)
     compute_with_bubble = compute / (1 - bubble) if bubble < 1 else compute * 1e6
-
-    mixed = d.precision.value != "fp32"
-    grad_b = 2 if mixed else 4
-    dense, expert = stage_params(dims, d)
-    dp_n = d.dp * d.cp
-    dp_bw = group_bandwidth(hw, dp_n, d.tp)
-    comm_dp = 0.0
-    overlap_key = "ddp"
-    if d.strategy == Strategy.DDP or (d.framework == Framework.DDP):
-        comm_dp = ring_allreduce_bytes(dense * grad_b, dp_n) / dp_bw
-    elif d.strategy in (Strategy.ZERO1, Strategy.ZERO2):
-        # reduce-scatter of grads (every micro-step for ZeRO-2) + all-gather of updated params.
-        rs = gather_bytes(dense * grad_b, dp_n) / dp_bw
-        ag = gather_bytes(dense * grad_b, dp_n) / dp_bw
-        comm_dp = rs * (m if d.strategy == Strategy.ZERO2 else 1) + ag
-        overlap_key = d.strategy.value
-    elif d.strategy in (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID):
-        # 1.5x DDP volume per micro-step: all-gather in forward and backward, reduce-scatter.
-        n = dp_n
-        inter_replicas = 1
-        if d.strategy == Strategy.FSDP_HYBRID:
-            n = max(1, min(dp_n, hw.gpus_per_node // max(1, d.tp)))
-            inter_replicas = max(1, dp_n // n)
-        bw = group_bandwidth(hw, n, d.tp)
-        comm_dp = 3 * gather_bytes(dense * grad_b, n) / bw * m
-        if inter_replicas > 1:
-            comm_dp += ring_allreduce_bytes(dense * grad_b / n, inter_replicas) / group_bandwidth(
-                hw, inter_replicas, d.tp * n
-            )
-        overlap_key = "fsdp" if d.framework == Framework.FSDP else "zero3"
-    elif d.strategy == Strategy.FSDP_GRAD_OP:
-        comm_dp = (2 * gather_bytes(dense * grad_b, dp_n) * m) / dp_bw
-        overlap_key = "fsdp"
-    else:  # 3D: Megatron DP all-reduce (or reduce-scatter + all-gather with distributed opt)
-        comm_dp = ring_allreduce_bytes(dense * 4 if not mixed else dense * grad_b, dp_n) / dp_bw
-        overlap_key = "megatron"
-    if expert:
-        ep_dp = max(1, dp_n // d.ep)
-        comm_dp += ring_allreduce_bytes(expert * grad_b, ep_dp) / group_bandwidth(
-            hw, ep_dp, d.tp * d.ep
-        )
-    exposed = max(0.0, comm_dp - OVERLAP[overlap_key] * compute * 2 / 3)
-
-    act_b = 2 if mixed else 4
-    s_local = seq_len / d.cp
-    layers_local = dims.layers / d.pp
-    microbatch_act = s_local * d.micro_batch * dims.hidden * act_b
-    if d.tp > 1:
-        # 4 all-reduces (or all-gather + reduce-scatter pairs with SP) per layer per micro-batch.
-        vol = 4 * ring_allreduce_bytes(microbatch_act, d.tp) * layers_local * m
-        exposed += vol / group_bandwidth(hw, d.tp, 1) * (1 - OVERLAP["tp"])
-    if d.pp > 1:
-        vol = 2 * microbatch_act / d.tp * m
-        exposed += vol / group_bandwidth(hw, 2, d.tp * d.cp * d.dp) * (1 - OVERLAP["pp"])
-    if d.cp > 1:
-        kv = 2 * s_local * d.micro_batch * dims.kv_heads * dims.head_dim * act_b / d.tp
-        vol = 3 * (d.cp - 1) * kv * layers_local * m  # forward pass + twice in backward
-        exposed += vol / group_bandwidth(hw, d.cp, d.tp) * (1 - OVERLAP["cp"])
-    if dims.is_moe and d.ep > 1:
-        routed = microbatch_act * dims.experts_per_token / d.tp
-        vol = 4 * gather_bytes(routed, d.ep) * layers_local * m  # dispatch + combine, fwd + bwd
-        exposed += vol / group_bandwidth(hw, d.ep, d.tp * d.cp) * (1 - OVERLAP["ep"])
-    if d.offload != Offload.NONE:
-        # Grads down and params up over PCIe, and the CPU optimizer step, once per step.
-        local = (dense + expert) / max(
-            1, dp_n if d.zero_stage >= 1 or d.framework == Framework.FSDP else 1
-        )
-        moved = local * (grad_b + 2) + (
-            (dense + expert) * 2 * 2 * m if d.offload == Offload.OPTIMIZER_PARAMS else 0.0
-        )
-        exposed += moved / (hw.pcie_bytes_per_s * OFFLOAD_EFFICIENCY)
-        exposed += local / CPU_ADAM_PARAMS_PER_S
-
+    exposed = _exposed_comm(dims, d, hw, seq_len, compute)
     step = compute_with_bubble + exposed
     tokens_per_s = tokens / step
     mfu = model_flops_per_token(dims, seq_len) * tokens / (step * world * hw.peak_flops)
@@ -245,3 +177,99 @@ def estimate_time(
         gpu_hours=gpu_hours,
         cost_usd=cost,
     )
+
+
+def _exposed_comm(
+    dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, compute: float
+) -> float:
+    """Seconds per step of communication not hidden behind ``compute``: data parallelism's
+    (partly overlapped with backward), then TP, PP, CP and EP, then offload's PCIe copies and
+    CPU optimizer step."""
+    grad_b = 2 if d.precision != Precision.FP32 else 4
+    dense, expert = stage_params(dims, d)
+    comm_dp, overlap = _data_parallel_comm(d, hw, dense, grad_b)
+    if expert:
+        ep_dp = max(1, d.dp * d.cp // d.ep)
+        comm_dp += ring_allreduce_bytes(expert * grad_b, ep_dp) / group_bandwidth(
+            hw, ep_dp, d.tp * d.ep
+        )
+    exposed = max(0.0, comm_dp - overlap * compute * 2 / 3)
+    exposed = _add_model_parallel_comm(exposed, dims, d, hw, seq_len, act_b=grad_b)
+    if d.offload != Offload.NONE:
+        exposed = _add_offload(exposed, d, hw, dense + expert, grad_b)
+    return exposed
+
+
+def _data_parallel_comm(
+    d: LayoutDraft, hw: Hardware, dense: float, grad_b: int
+) -> tuple[float, float]:
+    """Seconds per step of the data-parallel gradient / parameter traffic of the ``dense``
+    parameters, and the share of it that can hide behind backward."""
+    dp_n = d.dp * d.cp
+    dp_bw = group_bandwidth(hw, dp_n, d.tp)
+    m = d.grad_accum
+    if d.strategy == Strategy.DDP or (d.framework == Framework.DDP):
+        return ring_allreduce_bytes(dense * grad_b, dp_n) / dp_bw, Overlap.ddp
+    if d.strategy in (Strategy.ZERO1, Strategy.ZERO2):
+        # reduce-scatter of grads (every micro-step for ZeRO-2) + all-gather of updated params.
+        rs = gather_bytes(dense * grad_b, dp_n) / dp_bw
+        ag = gather_bytes(dense * grad_b, dp_n) / dp_bw
+        return rs * (m if d.strategy == Strategy.ZERO2 else 1) + ag, Overlap.zero
+    if d.strategy in (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID):
+        # 1.5x DDP volume per micro-step: all-gather in forward and backward, reduce-scatter.
+        n = dp_n
+        inter_replicas = 1
+        if d.strategy == Strategy.FSDP_HYBRID:
+            n = max(1, min(dp_n, hw.gpus_per_node // max(1, d.tp)))
+            inter_replicas = max(1, dp_n // n)
+        bw = group_bandwidth(hw, n, d.tp)
+        comm = 3 * gather_bytes(dense * grad_b, n) / bw * m
+        if inter_replicas > 1:
+            comm += ring_allreduce_bytes(dense * grad_b / n, inter_replicas) / group_bandwidth(
+                hw, inter_replicas, d.tp * n
+            )
+        return comm, Overlap.fsdp if d.framework == Framework.FSDP else Overlap.zero
+    if d.strategy == Strategy.FSDP_GRAD_OP:
+        return (2 * gather_bytes(dense * grad_b, dp_n) * m) / dp_bw, Overlap.fsdp
+    # 3D: Megatron DP all-reduce (or reduce-scatter + all-gather with distributed opt)
+    return ring_allreduce_bytes(dense * grad_b, dp_n) / dp_bw, Overlap.megatron
+
+
+def _add_model_parallel_comm(
+    exposed: float, dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, act_b: int
+) -> float:
+    """``exposed`` plus the TP, PP, CP and EP traffic of one step (added in that order)."""
+    m = d.grad_accum
+    s_local = seq_len / d.cp
+    layers_local = dims.layers / d.pp
+    microbatch_act = s_local * d.micro_batch * dims.hidden * act_b
+    if d.tp > 1:
+        # 4 all-reduces (or all-gather + reduce-scatter pairs with SP) per layer per micro-batch.
+        vol = 4 * ring_allreduce_bytes(microbatch_act, d.tp) * layers_local * m
+        exposed += vol / group_bandwidth(hw, d.tp, 1) * (1 - Overlap.tp)
+    if d.pp > 1:
+        vol = 2 * microbatch_act / d.tp * m
+        exposed += vol / group_bandwidth(hw, 2, d.tp * d.cp * d.dp) * (1 - Overlap.pp)
+    if d.cp > 1:
+        kv = 2 * s_local * d.micro_batch * dims.kv_heads * dims.head_dim * act_b / d.tp
+        vol = 3 * (d.cp - 1) * kv * layers_local * m  # forward pass + twice in backward
+        exposed += vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
+    if dims.is_moe and d.ep > 1:
+        routed = microbatch_act * dims.experts_per_token / d.tp
+        vol = 4 * gather_bytes(routed, d.ep) * layers_local * m  # dispatch + combine, fwd + bwd
+        exposed += vol / group_bandwidth(hw, d.ep, d.tp * d.cp) * (1 - Overlap.ep)
+    return exposed
+
+
+def _add_offload(exposed: float, d: LayoutDraft, hw: Hardware, params: float, grad_b: int) -> float:
+    """``exposed`` plus offload's cost, once per step: grads down and params up over PCIe, and
+    the CPU optimizer step over the ``params`` (dense + expert) this GPU holds."""
+    local = params / max(
+        1, d.dp * d.cp if d.zero_stage >= 1 or d.framework == Framework.FSDP else 1
+    )
+    moved = local * (grad_b + 2) + (
+        params * 2 * 2 * d.grad_accum if d.offload == Offload.OPTIMIZER_PARAMS else 0.0
+    )
+    exposed += moved / (hw.pcie_bytes_per_s * OFFLOAD_EFFICIENCY)
+    exposed += local / CPU_ADAM_PARAMS_PER_S
+    return exposed

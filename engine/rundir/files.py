@@ -12,8 +12,11 @@ Layout (the contract the monitor reads)::
     RUN/stop.request                written by a monitor to ask the launcher to stop the run
 
 Every line is appended and flushed here before a backend hands it to any consumer, so a crash of
-dtrain-tui loses nothing already received. run.json names its launcher (pid and start time): a
-reader believes ``running`` only while that process lives (:func:`read_run`).
+dtrain-tui loses nothing already received. run.json is one :class:`engine.rundir.record.RunRecord`,
+written here only (a launch backend changes it through :meth:`RunDir.begin`, :meth:`RunDir.update`
+and :meth:`RunDir.set_rank_exit`) and read through :func:`engine.rundir.record.read_record`. It
+names its launcher (pid and start time): a reader believes ``running`` only while that process
+lives.
 
 A full disk is not a crash: :meth:`RunDir.append` raises the OSError for the backend to end the
 run with, and :meth:`RunDir.update` falls back to rewriting run.json in place, compact, so the
@@ -23,8 +26,6 @@ final state still lands where no new block can be had.
 from __future__ import annotations
 
 import contextlib
-import copy
-import json
 import os
 import re
 import shutil
@@ -35,11 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.fsio import atomic_write_text
-from engine.rundir.launcher import as_read
-
-RUN_JSON = "run.json"
-STATES = ("starting", "running", "succeeded", "failed", "stopped")
-FINAL_STATES = frozenset({"succeeded", "failed", "stopped"})
+from engine.rundir.record import RUN_JSON, RunRecord, RunState, read_record
 
 
 def default_runs_root() -> Path:
@@ -49,13 +46,14 @@ def default_runs_root() -> Path:
     return Path(user_data_dir("dtrain-tui")) / "runs"
 
 
-def default_run_dir(name: str, *, now: float | None = None) -> Path:
-    """A fresh timestamped directory name under :func:`default_runs_root`."""
+def new_run_dir(name: str, root: Path | None = None, *, now: float | None = None) -> Path:
+    """A fresh directory ``<local time>-<name>`` (``-2``, ``-3``... when taken) under ``root``
+    (None: :func:`default_runs_root`); only letters, digits, ``_.-`` of ``name`` are kept."""
     stamp = datetime.fromtimestamp(now if now is not None else time.time()).strftime(
         "%Y%m%d-%H%M%S"
     )
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
-    root = default_runs_root()
+    root = default_runs_root() if root is None else Path(root)
     path = root / f"{stamp}-{safe}"
     n = 1
     while path.exists():
@@ -84,7 +82,7 @@ class RunDir:
         self.path = Path(path)
         self._files: dict[Path, IO[bytes]] = {}
         self._lock = threading.Lock()
-        self._info: dict[str, Any] = {}
+        self._record = RunRecord()
 
     # --- creation
 
@@ -144,22 +142,62 @@ class RunDir:
 
     # --- run.json
 
-    def update(self, **fields: Any) -> dict[str, Any]:
-        """Merge ``fields`` into run.json and rewrite it atomically; returns a copy."""
+    def begin(self, record: RunRecord) -> None:
+        """Write the run's first run.json (``record`` is copied)."""
         with self._lock:
-            self._info.update(fields)
-            try:
-                atomic_write_text(self.path / RUN_JSON, json.dumps(self._info, indent=2) + "\n")
-            except OSError:
-                if not self._rewrite_in_place():
-                    raise
-            return copy.deepcopy(self._info)
+            self._record = record.model_copy(deep=True)
+            self._write()
+
+    def update(
+        self,
+        *,
+        state: RunState | None = None,
+        reason: str | None = None,
+        failed: tuple[int | None, int | None] | None = None,
+        ended_at: float | None = None,
+    ) -> None:
+        """Change what is given (``failed``: the failed rank and node) and rewrite run.json
+        atomically."""
+        with self._lock:
+            rec = self._record
+            if state is not None:
+                rec.state = state
+            if reason is not None:
+                rec.reason = reason
+            if failed is not None:
+                rec.failed_rank, rec.failed_node = failed
+            if ended_at is not None:
+                rec.ended_at = iso(ended_at)
+            self._write()
+
+    def set_rank_exit(self, rank: int, exit_code: int | None, reason: str = "") -> None:
+        with self._lock:
+            for r in self._record.ranks:
+                if r.rank == rank:
+                    r.exit_code = exit_code
+                    if reason:
+                        r.reason = reason
+            self._write()
+
+    @property
+    def record(self) -> RunRecord:
+        """A copy of run.json as last written."""
+        with self._lock:
+            return self._record.model_copy(deep=True)
+
+    def _write(self) -> None:
+        """run.json from the record, atomically (the lock is held)."""
+        try:
+            atomic_write_text(self.path / RUN_JSON, self._record.to_json())
+        except OSError:
+            if not self._rewrite_in_place():
+                raise
 
     def _rewrite_in_place(self) -> bool:
         """run.json over its own blocks, compact and padded to its old size: where the disk is
         full a new file cannot be had, but the old one's space can be reused. Not atomic (a
         reader may see a half-written file once, and keeps what it knew); True when it fit."""
-        data = json.dumps(self._info, separators=(",", ":")).encode("utf-8")
+        data = self._record.to_json(compact=True).encode("utf-8")
         try:
             with open(self.path / RUN_JSON, "r+b") as f:
                 old = os.fstat(f.fileno()).st_size
@@ -169,20 +207,6 @@ class RunDir:
             return False
         return True
 
-    def set_rank_exit(self, rank: int, exit_code: int | None, reason: str = "") -> None:
-        with self._lock:
-            for r in self._info.get("ranks", []):
-                if r["rank"] == rank:
-                    r["exit_code"] = exit_code
-                    if reason:
-                        r["reason"] = reason
-        self.update()
-
-    @property
-    def info(self) -> dict[str, Any]:
-        with self._lock:
-            return copy.deepcopy(self._info)
-
 
 def _close_quietly(f: IO[bytes]) -> None:
     with contextlib.suppress(OSError):
@@ -190,7 +214,6 @@ def _close_quietly(f: IO[bytes]) -> None:
 
 
 def read_run(path: Path) -> dict[str, Any]:
-    """Read ``RUN/run.json`` (for consumers: monitor, tests). A run not over whose launcher is
-    gone reads ``failed``, "launcher died (...)" (:func:`engine.rundir.launcher.as_read`)."""
-    data = json.loads((Path(path) / RUN_JSON).read_text(encoding="utf-8"))
-    return as_read(data) if isinstance(data, dict) else {}
+    """``RUN/run.json`` as read (:func:`engine.rundir.record.read_record`), as plain JSON values:
+    for tests and scripts that look at the file's keys."""
+    return read_record(path).to_dict()

@@ -2,7 +2,7 @@
 
 A launch backend records itself in ``RUN/run.json`` (:func:`launcher_record`: pid, the process's
 start time in clock ticks since boot from ``/proc/<pid>/stat`` field 22, boot id and host name), so
-a reader of the directory (``monitor``, :func:`engine.rundir.files.read_run`) can tell a run
+a reader of the directory (:meth:`engine.rundir.record.RunRecord.as_read`) can tell a run
 still going from one whose launcher was killed outright: a pid that is gone, or that now belongs
 to a process started at another time (pid reuse), is a launcher that died. A reader on another
 machine (another host name or boot) cannot tell, and believes run.json.
@@ -64,10 +64,9 @@ def launcher_record(pid: int | None = None) -> dict[str, Any]:
     }
 
 
-def launcher_gone(info: dict[str, Any]) -> str:
-    """Why the launcher recorded in ``info`` (a run.json) is known to be gone, or "" when it is
+def launcher_gone(rec: object) -> str:
+    """Why the launcher ``rec`` (run.json's ``launcher``) is known to be gone, or "" when it is
     alive, or when this machine cannot tell (another host or boot, no record)."""
-    rec = info.get("launcher")
     if not isinstance(rec, dict) or not isinstance(rec.get("pid"), int):
         return ""
     if rec.get("host") != socket.gethostname() or rec.get("boot_id") != _boot_id():
@@ -79,19 +78,6 @@ def launcher_gone(info: dict[str, Any]) -> str:
     if isinstance(rec.get("start_ticks"), int) and started != rec["start_ticks"]:
         return f"{LAUNCHER_DIED} (pid {pid} is now another process)"
     return ""
-
-
-def as_read(info: dict[str, Any]) -> dict[str, Any]:
-    """``info`` (a run.json) as a reader should believe it: a run not over whose launcher is
-    gone reads ``failed`` with reason "launcher died (...)" and ``launcher_died: true``."""
-    if info.get("state") in ("succeeded", "failed", "stopped"):
-        return info
-    why = launcher_gone(info)
-    if not why:
-        return info
-    out = dict(info)
-    out.update(state="failed", reason=why, launcher_died=True)
-    return out
 
 
 def request_stop(run_dir: Path) -> None:

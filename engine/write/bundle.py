@@ -158,7 +158,7 @@ def manifest_for(plan: Plan, files: dict[str, BundleFile]) -> BundleManifest:
     launch = plan.spec.launch
     return BundleManifest(
         name=run_name(plan),
-        framework=plan.recommended.framework.value,
+        framework=plan.recommended.framework,
         launcher="torchrun",
         dist_backend=plan.gpu.dist_backend,
         nodes=plan.nodes,
@@ -171,7 +171,7 @@ def manifest_for(plan: Plan, files: dict[str, BundleFile]) -> BundleManifest:
         script_args=script_args(plan),
         files={name: f.sha256 for name, f in files.items()},
         sky_yaml="sky.yaml",
-        backend=launch.backend.value,
+        backend=launch.backend,
     )
 
 
@@ -229,11 +229,46 @@ def write_bundle(
     if out.exists() and not out.is_dir():
         raise DtrainError(f"{out} exists and is not a directory; pass a directory", field="--out")
     files = render_bundle(plan, options)
-    manifest = manifest_for(plan, files)
-    manifest_file = BundleFile(manifest_text(manifest))
+    manifest_file = BundleFile(manifest_text(manifest_for(plan, files)))
     recorded, manifest_ours = _previous(out) if out.is_dir() else ({}, True)
     report = WriteReport(out_dir=out)
 
+    todo, conflicts = _sort_out(out, files, recorded, report)
+    if not manifest_ours:
+        conflicts.append((MANIFEST, "not a dtrain-tui manifest"))
+    if conflicts and not force:
+        listed = ", ".join(f"{n} ({why})" for n, why in conflicts)
+        raise DtrainError(
+            f"{out}: refusing to replace {listed}; nothing was written. Pass --force to keep "
+            "each as NAME.bak-<time> and write the new files, or choose another --out",
+            field="--out",
+        )
+
+    out.mkdir(parents=True, exist_ok=True)
+    todo += _back_up(out, [name for name, _why in conflicts], files, report)
+    for name in sorted(todo, key=natural_key):
+        f = files[name]
+        atomic_write_text(out / name, f.text, mode=f.mode)
+        report.written.append(name)
+    _remove_stale(out, files, recorded, report)
+
+    # The manifest last: an interrupted write leaves the old one, whose hashes still protect
+    # the user's files (files already rewritten match the new content and count as unchanged).
+    mpath = out / MANIFEST
+    if mpath.is_file() and _sha_file(mpath) == manifest_file.sha256:
+        report.unchanged.append(MANIFEST)
+    else:
+        atomic_write_text(mpath, manifest_file.text)
+        report.written.append(MANIFEST)
+    report.unchanged.sort()
+    return report
+
+
+def _sort_out(
+    out: Path, files: dict[str, BundleFile], recorded: dict[str, str], report: WriteReport
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Each bundle file against what is on disk: to write (absent, or ours and outdated),
+    unchanged (recorded in ``report``, its mode fixed), or a conflict with the reason."""
     conflicts: list[tuple[str, str]] = []
     todo: list[str] = []
     for name, f in files.items():
@@ -255,33 +290,31 @@ def write_bundle(
             conflicts.append((name, "edited since dtrain-tui wrote it"))
         else:
             conflicts.append((name, "not written by dtrain-tui"))
-    if not manifest_ours:
-        conflicts.append((MANIFEST, "not a dtrain-tui manifest"))
+    return todo, conflicts
 
-    if conflicts and not force:
-        listed = ", ".join(f"{n} ({why})" for n, why in conflicts)
-        raise DtrainError(
-            f"{out}: refusing to replace {listed}; nothing was written. Pass --force to keep "
-            "each as NAME.bak-<time> and write the new files, or choose another --out",
-            field="--out",
-        )
 
-    out.mkdir(parents=True, exist_ok=True)
+def _back_up(
+    out: Path, names: list[str], files: dict[str, BundleFile], report: WriteReport
+) -> list[str]:
+    """Rename each of ``names`` to ``NAME.bak-<UTC time>``; the bundle files among them are
+    then to be written."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    for name, _why in conflicts:
+    todo: list[str] = []
+    for name in names:
         path = out / name
         bak = unused_path(path, f".bak-{stamp}")
         os.replace(path, bak)
         report.backed_up[name] = bak.name
         if name in files:
             todo.append(name)
+    return todo
 
-    for name in sorted(todo, key=natural_key):
-        f = files[name]
-        atomic_write_text(out / name, f.text, mode=f.mode)
-        report.written.append(name)
 
-    # Files the previous bundle had that this plan does not produce.
+def _remove_stale(
+    out: Path, files: dict[str, BundleFile], recorded: dict[str, str], report: WriteReport
+) -> None:
+    """Files the previous bundle had that this plan does not produce: removed when unedited,
+    kept when edited."""
     for name, old_hash in sorted(recorded.items()):
         plain_name(name)  # checked when read; never delete outside ``out``
         path = out / name
@@ -293,14 +326,3 @@ def write_bundle(
             report.removed.append(name)
         else:
             report.kept.append(name)
-
-    # The manifest last: an interrupted write leaves the old one, whose hashes still protect
-    # the user's files (files already rewritten match the new content and count as unchanged).
-    mpath = out / MANIFEST
-    if mpath.is_file() and _sha_file(mpath) == manifest_file.sha256:
-        report.unchanged.append(MANIFEST)
-    else:
-        atomic_write_text(mpath, manifest_file.text)
-        report.written.append(MANIFEST)
-    report.unchanged.sort()
-    return report

@@ -12,7 +12,7 @@ import shlex
 
 from engine.errors import DtrainError
 from engine.plan.result import Layout, Plan
-from engine.plan.specs import ADDR_RE, Framework, Host, Precision
+from engine.plan.specs import ADDR_RE, Host, Precision
 
 DEFAULT_LR = 3e-4
 """AdamW learning rate written when the spec gives none: the common LLM pre-training value."""
@@ -25,9 +25,10 @@ def natural_key(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def one_line(text: str) -> str:
+def single_line(text: str) -> str:
     """``text`` with control characters (newlines above all) turned into spaces: for names
-    that end up in a comment of a script or YAML file, where a newline would end the comment."""
+    that end up in a comment of a script or YAML file, where a newline would end the comment.
+    (Not :func:`engine.errors.one_line`, which renders an exception.)"""
     return re.sub(r"[\x00-\x1f\x7f]", " ", text)
 
 
@@ -190,7 +191,7 @@ def plan_summary(plan: Plan) -> str:
     how = lay.strategy.value
     if lay.framework.value != how:
         how += f" via {lay.framework.value}"
-    return one_line(
+    return single_line(
         f"{plan.model.name} ({count_text(plan.model.params_total)} params) on {plan.nodes} x "
         f"{plan.gpus_per_node} {plan.gpu.name}; {how}; {degrees}; {lay.precision.value}"
     )
@@ -224,7 +225,3 @@ def script_args(plan: Plan) -> list[str]:
     if uses_example_trainer(plan):
         return ["--bundle", ".", *args]
     return args
-
-
-def is_framework(plan: Plan, framework: Framework) -> bool:
-    return plan.recommended.framework == framework

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.errors import DtrainError
+from engine.errors import DtrainError, one_line
+from engine.plan.specs import Backend, Framework
 
 MANIFEST = "bundle.json"
 BUNDLE_VERSION = 1
@@ -58,8 +59,8 @@ class BundleManifest(BaseModel):
     version: int = BUNDLE_VERSION
     name: str
     """Run name (used for run directories and SkyPilot clusters)."""
-    framework: str
-    """ddp | deepspeed | fsdp | megatron."""
+    framework: Framework
+    """ddp | deepspeed | fsdp | megatron (a StrEnum: it compares equal to those strings)."""
     launcher: str = "torchrun"
     """torchrun | deepspeed: how the node scripts start ranks."""
     dist_backend: str
@@ -79,7 +80,7 @@ class BundleManifest(BaseModel):
     """File name -> sha256 of the content dtrain-tui wrote; a file whose hash differs on disk
     was edited by the user and is never overwritten silently."""
     sky_yaml: str | None = "sky.yaml"
-    backend: str = "local"
+    backend: Backend = Backend.LOCAL
     """The launch backend the bundle was written for (local | ssh | skypilot)."""
 
     @field_validator("node_scripts", "files")
@@ -125,6 +126,4 @@ def read_manifest(bundle_dir: Path) -> BundleManifest:
     try:
         return BundleManifest.model_validate(data)
     except ValidationError as e:
-        from engine.errors import one_line
-
         raise DtrainError(f"{path}: {one_line(e)}", field="bundle") from None

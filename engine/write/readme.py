@@ -10,9 +10,9 @@ from engine.write.common import (
     effective_batch_lines,
     lr_advice_lines,
     natural_key,
-    one_line,
     plan_summary,
     run_name,
+    single_line,
 )
 
 _WHAT = {
@@ -96,7 +96,7 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
     if script is not None and not script.startswith(("/", "~")):
         lines += [
             "",
-            f"The training script `{one_line(script)}` is a relative path: node scripts run from this",
+            f"The training script `{single_line(script)}` is a relative path: node scripts run from this",
             "directory, so copy the script here (or write the bundle with an absolute `--script`).",
         ]
     if plan.spec.launch.remote_setup:

@@ -327,7 +327,7 @@ def test_ssh_config_alias_and_proxy_jump(
     events = collect(backend)
     assert backend.state == "succeeded", read_run(tmp_path / "run")["reason"]
     assert [e.line for e in events if isinstance(e, LineEvent) and e.rank == 0] == ["via root"]
-    assert len(backend._clients) == 3  # bastion, hop2 through it, the node through both
+    assert len(backend._ssh.clients) == 3  # bastion, hop2 through it, the node through both
 
 
 def test_remote_setup_failing_on_one_node_starts_nothing_anywhere(

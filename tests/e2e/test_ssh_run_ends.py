@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from engine.launch import LaunchError, LaunchOptions
-from engine.launch.ssh import _SWEEP_FN, SshBackend
+from engine.launch.ssh import SshBackend
+from engine.launch.ssh_remote import SWEEP_FN
 from engine.plan.specs import Host, LaunchSpec
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import (
@@ -210,7 +211,7 @@ def test_backend_kill_escalates_to_sigkill_at_once(
 
 
 def _sweep(rid: str, sig: str = "KILL") -> None:
-    script = f"RID={shlex.quote(rid)}\nNODE=0\n{_SWEEP_FN}\ndtrain_sweep {sig}\ntrue\n"
+    script = f"RID={shlex.quote(rid)}\nNODE=0\n{SWEEP_FN}\ndtrain_sweep {sig}\ntrue\n"
     subprocess.run(["bash", "-c", script], check=True, timeout=30)
 
 

@@ -14,10 +14,9 @@ from engine.monitor.logparse import (
     ErrorKind,
     LineKind,
     classify_error,
-    nccl_lines,
     parse_line,
     parse_step,
-    scan_errors,
+    scan_batch,
     scan_steps,
     strip_ansi,
     summarize_nccl,
@@ -255,8 +254,8 @@ def test_nccl_and_torch_dist_kinds() -> None:
     w = "[W socket.cpp:464] [c10d] The server socket has failed to bind to [::]:29500"
     assert parse_line(w).kind is LineKind.TORCH_DIST
     batch = ["a", "h:1:2 [0] NCCL INFO x", w, "b"]
-    assert nccl_lines(batch) == [batch[1], w]
-    assert nccl_lines(["plain", "text"]) == []
+    assert scan_batch(batch).nccl == [batch[1], w]
+    assert scan_batch(["plain", "text"]).nccl == []
 
 
 def test_step_lines() -> None:
@@ -269,7 +268,7 @@ def test_step_lines() -> None:
     assert parse_step(line[:40]) is None  # cut
     assert parse_step(line.replace("2.3456", "2.3.4")) is None  # garbled number
     assert scan_steps(["x", line, line.replace("7/", "8/")])[1].step == 8
-    assert scan_errors(["ok", "Traceback (most recent call last):", "fine"]) == [
+    assert scan_batch(["ok", "Traceback (most recent call last):", "fine"]).errors == [
         (1, ErrorKind.TRACEBACK)
     ]
 
@@ -321,6 +320,5 @@ def test_never_crashes_on_spliced_pieces(pieces: list[str], tail: str) -> None:
     raw = "".join(pieces) + tail
     p = parse_line(raw)
     assert isinstance(p.text, str) and "\x1b" not in p.text or "\x1b" in tail
-    scan_errors([raw, tail])
+    scan_batch([raw, tail])
     scan_steps([raw])
-    nccl_lines([raw])

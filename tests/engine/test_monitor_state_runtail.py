@@ -150,3 +150,19 @@ def test_follow_cli_subprocess_exit_code(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "[rank 1] RuntimeError: boom" in proc.stdout
     assert "[rank 1] failed 1 (rank 1 exited 1)" in proc.stdout
+
+
+def test_the_reaper_writes_run_json_as_run_record_reads_it(tmp_path: Path) -> None:
+    """The reaper runs as a bare script with its own copy of the final states and its own patch
+    of run.json: both must agree with RunRecord."""
+    from engine.launch import reaper
+    from engine.rundir.record import FINAL_STATES, RunRecord, RunState, read_record
+
+    assert set(reaper.FINAL_STATES) == set(FINAL_STATES)
+    write_run(tmp_path, "running", {0: 0})
+    reaper.mark_launcher_died(tmp_path, 12345)
+    rec = read_record(tmp_path)
+    assert rec.state == RunState.FAILED and rec.launcher_died and rec.ended_at
+    assert rec.reason.startswith("launcher died (pid 12345)")
+    assert [r.reason for r in rec.ranks] == ["", "stopped", "stopped", "stopped"]
+    assert set(json.loads((tmp_path / "run.json").read_text())) <= set(RunRecord.model_fields)

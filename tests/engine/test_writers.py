@@ -17,7 +17,16 @@ import pytest
 from cli import main
 from engine.errors import DtrainError
 from engine.plan.result import Plan
-from engine.plan.specs import ModelSpec, NetworkTier, Offload, Precision, Recompute, Strategy
+from engine.plan.specs import (
+    Backend,
+    Framework,
+    ModelSpec,
+    NetworkTier,
+    Offload,
+    Precision,
+    Recompute,
+    Strategy,
+)
 from engine.write import (
     Scheduler,
     WriteOptions,
@@ -28,6 +37,7 @@ from engine.write import (
     render_bundle,
     write_bundle,
 )
+from engine.write.bundle import manifest_text
 from engine.write.manifest import read_manifest
 from tests.engine.writers_fixtures import golden_plans, make_plan
 
@@ -516,6 +526,26 @@ def test_bundle_files_modes_and_manifest(tmp_path: Path) -> None:
     assert set(m.files) == set(render_bundle(plan))
     again = write_bundle(plan, tmp_path)
     assert again.written == [] and "ds_config.json" in again.unchanged
+
+
+def test_manifest_names_are_enums_and_old_manifests_read_back_byte_identical(
+    tmp_path: Path,
+) -> None:
+    """bundle.json's framework and backend are the spec's StrEnums: a manifest written before
+    they were (plain strings) reads back as the enum members, still equal to the strings the
+    launch code compares them with, and writes back the same bytes."""
+    write_bundle(_ds_plan(), tmp_path)
+    path = tmp_path / "bundle.json"
+    text = path.read_text()
+    assert '"framework": "deepspeed"' in text and '"backend": "local"' in text
+    m = read_manifest(tmp_path)
+    assert m.framework is Framework.DEEPSPEED and m.backend is Backend.LOCAL
+    assert m.framework == "deepspeed" and m.backend == "local" and f"{m.backend}" == "local"
+    assert manifest_text(m) == text
+    data = json.loads(text)
+    data["backend"] = "ssh"
+    path.write_text(json.dumps(data))
+    assert read_manifest(tmp_path).backend is Backend.SSH
 
 
 def test_an_edited_file_is_refused_then_backed_up_with_force(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from textual.pilot import Pilot
 
 from engine.monitor.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.tail import ListSource
-from tui.screens.monitor import MonitorApp, MonitorScreen, grid_shape
+from tui.screens.monitor import MonitorApp, MonitorScreen
+from tui.widgets.pane_grid import grid_shape
 from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane
 
 CLOCK = 1_700_000_000.0
@@ -110,7 +111,7 @@ async def settle(pilot: Pilot[Any]) -> MonitorScreen:
 
 
 def keys(m: MonitorScreen) -> list[str]:
-    return [p.key for p in m._grid_panes()]
+    return [p.key for p in m.grid.panes()]
 
 
 @sync
@@ -135,7 +136,7 @@ async def test_panes_lines_nccl_and_states() -> None:
         assert labels == {0: "exited 0", 1: "failed SIGTERM", 2: "failed SIGTERM", 3: "failed 1"}
         assert snap.ranks[3].errors == 2 and snap.ranks[0].step == 6
         assert m.finished == "failed"
-        p3 = m.pane("r3")
+        p3 = m.grid.pane("r3")
         assert p3 is not None and p3.has_class("-failed") and "failed 1" in str(p3.border_title)
         assert "Socket" in str(m.query_one("#nccl-pane", RankPane).border_title)
 
@@ -146,7 +147,7 @@ async def test_straggler_flag_shows_while_running() -> None:
     async with app.run_test(size=(160, 48)) as pilot:
         m = await settle(pilot)
         assert m.snapshot.ranks[2].straggler and not m.snapshot.ranks[0].straggler
-        p2 = m.pane("r2")
+        p2 = m.grid.pane("r2")
         assert p2 is not None and "SLOW" in str(p2.border_title) and p2.has_class("-flagged")
 
 
@@ -161,7 +162,7 @@ async def test_focus_cycle_zoom_filter_and_next_error() -> None:
         assert app.focused.key == "r2"
         await pilot.press("z")
         await pilot.pause(0.05)
-        assert keys(m) == ["r2"] and m.zoomed == "r2"
+        assert keys(m) == ["r2"] and m.grid.zoomed == "r2"
         await pilot.press("tab")
         await pilot.pause(0.05)
         assert keys(m) == ["r3"]
@@ -172,21 +173,21 @@ async def test_focus_cycle_zoom_filter_and_next_error() -> None:
         await pilot.press("slash", *"step=6/", "enter")
         await pilot.pause(0.05)
         for r in range(4):
-            pane = m.pane(f"r{r}")
+            pane = m.grid.pane(f"r{r}")
             assert pane is not None
             assert [x for x in pane.lines] == [step(r, 6, 1.5 if r == 2 else 0.5)]
         nccl_pane = m.query_one("#nccl-pane", RankPane)
         assert len(nccl_pane.lines) == 0
         await pilot.press("escape")
-        pane0 = m.pane("r0")
-        assert pane0 is not None and len(pane0.lines) > 1 and m.pattern is None
+        pane0 = m.grid.pane("r0")
+        assert pane0 is not None and len(pane0.lines) > 1 and m.grid.pattern is None
         # regex filter, and a bad regex is a message, not a crash
         await pilot.press("slash", *"re:Init COMPLETE|version", "enter")
         await pilot.pause(0.05)
         assert len(m.query_one("#nccl-pane", RankPane).lines) == 5
         await pilot.press("slash", "ctrl+u", *"re:([", "enter")
         await pilot.pause(0.05)
-        assert m.pattern is not None and m.pattern.text == "re:Init COMPLETE|version"
+        assert m.grid.pattern is not None and m.grid.pattern.text == "re:Init COMPLETE|version"
         await pilot.press("escape", "escape")
         # next error: rank 3's traceback, its pane focused and scrolled to it
         await pilot.press("e")
@@ -212,7 +213,7 @@ async def test_pages_and_node_view_with_many_ranks() -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         m = await settle(pilot)
         first = keys(m)
-        assert 1 < len(first) < world and m.pages == -(-world // len(first))
+        assert 1 < len(first) < world and m.grid.pages == -(-world // len(first))
         assert first[0] == "r0"
         await pilot.press("right_square_bracket")
         await pilot.pause(0.05)
@@ -224,11 +225,11 @@ async def test_pages_and_node_view_with_many_ranks() -> None:
             await pilot.press("tab")
         await pilot.pause(0.05)
         assert isinstance(app.focused, RankPane) and app.focused.key == f"r{len(first)}"
-        assert m.page == 1
+        assert m.grid.page == 1
         await pilot.press("v")
         await pilot.pause(0.05)
-        assert m.view == "node"
-        assert keys(m)[0] == "n0" and sum(m.pages for _ in [0]) >= 1
+        assert m.grid.view == "node"
+        assert keys(m)[0] == "n0" and sum(m.grid.pages for _ in [0]) >= 1
         assert m.pane_lines("n0")[0] == "r0: hello from 0"
         assert len(m.pane_lines("n7")) == 16
 

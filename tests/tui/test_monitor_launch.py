@@ -49,7 +49,7 @@ def run_monitor(backend: Any, world: int, timeout: float = 120.0) -> Any:
             await pilot.pause(0.1)
             m = app.monitor
             assert m is not None and m.finished is not None, "the run did not finish in time"
-            failed = {p.key for p in m._grid_panes() if p.has_class("-failed")}
+            failed = {p.key for p in m.grid.panes() if p.has_class("-failed")}
             return m, failed
 
     return asyncio.run(go())

@@ -12,7 +12,7 @@ from textual.widgets import Input
 from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, NetworkTier, Spec, TrainingSpec
 from tests.tui.wizard_support import settle
 from tui.app import DtrainApp
-from tui.screens.wizard import STEP_KEYS
+from tui.session import Step
 
 SIZES = [(80, 24), (160, 48)]
 
@@ -39,7 +39,7 @@ def _app() -> DtrainApp:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("step", STEP_KEYS)
+@pytest.mark.parametrize("step", [s.value for s in Step])
 def test_step_snapshot(step: str, size: tuple[int, int], snap_compare) -> None:  # type: ignore[no-untyped-def]
     async def go(pilot: Pilot[int]) -> None:
         app = pilot.app

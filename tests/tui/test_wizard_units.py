@@ -91,3 +91,23 @@ def test_start_run_carries_the_profiles_ssh_user(tmp_path: Path) -> None:
     write_bundle(plan(spec), tmp_path / "b")
     backend, _ = start_run(spec, tmp_path / "b", tmp_path / "runs")
     assert backend.options.ssh_user == "trainer"
+
+
+def test_session_refuses_forward_moves_past_an_invalid_step_and_ignores_stale_plans() -> None:
+    from pathlib import Path
+
+    from tui.session import Step, WizardSession
+
+    session = WizardSession(demo_spec(), demo_spec, out_dir=Path("out"), run_root=None)
+    assert [s.label for s in Step][:2] == ["Model", "Hardware"] and Step.LAUNCH.number == 7
+    session.record(Step.HARDWARE, ["nodes: must be >= 1"])
+    assert session.blocker(Step.NETWORK) == Step.HARDWARE
+    assert session.blocker(Step.MODEL) is None  # back (or staying) is always allowed
+    session.refuse_plan()
+    assert session.errors(Step.DECISION) == ["fix the hardware step first: nodes: must be >= 1"]
+    session.record(Step.HARDWARE, [])
+    assert session.blocker(Step.CONFIGS) == Step.DECISION  # no plan yet
+    spec, generation = session.begin_plan()
+    assert not session.plan_failed("stale", generation - 1)  # an older spec's answer
+    assert session.plan_computed(plan(spec), generation, 0.01)
+    assert session.blocker(Step.CONFIGS) is None and "tok/s" in session.plan_summary()

@@ -33,7 +33,7 @@ async def _invalid(tmp_path: Path) -> None:
         assert focused_id(app) == "f-heads"
         await retype(pilot, "7")
         assert "not divisible by 7 heads" in _row(app, "heads").error
-        assert app.wizard.step_errors["model"]
+        assert app.session.step_errors["model"]
         assert "✗" in text_of(app, "#nav")
         await pilot.press("ctrl+n")
         await at_step(pilot, "model")  # refused
@@ -48,7 +48,7 @@ async def _invalid(tmp_path: Path) -> None:
         for text in ("八", "-4", "", "1e400", "0x10", "3.5"):
             await retype(pilot, text) if text else await pilot.press("ctrl+a", "ctrl+k")
             assert _row(app, "heads").error, text
-            assert app.wizard.step_errors["model"]
+            assert app.session.step_errors["model"]
         await pilot.press("ctrl+a", "ctrl+k")
         heads = app.screen.query_one("#f-heads", Input)
         heads.post_message(events.Paste("12 heads\npasted from a doc"))
@@ -60,7 +60,7 @@ async def _invalid(tmp_path: Path) -> None:
         assert _row(app, "heads").error
         await retype(pilot, "4")
         assert _row(app, "heads").error == ""
-        assert not app.wizard.step_errors["model"]
+        assert not app.session.step_errors["model"]
         await pilot.press("ctrl+n")
         await at_step(pilot, "hardware")
         # Hardware: a negative node count and an unknown GPU, each with its own message.
@@ -86,7 +86,7 @@ async def _invalid(tmp_path: Path) -> None:
         app.set_focus(app.screen.query_one("#f-nodes", Input))
         await retype(pilot, "2")
         await settle(pilot)
-        assert not app.wizard.step_errors["hardware"]
+        assert not app.session.step_errors["hardware"]
         assert app.spec.hardware.nodes == 2
         await pilot.click("#next")
         await at_step(pilot, "network")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.text import Text
@@ -24,20 +26,33 @@ async def settle(pilot: Pilot[int], rounds: int = 200) -> None:
     raise AssertionError("the wizard did not settle (planning or writing never finished)")
 
 
+async def until(
+    pilot: Pilot[int],
+    cond: Callable[[], bool],
+    what: str | Callable[[], str],
+    timeout: float = 15.0,
+) -> None:
+    """Wait until ``cond()`` holds, with a deadline (a busy machine can take longer than Pilot's
+    pause after a key or click); ``what`` says in the failure what never happened."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {timeout:g} s: {what() if callable(what) else what}")
+        await pilot.pause(0.01)
+
+
 async def at_step(pilot: Pilot[int], step: str, timeout: float = 15.0) -> None:
     """Wait until the wizard shows ``step``. A move is done only once the step's pane is
     mounted, which can take longer than Pilot's pause after a key or click on a busy machine:
     wait for the state, with a deadline (a refused move is checked at once: it stays)."""
-    import time
-
     app = pilot.app
     assert isinstance(app, DtrainApp)
-    deadline = time.monotonic() + timeout
-    while app.wizard is None or app.wizard.current != step:
-        if time.monotonic() > deadline:
-            where = app.wizard.current if app.wizard is not None else None
-            raise AssertionError(f"the wizard is at {where!r}, not {step!r}")
-        await pilot.pause(0.01)
+    await until(
+        pilot,
+        lambda: app.session.current == step and app.wizard is not None,
+        lambda: f"the wizard is at {app.session.current!r}, not {step!r}",
+        timeout,
+    )
 
 
 async def retype(pilot: Pilot[int], text: str) -> None:

@@ -15,6 +15,7 @@ from textual.widgets import Button, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.screens.step import StepPane
+from tui.session import Step
 from tui.widgets.field_row import FieldRow
 
 _LEXERS = {
@@ -61,9 +62,7 @@ def diff_text(out_dir: Path, name: str, text: str) -> str:
 
 
 class ConfigsStep(StepPane):
-    STEP = "configs"
-    TITLE = "Configs"
-    SECTION = None
+    STEP = Step.CONFIGS
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,17 +82,17 @@ class ConfigsStep(StepPane):
                 yield Static("", id="preview-body")
 
     def load(self) -> None:
-        self.rows()["out_dir"].value = str(self.dtrain.out_dir)
-        if self.dtrain.bundle:
-            self.files = dict(self.dtrain.bundle)
+        self.rows()["out_dir"].value = str(self.session.out_dir)
+        if self.session.bundle:
+            self.files = dict(self.session.bundle)
             self.render_error = ""
-        elif self.dtrain.bundle_error:
-            self.render_error = self.dtrain.bundle_error
+        elif self.session.bundle_error:
+            self.render_error = self.session.bundle_error
 
     @property
     def out_dir(self) -> Path:
         text = self.rows()["out_dir"].value.strip()
-        return Path(text).expanduser() if text else self.dtrain.out_dir
+        return Path(text).expanduser() if text else self.session.out_dir
 
     def check(self) -> list[str]:
         row = self.rows()["out_dir"]
@@ -109,19 +108,15 @@ class ConfigsStep(StepPane):
             row.set_error(f"{p} is a file; choose a directory")
             return [f"out_dir: {p} is a file"]
         row.set_error(None)
-        self.dtrain.out_dir = p
+        self.session.out_dir = p
         self.refresh_files()
         return []
 
     @on(Input.Submitted, "#f-out_dir")
-    def _submit(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.dtrain.action_write_bundle()
-
     @on(Button.Pressed, "#write")
-    def _write(self, event: Button.Pressed) -> None:
+    async def _write(self, event: Input.Submitted | Button.Pressed) -> None:
         event.stop()
-        self.dtrain.action_write_bundle()
+        await self.run_action("app.write_bundle")
 
     # --- bundle display -----------------------------------------------------------------------
     def show_files(self, files: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ from engine.plan.result import Layout, Plan
 from engine.plan.specs import LayoutSpec, Offload, Strategy
 from tui.format import count, hours, money, seconds
 from tui.screens.step import AUTO, StepPane
+from tui.session import Step
 from tui.widgets.field_row import FieldRow
 from tui.widgets.flowchart import FlowChart
 from tui.widgets.memory_bars import MemoryBars
@@ -52,14 +53,12 @@ def metrics_table(plan: Plan) -> Table:
 
 
 class DecisionStep(StepPane):
-    STEP = "decision"
-    TITLE = "Decision"
-    SECTION = "layout"
+    STEP = Step.DECISION
 
     def __init__(self) -> None:
         super().__init__()
-        self.plan: Plan | None = None
         self.failure = ""
+        """The planner's refusal shown; while set, the step counts as invalid."""
 
     def compose(self) -> ComposeResult:
         yield Static("Decision", classes="step-title")
@@ -99,14 +98,14 @@ class DecisionStep(StepPane):
 
     def on_mount(self) -> None:
         super().on_mount()
-        app = self.dtrain
-        if app.plan is not None:
-            self.show_plan(app.plan, app.plan_elapsed_s)
-        elif app.plan_failure:
-            self.show_failure(app.plan_failure)
+        s = self.session
+        if s.plan is not None:
+            self.show_plan(s.plan, s.plan_elapsed_s)
+        elif s.plan_failure:
+            self.show_failure(s.plan_failure)
 
     def load(self) -> None:
-        lay = self.dtrain.spec.layout
+        lay = self.session.forced_layout
         rows = self.rows()
         for name in _FORCE_KINDS:
             value = getattr(lay, name)
@@ -120,7 +119,7 @@ class DecisionStep(StepPane):
             value = self.select_value(name)
             if value:
                 data[name] = value
-        old = self.dtrain.spec.layout
+        old = self.session.forced_layout
         for name in (
             "framework",
             "cp",
@@ -134,7 +133,7 @@ class DecisionStep(StepPane):
         model, problems = self.build(LayoutSpec, data, errs)
         if model is None:
             return problems
-        self.dtrain.set_section("layout", model)
+        self.session.set_section("layout", model)
         if self.failure:
             return [self.failure]
         return []
@@ -158,17 +157,14 @@ class DecisionStep(StepPane):
         self.query_one("#plan-status", Static).update(message)
 
     def show_failure(self, message: str) -> None:
-        self.plan = None
         self.failure = message
         self.query_one("#plan-status", Static).update(Text(f"✗ {message}", style="bold"))
         self.query_one(FlowChart).show(None)
         self.query_one("#metrics", Static).update("")
         self.query_one("#warnings", Static).update("")
         self.query_one("#mem-cards", ItemGrid).remove_children()
-        self.errors = [message]
 
     def show_plan(self, plan: Plan, elapsed_s: float) -> None:
-        self.plan = plan
         self.failure = ""
         lay = plan.recommended
         forced = " (forced)" if plan.forced else ""
@@ -177,7 +173,7 @@ class DecisionStep(StepPane):
             f"{plan.world_size} × {plan.gpu.name} · {seconds(lay.step_time_s)}/step · "
             f"{count(lay.tokens_per_s)} tokens/s · MFU {100 * lay.mfu:.1f}%"
         )
-        if self.dtrain.show_timings:
+        if self.session.show_timings:
             status += f" · planned in {elapsed_s * 1000:.0f} ms"
         self.query_one("#plan-status", Static).update(status)
         self.query_one(FlowChart).show(plan)
@@ -193,4 +189,3 @@ class DecisionStep(StepPane):
             for alt in plan.alternatives[:MAX_ALTERNATIVES]
         ]
         cards.mount_all(widgets)
-        self.errors = []

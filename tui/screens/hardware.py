@@ -3,7 +3,7 @@ nodes, host RAM and the intra-node link."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
@@ -16,11 +16,15 @@ from engine.plan.specs import HardwareSpec, IntraNodeLink
 from tui import services
 from tui.format import gb
 from tui.screens.step import AUTO, StepPane, set_text
+from tui.session import Step
 from tui.suggesters import WordSuggester
 from tui.widgets.field_row import FieldRow
 
+if TYPE_CHECKING:
+    from engine.plan.catalog import GpuType
 
-def gpu_line(g: Any) -> str:
+
+def gpu_line(g: GpuType) -> str:
     """``H100 SXM 80GB · 79.6 GB · 989 TFLOPS bf16 · nvlink 450 GB/s``."""
     prec = g.default_precision()
     return (
@@ -30,13 +34,11 @@ def gpu_line(g: Any) -> str:
 
 
 class HardwareStep(StepPane):
-    STEP = "hardware"
-    TITLE = "Hardware"
-    SECTION = "hardware"
+    STEP = Step.HARDWARE
 
     def __init__(self) -> None:
         super().__init__()
-        self.gpus: list[Any] = []
+        self.gpus: list[GpuType] = []
         self.catalog_error = ""
 
     def compose(self) -> ComposeResult:
@@ -67,7 +69,7 @@ class HardwareStep(StepPane):
         except Exception as e:  # noqa: BLE001
             self.gpus = []
             self.catalog_error = one_line(e) or type(e).__name__
-        hw = self.dtrain.spec.hardware
+        hw = self.session.spec.hardware
         rows = self.rows()
         rows["gpu"].value = hw.gpu
         rows["gpu"].input.suggester = WordSuggester([g.key for g in self.gpus])
@@ -134,7 +136,7 @@ class HardwareStep(StepPane):
             summary,
             f"{line}\nworld size {model.world_size} = {model.nodes} node(s) × {model.gpus_per_node}",
         )
-        self.dtrain.set_section("hardware", model)
+        self.session.set_section("hardware", model)
         return []
 
 

@@ -10,6 +10,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from tui.session import Step
+
 KEYS: tuple[tuple[str, str], ...] = (
     ("Ctrl+N", "next step (refused while the current step has errors)"),
     ("Ctrl+B", "previous step"),
@@ -26,15 +28,16 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("Ctrl+Q", "quit"),
 )
 
-STEPS: tuple[tuple[str, str], ...] = (
-    ("1 Model", "a preset, a local config.json, dimensions or a bare parameter count"),
-    ("2 Hardware", "GPU type, GPUs per node, nodes, host RAM"),
-    ("3 Network", "inter-node tier and interfaces; the bandwidth the plan assumes"),
-    ("4 Training", "sequence, batch, precision, optimizer, token budget and price"),
-    ("5 Decision", "the flowchart path, memory per GPU, time and cost; force a layout"),
-    ("6 Configs", "preview every bundle file, diff against disk, write"),
-    ("7 Launch", "backend, hosts, run directory; start and watch every rank"),
-)
+STEPS: dict[Step, str] = {
+    Step.MODEL: "a preset, a local config.json, dimensions or a bare parameter count",
+    Step.HARDWARE: "GPU type, GPUs per node, nodes, host RAM",
+    Step.NETWORK: "inter-node tier and interfaces; the bandwidth the plan assumes",
+    Step.TRAINING: "sequence, batch, precision, optimizer, token budget and price",
+    Step.DECISION: "the flowchart path, memory per GPU, time and cost; force a layout",
+    Step.CONFIGS: "preview every bundle file, diff against disk, write",
+    Step.LAUNCH: "backend, hosts, run directory; start and watch every rank",
+}
+"""What each step does, in the help's list of steps."""
 
 
 class HelpScreen(ModalScreen[None]):
@@ -53,8 +56,8 @@ class HelpScreen(ModalScreen[None]):
         steps = Table(box=None, show_header=False, padding=(0, 2))
         steps.add_column(style="bold", no_wrap=True)
         steps.add_column()
-        for k, what in STEPS:
-            steps.add_row(k, what)
+        for step in Step:
+            steps.add_row(f"{step.number} {step.label}", STEPS[step])
         with VerticalScroll(id="help-body"):
             yield Static(Text("Keys", style="bold underline"))
             yield Static(keys, id="help-keys")

@@ -12,13 +12,12 @@ from textual.widgets import Button, Select, Static
 
 from engine.plan.specs import Backend, LaunchSpec
 from tui.screens.step import StepPane, set_text
+from tui.session import Step
 from tui.widgets.field_row import FieldRow
 
 
 class LaunchStep(StepPane):
-    STEP = "launch"
-    TITLE = "Launch"
-    SECTION = "launch"
+    STEP = Step.LAUNCH
 
     def compose(self) -> ComposeResult:
         yield Static("Launch", classes="step-title")
@@ -49,12 +48,12 @@ class LaunchStep(StepPane):
             yield Button("Start run  ^l", id="start", variant="success", compact=True)
 
     def load(self) -> None:
-        la = self.dtrain.spec.launch
+        la = self.session.spec.launch
         self.query_one("#f-backend", Select).value = la.backend.value
         rows = self.rows()
         rows["hosts"].value = ", ".join(la.hosts)
         rows["identity_file"].value = str(la.identity_file) if la.identity_file else ""
-        rows["run_root"].value = str(self.dtrain.run_root) if self.dtrain.run_root else ""
+        rows["run_root"].value = str(self.session.run_root) if self.session.run_root else ""
 
     def check(self) -> list[str]:
         data, errs = self.read_fields({"hosts": "str", "identity_file": "str"})
@@ -62,14 +61,14 @@ class LaunchStep(StepPane):
         data["backend"] = backend
         if "hosts" in data:
             data["hosts"] = [h.strip() for h in str(data["hosts"]).split(",") if h.strip()]
-        nodes = self.dtrain.spec.hardware.nodes
+        nodes = self.session.spec.hardware.nodes
         if (
             backend == Backend.SSH.value
             and len(data.get("hosts", [])) != nodes
             and "hosts" not in errs
         ):
             errs["hosts"] = f"ssh needs one host per node: {nodes} host(s), in node-rank order"
-        old = self.dtrain.spec.launch.model_dump(exclude={"backend", "hosts", "identity_file"})
+        old = self.session.spec.launch.model_dump(exclude={"backend", "hosts", "identity_file"})
         old.update(data)
         model, problems = self.build(LaunchSpec, old, errs)
         run_root = self.rows()["run_root"].value.strip()
@@ -79,15 +78,15 @@ class LaunchStep(StepPane):
         if model is None or problems:
             return problems
         assert isinstance(model, LaunchSpec)
-        self.dtrain.run_root = Path(run_root).expanduser() if run_root else None
-        self.dtrain.set_section("launch", model)
+        self.session.run_root = Path(run_root).expanduser() if run_root else None
+        self.session.set_section("launch", model)
         where = (
             "this machine" if backend == "local" else ", ".join(model.hosts) or "a SkyPilot cluster"
         )
-        hw = self.dtrain.spec.hardware
+        hw = self.session.spec.hardware
         text = (
             f"{hw.world_size} rank(s), {hw.nodes} node(s) × {hw.gpus_per_node}, on {where}; "
-            f"the bundle is written to {self.dtrain.out_dir} first."
+            f"the bundle is written to {self.session.out_dir} first."
         )
         if backend == "local" and hw.nodes > 1:
             text += (
@@ -97,9 +96,9 @@ class LaunchStep(StepPane):
         return []
 
     @on(Button.Pressed, "#start")
-    def _start(self, event: Button.Pressed) -> None:
+    async def _start(self, event: Button.Pressed) -> None:
         event.stop()
-        self.dtrain.action_launch()
+        await self.run_action("app.launch")
 
     def show_result(self, message: str, *, ok: bool) -> None:
         res = self.query_one("#launch-result", Static)

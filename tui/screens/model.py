@@ -10,7 +10,7 @@ from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.widget import Widget
-from textual.widgets import Input, OptionList, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import Input, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
 from engine.errors import DtrainError, one_line
@@ -18,6 +18,7 @@ from engine.plan.specs import ModelDims, ModelSpec
 from tui import services
 from tui.format import count
 from tui.screens.step import StepPane, set_text
+from tui.session import Step
 from tui.suggesters import PathSuggester
 from tui.widgets.field_row import FieldRow
 
@@ -59,9 +60,7 @@ def summarize(dims: ModelDims) -> str:
 
 
 class ModelStep(StepPane):
-    STEP = "model"
-    TITLE = "Model"
-    SECTION = "model"
+    STEP = Step.MODEL
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,7 +102,7 @@ class ModelStep(StepPane):
         except Exception as e:  # noqa: BLE001 - presets are optional decoration
             self.presets = []
             self.preset_error = one_line(e) or type(e).__name__
-        m = self.dtrain.spec.model
+        m = self.session.spec.model
         rows = self.rows()
         source = "src-dims"
         if m.config_path:
@@ -247,15 +246,13 @@ class ModelStep(StepPane):
                 rows[name].set_error(e.message)
             set_text(summary, f"✗ {e}")
             return [str(e)]
-        except services.Unavailable as e:
-            set_text(summary, f"{e}; the planner resolves the model later")
         except Exception as e:  # noqa: BLE001 - odd input must not crash the wizard
             msg = one_line(e) or type(e).__name__
             set_text(summary, f"✗ {msg}")
             return [msg]
         else:
             set_text(summary, summarize(self.dims))
-        self.dtrain.set_section("model", model)
+        self.session.set_section("model", model)
         return []
 
     def first_focus(self) -> Widget | None:
@@ -267,6 +264,3 @@ class ModelStep(StepPane):
         if source == "src-count":
             return self.query_one("#f-params", Input)
         return self.query_one("#f-layers", Input)
-
-    def focus_tabs(self) -> None:
-        self.query_one(Tabs).focus()

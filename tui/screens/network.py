@@ -10,13 +10,12 @@ from engine.errors import one_line
 from engine.plan.specs import NetworkSpec, NetworkTier
 from tui import services
 from tui.screens.step import StepPane, set_text
+from tui.session import Step
 from tui.widgets.field_row import FieldRow
 
 
 class NetworkStep(StepPane):
-    STEP = "network"
-    TITLE = "Network"
-    SECTION = "network"
+    STEP = Step.NETWORK
 
     def compose(self) -> ComposeResult:
         yield Static("Network", classes="step-title")
@@ -24,11 +23,8 @@ class NetworkStep(StepPane):
         yield Static("Inter-node tier", classes="select-label")
         options = []
         for tier in NetworkTier:
-            try:
-                net = services.get_network(tier)
-                label = f"{tier.value:<7} {net.name} · {net.gbps_per_node:g} Gbit/s per node"
-            except Exception:  # noqa: BLE001 - the catalog may not be there yet
-                label = tier.value
+            net = services.get_network(tier)
+            label = f"{tier.value:<7} {net.name} · {net.gbps_per_node:g} Gbit/s per node"
             options.append((label, tier.value))
         yield Select(
             options, value=NetworkTier.TCP.value, allow_blank=False, compact=True, id="f-tier"
@@ -46,7 +42,7 @@ class NetworkStep(StepPane):
         yield FieldRow("ib_hca", "InfiniBand HCAs", placeholder="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1")
 
     def load(self) -> None:
-        net = self.dtrain.spec.network
+        net = self.session.spec.network
         self.query_one("#f-tier", Select).value = net.tier.value
         rows = self.rows()
         rows["bandwidth_gbps"].value = (
@@ -73,7 +69,7 @@ class NetworkStep(StepPane):
             text = f"The plan assumes {gbps:g} Gbit/s per node ({gbps / 8:g} GB/s one way), from {source}."
         except Exception as e:  # noqa: BLE001
             text = one_line(e)
-        if self.dtrain.spec.hardware.nodes == 1:
+        if self.session.spec.hardware.nodes == 1:
             text += "\nOne node: the inter-node network is not used by this run."
         env = []
         if model.socket_ifname:
@@ -83,5 +79,5 @@ class NetworkStep(StepPane):
         if env:
             text += "\nnccl.env gets " + " ".join(env)
         set_text(summary, text)
-        self.dtrain.set_section("network", model)
+        self.session.set_section("network", model)
         return []

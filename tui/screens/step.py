@@ -1,8 +1,10 @@
 """The base of every wizard step: a scrolling pane that edits one part of the spec.
 
-A step reads its fields, builds its sub-spec with the engine's own validation (pydantic models in
-``engine.plan.specs``), shows each message next to its field, and hands a valid sub-spec to the app.
-Parsing here only turns text into numbers; every rule lives in the engine.
+A step reads its part of the spec from the :class:`~tui.session.WizardSession`, builds its
+sub-spec from its fields with the engine's own validation (pydantic models in
+``engine.plan.specs``), shows each message next to its field, hands a valid sub-spec back to the
+session and posts :class:`~tui.messages.StepValidated` (the wizard records the errors, the app
+re-plans). Parsing here only turns text into numbers; every rule lives in the engine.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from tui.messages import StepValidated
 from tui.widgets.field_row import FieldRow
 
 if TYPE_CHECKING:
-    from tui.app import DtrainApp
+    from tui.screens.wizard import WizardScreen
+    from tui.session import Step, WizardSession
 
 AUTO = "auto"
 """The Select value meaning "let the planner choose" (the spec field stays None)."""
@@ -30,28 +33,26 @@ _FIELD_PREFIX = re.compile(r"^(?:[a-z_]+\.)?([a-z_]+): ")
 
 
 class StepPane(VerticalScroll):
-    """One wizard step. Subclasses set ``STEP``/``TITLE`` and implement ``load`` and ``check``."""
+    """One wizard step. Subclasses set ``STEP`` and implement ``load`` and ``check``."""
 
-    STEP: ClassVar[str] = ""
-    TITLE: ClassVar[str] = ""
-    SECTION: ClassVar[str | None] = None
-    """The Spec field this step edits (None for steps that edit no spec section)."""
+    STEP: ClassVar[Step]
 
     def __init__(self) -> None:
         super().__init__(id=f"step-{self.STEP}", classes="step")
-        self.errors: list[str] = []
         self._loading = False
 
     @property
-    def dtrain(self) -> DtrainApp:
-        return cast("DtrainApp", self.app)
+    def session(self) -> WizardSession:
+        """The wizard's state (held by the wizard screen this pane lives in)."""
+        return cast("WizardScreen", self.screen).session
 
     # --- to implement -------------------------------------------------------------------------
     def load(self) -> None:
-        """Fill the fields from ``self.dtrain.spec``."""
+        """Fill the fields from ``self.session.spec``."""
 
     def check(self) -> list[str]:
-        """Validate the fields, show messages, push a valid sub-spec to the app; return errors."""
+        """Validate the fields, show messages, hand a valid sub-spec to the session; return
+        the errors."""
         return []
 
     def first_focus(self) -> Widget | None:
@@ -65,7 +66,7 @@ class StepPane(VerticalScroll):
         self.reload()
 
     def reload(self) -> None:
-        """Refill the fields from the app's spec and validate them."""
+        """Refill the fields from the session's spec and validate them."""
         self._loading = True
         try:
             self.load()
@@ -78,7 +79,6 @@ class StepPane(VerticalScroll):
             errors = self.check()
         except Exception as e:  # noqa: BLE001 - odd input must never crash the wizard
             errors = [one_line(e) or type(e).__name__]
-        self.errors = errors
         self.post_message(StepValidated(self.STEP, list(errors)))
 
     def on_input_changed(self, event: Input.Changed) -> None:

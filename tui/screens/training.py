@@ -9,6 +9,7 @@ from textual.widgets import Select, Static
 from engine.plan.specs import Optimizer, Precision, Recompute, TrainingSpec
 from tui.format import count
 from tui.screens.step import AUTO, StepPane, set_text
+from tui.session import Step
 from tui.widgets.field_row import FieldRow
 
 _KINDS = {
@@ -23,9 +24,7 @@ _KINDS = {
 
 
 class TrainingStep(StepPane):
-    STEP = "training"
-    TITLE = "Training"
-    SECTION = "training"
+    STEP = Step.TRAINING
 
     def compose(self) -> ComposeResult:
         yield Static("Training", classes="step-title")
@@ -69,7 +68,7 @@ class TrainingStep(StepPane):
         yield FieldRow("steps", "Smoke-test steps", placeholder="steps the example trainer runs")
 
     def load(self) -> None:
-        t = self.dtrain.spec.training
+        t = self.session.spec.training
         rows = self.rows()
         rows["seq_len"].value = str(t.seq_len)
         rows["global_batch"].value = str(t.global_batch)
@@ -93,7 +92,7 @@ class TrainingStep(StepPane):
             value = self.select_value(name)
             if value:
                 data[name] = value
-        old = self.dtrain.spec.training
+        old = self.session.spec.training
         # Fields this step does not show are kept as they were (profiles may set them).
         for name in ("reference_batch", "grad_clip"):
             data.setdefault(name, getattr(old, name))
@@ -111,5 +110,5 @@ class TrainingStep(StepPane):
             steps = model.tokens / (model.global_batch * model.seq_len)
             text += f"\nbudget {count(model.tokens)} tokens ≈ {count(steps)} steps"
         set_text(summary, text)
-        self.dtrain.set_section("training", model)
+        self.session.set_section("training", model)
         return []

@@ -1,5 +1,7 @@
 """The wizard screen: the step sidebar, one pane per step (model → … → launch), a status line and
-the keys to move. It decides whether a step may be left forward (never while it has errors)."""
+the keys to move. It moves through the :class:`~tui.session.WizardSession` (which refuses a
+forward move while an earlier step is invalid) and draws what the session holds; the app asks it
+to draw again when a plan, a bundle or a write or launch result arrives."""
 
 from __future__ import annotations
 
@@ -13,46 +15,23 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Button, ContentSwitcher, Footer, Header, Static
 
-from tui.messages import StepValidated
+from tui.messages import StepEntered, StepValidated
 from tui.screens.step import StepPane
+from tui.session import Step, WizardSession
 from tui.widgets.step_nav import StepNav
 
 if TYPE_CHECKING:
-    from tui.app import DtrainApp
     from tui.screens.configs import ConfigsStep
     from tui.screens.decision import DecisionStep
     from tui.screens.launch import LaunchStep
 
-STEP_TITLES: tuple[tuple[str, str], ...] = (
-    ("model", "Model"),
-    ("hardware", "Hardware"),
-    ("network", "Network"),
-    ("training", "Training"),
-    ("decision", "Decision"),
-    ("configs", "Configs"),
-    ("launch", "Launch"),
-)
-STEP_KEYS: tuple[str, ...] = tuple(k for k, _ in STEP_TITLES)
-_STEP_CLASS_NAMES = {
-    "model": "ModelStep",
-    "hardware": "HardwareStep",
-    "network": "NetworkStep",
-    "training": "TrainingStep",
-    "decision": "DecisionStep",
-    "configs": "ConfigsStep",
-    "launch": "LaunchStep",
-}
 
-
-def step_class(step: str) -> type[StepPane]:
-    """The pane class of ``step``; its module is imported on first use (start-up speed)."""
-    module = importlib.import_module(f"tui.screens.{step}")
-    cls: type[StepPane] = getattr(module, _STEP_CLASS_NAMES[step])
+def step_class(step: Step) -> type[StepPane]:
+    """The pane class of ``step`` (``tui.screens.<step>.<Title>Step``); its module is imported
+    on first use (start-up speed)."""
+    module = importlib.import_module(f"tui.screens.{step.value}")
+    cls: type[StepPane] = getattr(module, f"{step.label}Step")
     return cls
-
-
-INPUT_STEPS = ("model", "hardware", "network", "training")
-"""The steps whose spec parts the planner needs; planning waits until all four are valid."""
 
 
 class WizardScreen(Screen[None]):
@@ -67,20 +46,19 @@ class WizardScreen(Screen[None]):
         Binding("f1", "app.help", "Help"),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, session: WizardSession) -> None:
         super().__init__(id="wizard")
-        self.current = STEP_KEYS[0]
-        self.step_errors: dict[str, list[str]] = {}
+        self.session = session
         self._status: tuple[str, bool] = ("", False)
 
     @property
-    def dtrain(self) -> DtrainApp:
-        return cast("DtrainApp", self.app)
+    def current(self) -> Step:
+        return self.session.current
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="≡")
         with Horizontal(id="main"):
-            yield StepNav(list(STEP_TITLES), id="nav")
+            yield StepNav(list(Step), id="nav")
             # Steps are built when first visited, the first one right after the first frame:
             # the frame (sidebar, status line, keys) is on screen before the fields are built.
             yield ContentSwitcher(id="steps")
@@ -93,9 +71,8 @@ class WizardScreen(Screen[None]):
     def on_mount(self) -> None:
         for button in self.query("#navbar Button"):
             button.can_focus = False  # clicking Back/Next keeps the focus in the step's fields
-        self.sub_title = "model → hardware → network → training → decision → configs → launch"
+        self.sub_title = " → ".join(Step)
         self.call_after_refresh(self._enter, self.current)
-        self.call_after_refresh(self.dtrain.schedule_plan)
 
     # --- panes --------------------------------------------------------------------------------
     def pane(self, step: str) -> StepPane | None:
@@ -104,31 +81,28 @@ class WizardScreen(Screen[None]):
         return cast(StepPane, found.first()) if found else None
 
     @property
-    def decision(self) -> DecisionStep | None:
-        return cast("DecisionStep | None", self.pane("decision"))
+    def _decision(self) -> DecisionStep | None:
+        return cast("DecisionStep | None", self.pane(Step.DECISION))
 
     @property
-    def configs(self) -> ConfigsStep | None:
-        return cast("ConfigsStep | None", self.pane("configs"))
+    def _configs(self) -> ConfigsStep | None:
+        return cast("ConfigsStep | None", self.pane(Step.CONFIGS))
 
     @property
-    def launch(self) -> LaunchStep | None:
-        return cast("LaunchStep | None", self.pane("launch"))
+    def _launch(self) -> LaunchStep | None:
+        return cast("LaunchStep | None", self.pane(Step.LAUNCH))
 
-    def inputs_valid(self) -> bool:
-        return all(not self.step_errors.get(s) for s in INPUT_STEPS)
+    def reload_steps(self) -> None:
+        """The session got a whole new spec (a loaded profile): refill every built step."""
+        for pane in self.query(StepPane):
+            pane.reload()
 
-    def first_invalid(self, upto: str) -> str | None:
-        """The first step before ``upto`` that has errors (None if all are valid)."""
-        for key in STEP_KEYS[: STEP_KEYS.index(upto)]:
-            if self.step_errors.get(key):
-                return key
-        return None
-
-    def refresh_nav(self) -> None:
-        invalid = {k: bool(v) for k, v in self.step_errors.items()}
-        pending = {"decision"} if self.dtrain.planning else set()
-        self.query_one(StepNav).set_state(self.current, invalid, pending)
+    # --- drawing the session ------------------------------------------------------------------
+    def show_nav(self) -> None:
+        s = self.session
+        invalid = {k: bool(v) for k, v in s.step_errors.items()}
+        pending = {Step.DECISION} if s.planning else set()
+        self.query_one(StepNav).set_state(s.current, invalid, pending)
 
     def set_status(self, text: str, *, error: bool = False) -> None:
         if (text, error) == self._status:
@@ -138,28 +112,76 @@ class WizardScreen(Screen[None]):
         line.update(text)
         line.set_class(error, "-error")
 
+    def _show_step_status(self) -> None:
+        errors = self.session.errors(self.current)
+        if errors:
+            self.set_status(f"✗ {errors[0]}", error=True)
+        else:
+            self.set_status(self.session.plan_summary())
+
+    def show_plan_pending(self) -> None:
+        if self._decision is not None:
+            self._decision.show_pending()
+
+    def show_plan_state(self) -> None:
+        """Bring the decision pane (if built), the sidebar, the status line and the configs
+        pane up to date with the session's plan."""
+        s = self.session
+        decision = self._decision
+        if decision is not None:
+            if s.plan is not None:
+                decision.show_plan(s.plan, s.plan_elapsed_s)
+            elif s.plan_failure:
+                decision.show_failure(s.plan_failure)
+        self.show_nav()
+        if s.plan is None and s.plan_failure and s.current == Step.DECISION:
+            self.set_status(f"✗ {s.plan_failure}", error=True)
+        elif not s.errors(s.current):
+            self.set_status(s.plan_summary())
+        self.show_bundle_state()
+
+    def show_bundle_state(self) -> None:
+        configs = self._configs
+        if configs is None:
+            return
+        if self.session.bundle:
+            configs.show_files(self.session.bundle)
+        else:
+            configs.show_error(self.session.bundle_error or "Rendering the bundle…")
+
+    def show_result(self, step: Step, text: str, *, ok: bool) -> None:
+        """The outcome of writing (``step`` configs) or launching (``step`` launch): on that
+        step's pane if it is built, and on the status line."""
+        pane = self._configs if step == Step.CONFIGS else self._launch
+        if pane is not None:
+            pane.show_result(text, ok=ok)
+        self.set_status(("✓ " if ok else "✗ ") + text, error=not ok)
+
+    def show_launch_progress(self, text: str) -> None:
+        """How a launch is going, on the launch pane only (the status line keeps the plan)."""
+        if self._launch is not None:
+            self._launch.show_result(text, ok=True)
+
     @on(StepValidated)
     def _validated(self, event: StepValidated) -> None:
-        event.stop()
-        self.step_errors[event.step] = event.errors
-        self.refresh_nav()
-        if event.step == self.current and event.errors:
-            self.set_status(f"✗ {event.errors[0]}", error=True)
-        elif event.step == self.current:
-            self.set_status(self.dtrain.status_text())
-        if event.step in INPUT_STEPS or event.step in ("decision", "launch"):
-            self.dtrain.schedule_plan()
+        # Not stopped: the app re-plans on it.
+        self.session.record(event.step, event.errors)
+        self.show_nav()
+        if event.step == self.current:
+            self._show_step_status()
 
     # --- moving -------------------------------------------------------------------------------
     async def action_next(self) -> None:
-        i = STEP_KEYS.index(self.current)
-        if i + 1 < len(STEP_KEYS):
-            await self.go(STEP_KEYS[i + 1])
+        steps = list(Step)
+        i = steps.index(self.current)
+        if i + 1 < len(steps):
+            await self.go(steps[i + 1])
 
     async def action_back(self) -> None:
-        i = STEP_KEYS.index(self.current)
+        steps = list(Step)
+        i = steps.index(self.current)
         if i > 0:
-            await self.go(STEP_KEYS[i - 1])
+            await self.go(steps[i - 1])
 
     @on(Button.Pressed, "#next")
     async def _next_pressed(self, event: Button.Pressed) -> None:
@@ -178,46 +200,37 @@ class WizardScreen(Screen[None]):
 
     async def go(self, step: str) -> bool:
         """Move to ``step``; forward moves are refused while an earlier step is invalid."""
-        if step == self.current:
+        target = Step(step)
+        if target == self.current:
             return True
-        target = STEP_KEYS.index(step)
-        if target > STEP_KEYS.index(self.current):
-            bad = self.first_invalid(step)
-            if bad is None and step in ("configs", "launch") and self.dtrain.plan is None:
-                bad = "decision"
-                if not self.step_errors.get("decision"):
-                    self.step_errors["decision"] = ["no plan yet (planning…)"]
-            if bad is not None:
-                errors = self.step_errors.get(bad) or ["invalid"]
-                self.set_status(f"✗ fix {bad} first: {errors[0]}", error=True)
-                self.app.bell()
-                if bad != self.current:
-                    await self._enter(bad)
-                return False
-        await self._enter(step)
+        bad = self.session.blocker(target)
+        if bad is not None:
+            errors = self.session.errors(bad) or ["invalid"]
+            self.set_status(f"✗ fix {bad} first: {errors[0]}", error=True)
+            self.app.bell()
+            if bad != self.current:
+                await self._enter(bad)
+            return False
+        await self._enter(target)
         return True
 
-    async def _enter(self, step: str) -> None:
+    async def _enter(self, step: Step) -> None:
         switcher = self.query_one(ContentSwitcher)
         pane = self.pane(step)
         if pane is None:
             pane = step_class(step)()
             await switcher.mount(pane)
-        elif step in ("network", "launch"):
+        elif step in (Step.NETWORK, Step.LAUNCH):
             pane.revalidate()  # their summaries depend on the hardware step
-        self.current = step
+        self.session.current = step
         switcher.current = f"step-{step}"
-        if step == "configs":
-            self.dtrain.want_bundle()
+        self.post_message(StepEntered(step))
+        if step == Step.CONFIGS:
             cast("ConfigsStep", pane).refresh_files()
         target = pane.first_focus()
         if target is not None:
             target.focus()
-        self.refresh_nav()
-        errors = self.step_errors.get(step)
-        if errors:
-            self.set_status(f"✗ {errors[0]}", error=True)
-        else:
-            self.set_status(self.dtrain.status_text())
-        self.query_one("#back", Button).disabled = step == STEP_KEYS[0]
-        self.query_one("#next", Button).disabled = step == STEP_KEYS[-1]
+        self.show_nav()
+        self._show_step_status()
+        self.query_one("#back", Button).disabled = step == Step.MODEL
+        self.query_one("#next", Button).disabled = step == Step.LAUNCH

@@ -3,6 +3,8 @@ took highlighted and the planner's own reason for each step listed under it."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.widget import Widget
@@ -38,8 +40,16 @@ def outcome_level(plan: Plan) -> int:
 class FlowChart(Widget):
     """Renders the flowchart for a plan (or a placeholder until one is computed)."""
 
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "flowchart--path",
+        "flowchart--outcome",
+        "flowchart--chosen",
+    }
     DEFAULT_CSS = """
     FlowChart { height: auto; padding: 0 1; }
+    FlowChart > .flowchart--path { text-style: bold; color: $accent; }
+    FlowChart > .flowchart--outcome { text-style: bold reverse; color: $accent; }
+    FlowChart > .flowchart--chosen { text-style: bold; color: $success; }
     """
 
     def __init__(self, *, id: str | None = None) -> None:  # noqa: A002
@@ -51,41 +61,35 @@ class FlowChart(Widget):
         self.refresh(layout=True)
 
     def render(self) -> RenderableType:
-        v = self.app.theme_variables
         if self.plan is None:
             return Text("No plan yet.", style="dim")
         plan = self.plan
         level = outcome_level(plan)
         lay = plan.recommended
+        path = self.get_component_rich_style("flowchart--path", partial=True)
+        outcome = self.get_component_rich_style("flowchart--outcome", partial=True)
+        chosen = self.get_component_rich_style("flowchart--chosen", partial=True)
         chart = Text(no_wrap=False)
         for text, levels, is_outcome in _LINES:
             on_path = level in levels
+            chart.append(text, style=(outcome if is_outcome else path) if on_path else "dim")
             if on_path and is_outcome:
-                style = f"bold reverse {v.get('accent', '')}"
-            elif on_path:
-                style = f"bold {v.get('accent', '')}"
-            else:
-                style = "dim"
-            chart.append(text, style=style.strip())
-            if on_path and is_outcome:
-                chart.append(
-                    f"  ◀ {lay.strategy.value}", style=f"bold {v.get('success', '')}".strip()
-                )
+                chart.append(f"  ◀ {lay.strategy.value}", style=chosen)
             chart.append("\n")
         extras = [
             ("MoE model? → expert parallel (EP)", lay.ep > 1, f"ep={lay.ep}"),
             ("Very long sequences? → context parallel (CP)", lay.cp > 1, f"cp={lay.cp}"),
         ]
         for text, taken, note in extras:
-            chart.append(text, style=f"bold {v.get('accent', '')}".strip() if taken else "dim")
+            chart.append(text, style=path if taken else "dim")
             if taken:
-                chart.append(f"  ◀ {note}", style=f"bold {v.get('success', '')}".strip())
+                chart.append(f"  ◀ {note}", style=chosen)
             chart.append("\n")
         why = Text()
         if plan.path:
             why.append("Why\n", style="bold")
             for i, step in enumerate(plan.path, 1):
                 why.append(f"{i}. {step.question} ", style="")
-                why.append(f"→ {step.answer}", style=f"bold {v.get('accent', '')}".strip())
+                why.append(f"→ {step.answer}", style=path)
                 why.append(f"\n   {step.reason}\n", style="")
         return Group(chart, why)

@@ -3,6 +3,9 @@ optimizer, activations and buffers, then the total with the GPU limit marked."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
@@ -28,10 +31,22 @@ def describe(lay: Layout) -> str:
 class MemoryBars(Widget):
     """One card: title, five bars and a total bar, scaled to max(GPU memory, total)."""
 
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        *(f"memory-bars--{part}" for part in _PARTS),
+        "memory-bars--fits",
+        "memory-bars--nofit",
+    }
     DEFAULT_CSS = """
     MemoryBars { height: auto; min-width: 34; border: round $panel-lighten-2; padding: 0 1; }
     MemoryBars.-recommended { border: round $accent; }
     MemoryBars.-nofit { border: round $error; }
+    MemoryBars > .memory-bars--params { color: $primary; }
+    MemoryBars > .memory-bars--grads { color: $secondary; }
+    MemoryBars > .memory-bars--optimizer { color: $accent; }
+    MemoryBars > .memory-bars--activations { color: $warning; }
+    MemoryBars > .memory-bars--buffers { color: $foreground; }
+    MemoryBars > .memory-bars--fits { color: $success; }
+    MemoryBars > .memory-bars--nofit { color: $error; }
     """
 
     def __init__(self, layout: Layout, gpu_memory: int, *, recommended: bool) -> None:
@@ -45,23 +60,20 @@ class MemoryBars(Widget):
         self.border_title = f"{title} · {layout.framework.value}"
 
     def render(self) -> Text:
-        v = self.app.theme_variables
+        style = self.get_component_rich_style
         lay = self.layout_
         mem = lay.memory_per_gpu
         width = max(self.size.width, _LABEL_W + _VALUE_W + 6)
         bar_w = max(width - _LABEL_W - _VALUE_W - 1, 4)
         scale = max(self.gpu_memory, mem.total, 1)
-        colours = [
-            v.get(k, "") for k in ("primary", "secondary", "accent", "warning", "foreground")
-        ]
         out = Text(no_wrap=True, overflow="ellipsis")
         out.append(describe(lay) + "\n", style="dim")
-        for part, colour in zip(_PARTS, colours, strict=True):
+        for part in _PARTS:
             value = int(getattr(mem, part))
             out.append(f"{part:<{_LABEL_W}}")
-            out.append_text(_bar(value / scale, bar_w, colour))
+            out.append_text(_bar(value / scale, bar_w, style(f"memory-bars--{part}", partial=True)))
             out.append(f"{gb(value):>{_VALUE_W}}\n")
-        fits_style = v.get("success", "") if lay.fits else v.get("error", "")
+        fits_style = style(f"memory-bars--{'fits' if lay.fits else 'nofit'}", partial=True)
         out.append(f"{'total':<{_LABEL_W}}", style="bold")
         out.append_text(_bar(mem.total / scale, bar_w, fits_style, limit=self.gpu_memory / scale))
         out.append(f"{gb(mem.total):>{_VALUE_W}}\n", style="bold")
@@ -76,7 +88,7 @@ class MemoryBars(Widget):
         return out
 
 
-def _bar(frac: float, width: int, colour: str, *, limit: float | None = None) -> Text:
+def _bar(frac: float, width: int, colour: str | Style, *, limit: float | None = None) -> Text:
     """``████▌░░░`` with eighth-block precision; ``limit`` marks the GPU memory with ``│``."""
     frac = min(max(frac, 0.0), 1.0)
     eighths = round(frac * width * 8)

@@ -17,6 +17,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import repeat
+from typing import NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style
@@ -74,6 +75,13 @@ class PaneBuffer:
         for tag, lines in chunks[start:]:
             self.extend(lines, tag)
 
+    def labelled(self) -> list[str]:
+        """The kept lines, each after its rank (``r3: ...``, ``node: ...``) in a tagged buffer:
+        what a pane holds, filter ignored (tests, benchmarks)."""
+        if self.tags is None:
+            return list(self.texts)
+        return [f"{tag_text(tag)}: {text}" for tag, text in zip(self.tags, self.texts, strict=True)]
+
     @property
     def first_index(self) -> int:
         """Absolute index (0 = first line ever) of the oldest line still kept."""
@@ -101,6 +109,15 @@ class LinePattern:
         return [m.span() for m in self.regex.finditer(line) if m.end() > m.start()]
 
 
+class _RowStyles(NamedTuple):
+    base: Style
+    tag: Style
+    """The rank tag in front of each line of a node or NCCL pane."""
+    error: Style
+    highlight: Style
+    """Added to the line ``e`` (next error) jumped to."""
+
+
 class RankPane(ScrollView, can_focus=True):
     """A view onto a :class:`PaneBuffer`. ``key`` names what it shows (``r3``, ``n1``, ``nccl``)."""
 
@@ -126,15 +143,15 @@ class RankPane(ScrollView, can_focus=True):
 
     COMPONENT_CLASSES = {
         "rank-pane--error",
-        "rank-pane--warn",
         "rank-pane--match",
         "rank-pane--tag",
+        "rank-pane--highlight",
     }
     DEFAULT_CSS += """
     RankPane > .rank-pane--error { color: $error; text-style: bold; }
-    RankPane > .rank-pane--warn { color: $warning; }
     RankPane > .rank-pane--match { background: $accent 40%; }
     RankPane > .rank-pane--tag { color: $text-muted; }
+    RankPane > .rank-pane--highlight { text-style: reverse; }
     """
 
     def __init__(self, buffer: PaneBuffer, key: str, title: str = "", *, id: str | None = None):  # noqa: A002
@@ -309,8 +326,8 @@ class RankPane(ScrollView, can_focus=True):
         self._styles = None
         super().notify_style_update()
 
-    def _row_styles(self) -> tuple[Style, Style, Style]:
-        """(base, tag, error) styles: looked up once per style change, not once per row (each
+    def _row_styles(self) -> _RowStyles:
+        """The styles rows are drawn in: looked up once per style change, not once per row (each
         lookup walks the DOM, and under a firehose every visible row of every pane is redrawn
         several times a second: those walks were a third of a frame's cost)."""
         key = (self.has_focus, frozenset(self.classes), self.app.current_theme.name)
@@ -318,34 +335,36 @@ class RankPane(ScrollView, can_focus=True):
         if cached is not None and cached[0] == key:
             return cached[1]
         base = self.rich_style
-        styles = (
+        styles = _RowStyles(
             base,
             base + self.get_component_rich_style("rank-pane--tag"),
             base + self.get_component_rich_style("rank-pane--error"),
+            self.get_component_rich_style("rank-pane--highlight", partial=True),
         )
         self._styles = (key, styles)
         return styles
 
-    _styles: tuple[object, tuple[Style, Style, Style]] | None = None
+    _styles: tuple[object, _RowStyles] | None = None
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._render_ctx = (
             self.scrollable_content_region.width,
             int(self.scroll_y),
-            *self._row_styles(),
+            self._row_styles(),
         )
         try:
             return super().render_lines(crop)
         finally:
             self._render_ctx = None
 
-    _render_ctx: tuple[int, int, Style, Style, Style] | None = None
+    _render_ctx: tuple[int, int, _RowStyles] | None = None
 
     def render_line(self, y: int) -> Strip:
         ctx = self._render_ctx
         if ctx is None:
-            ctx = (self.scrollable_content_region.width, int(self.scroll_y), *self._row_styles())
-        width, scroll_y, base, tag_style, error_style = ctx
+            ctx = (self.scrollable_content_region.width, int(self.scroll_y), self._row_styles())
+        width, scroll_y, styles = ctx
+        base = styles.base
         row = scroll_y + y
         lines = self.lines
         if row >= len(lines) or width <= 0:
@@ -355,13 +374,13 @@ class RankPane(ScrollView, can_focus=True):
         tags = self.tags
         if tags is not None:
             tag = tag_text(tags[row])
-            segments.append(Segment(f"{tag:>4}│ ", tag_style))
+            segments.append(Segment(f"{tag:>4}│ ", styles.tag))
         text = text.expandtabs(4)
         style = base
         if classify_error(text) is not None:
-            style = error_style
+            style = styles.error
         if row == self._highlight_row:
-            style = style + Style(reverse=True)
+            style = style + styles.highlight
         if self.pattern is not None:
             match_style = style + self.get_component_rich_style("rank-pane--match")
             pos = 0

@@ -8,9 +8,9 @@ so 64 ranks redraw in well under a millisecond at the monitor's 4-10 updates a s
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
-from engine.monitor.state import RankState, RankStatus, Snapshot
+from engine.monitor.state import RankState, Snapshot
+from tui.widgets.rank_states import RankStateView
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -28,38 +28,28 @@ def rank_flags(st: RankState) -> list[str]:
     return flags
 
 
-def state_style(st: RankState, label: str) -> str:
-    if st.status is RankStatus.FAILED:
-        return "bold red"
-    if st.status is RankStatus.EXITED:
-        return "green"
-    if st.hung or label.startswith("idle"):
-        return "yellow"
-    if st.status is RankStatus.STARTING:
-        return "dim"
-    return ""
-
-
-class RankTable(Static):
+class RankTable(RankStateView):
     """Rank, node, state, step, loss, tokens/s, flags. ``selected`` marks the focused rank."""
 
+    COMPONENT_CLASSES = {"rank-table--heading", "rank-table--errors", "rank-table--flags"}
     DEFAULT_CSS = """
     RankTable {
         height: auto; max-height: 100%; overflow-y: auto; padding: 0 1;
         text-wrap: nowrap; text-overflow: ellipsis;
     }
+    RankTable > .rank-table--heading { text-style: bold; }
+    RankTable > .rank-table--errors { color: ansi_red; text-style: bold; }
+    RankTable > .rank-table--flags { color: ansi_yellow; }
     """
 
     def __init__(self, *, idle_after_s: float = 10.0, id: str | None = None) -> None:  # noqa: A002
         super().__init__("", id=id)
         self.idle_after_s = idle_after_s
         self.selected: int | None = None
-        self._last: Snapshot | None = None
         self._shown: Text | None = None
         self._rows = -1
 
     def show(self, snap: Snapshot, selected: int | None = None) -> None:
-        self._last = snap
         self.selected = selected
         table = self.render_table(snap)
         if table == self._shown:  # same text and styles
@@ -72,19 +62,20 @@ class RankTable(Static):
     def render_table(self, snap: Snapshot) -> Text:
         out = Text(no_wrap=True, overflow="ellipsis")
         out.append(
-            f"{'rank':>4} {'state':<14} {'step':>7} {'loss':>6} {'tok/s':>7} flags\n", "bold"
+            f"{'rank':>4} {'state':<14} {'step':>7} {'loss':>6} {'tok/s':>7} flags\n",
+            self.style_of("rank-table--heading"),
         )
+        errors, flagged = self.style_of("rank-table--errors"), self.style_of("rank-table--flags")
         for r in sorted(snap.ranks):
             st = snap.ranks[r]
             label = st.label(snap.now, self.idle_after_s)
             step = "-" if st.step is None else f"{st.step}/{st.total_steps}"
             mark = "▸" if r == self.selected else " "
             out.append(f"{mark}{r:>3} ")
-            out.append(f"{label:<14.14}", state_style(st, label))
+            out.append(f"{label:<14.14}", self.state_style(st, label))
             loss, tps = _num(st.loss, "6.3f"), _num(st.tokens_per_s, "7.0f")
             out.append(f" {step:>7} {loss:>6} {tps:>7} ")
-            flags = rank_flags(st)
-            out.append(" ".join(flags), "bold red" if st.errors else "yellow")
+            out.append(" ".join(rank_flags(st)), errors if st.errors else flagged)
             out.append("\n")
         out.rstrip()
         return out

@@ -4,34 +4,45 @@ Clicking a step asks the wizard to go there (the wizard decides whether it may).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from rich.text import Text
 from textual import events
 from textual.message import Message
 from textual.widget import Widget
 
+from tui.session import Step
+
 
 class StepNav(Widget):
     """Steps as lines: ``› 1 Model  ✓``; invalid steps carry ``✗`` in the error colour."""
 
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "step-nav--current",
+        "step-nav--valid",
+        "step-nav--invalid",
+    }
     DEFAULT_CSS = """
     StepNav { width: 18; height: 1fr; padding: 1 1; background: $panel; }
+    StepNav > .step-nav--current { text-style: bold; color: $accent; }
+    StepNav > .step-nav--valid { color: $success; }
+    StepNav > .step-nav--invalid { color: $error; }
     """
 
     @dataclass
     class Picked(Message):
         """The user clicked the step ``step``."""
 
-        step: str
+        step: Step
 
-    def __init__(self, steps: list[tuple[str, str]], *, id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, steps: list[Step], *, id: str | None = None) -> None:  # noqa: A002
         super().__init__(id=id)
         self.steps = steps
-        self.current = steps[0][0]
-        self.invalid: dict[str, bool] = {}
-        self.pending: set[str] = set()
+        self.current = steps[0]
+        self.invalid: dict[Step, bool] = {}
+        self.pending: set[Step] = set()
 
-    def set_state(self, current: str, invalid: dict[str, bool], pending: set[str]) -> None:
+    def set_state(self, current: Step, invalid: dict[Step, bool], pending: set[Step]) -> None:
         if (current, invalid, pending) == (self.current, self.invalid, self.pending):
             return
         self.current = current
@@ -41,16 +52,18 @@ class StepNav(Widget):
 
     def render(self) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
-        styles = self.app.theme_variables
-        for i, (key, title) in enumerate(self.steps, 1):
-            here = key == self.current
-            bad = self.invalid.get(key, False)
-            mark = "✗" if bad else ("…" if key in self.pending else "✓")
-            line = Text(f"{'›' if here else ' '} {i} {title:<9}", no_wrap=True)
+        style = self.get_component_rich_style
+        for step in self.steps:
+            here = step == self.current
+            bad = self.invalid.get(step, False)
+            mark = "✗" if bad else ("…" if step in self.pending else "✓")
+            line = Text(f"{'›' if here else ' '} {step.number} {step.label:<9}", no_wrap=True)
             if here:
-                line.stylize(f"bold {styles.get('accent', '')}".strip())
+                line.stylize(style("step-nav--current", partial=True))
             line.append(" ")
-            line.append(mark, style=styles.get("error", "") if bad else styles.get("success", ""))
+            line.append(
+                mark, style=style(f"step-nav--{'invalid' if bad else 'valid'}", partial=True)
+            )
             text.append_text(line)
             text.append("\n")
         text.append("\n")
@@ -60,4 +73,4 @@ class StepNav(Widget):
     def on_click(self, event: events.Click) -> None:
         row = event.y - 1  # padding-top
         if 0 <= row < len(self.steps):
-            self.post_message(self.Picked(self.steps[row][0]))
+            self.post_message(self.Picked(self.steps[row]))

@@ -1,0 +1,165 @@
+"""What torchrun prints, parsed: which rank a line is from, and how the ranks of a node ended.
+
+Called by the launch backends' stream readers (:mod:`engine.launch.streams`) and by the SkyPilot
+backend, whose lines carry SkyPilot's node prefix before torchrun's. Pure functions and one small
+parser per node; no I/O, no threads.
+
+torchrun ``--tee 3`` puts ``[default<local_rank>]:`` before each line of a rank; lines without it
+are the node's own (launcher chatter). When a node's torchrun exits non-zero it prints its
+``ChildFailedError`` table on stderr (``rank : R (local_rank: L)`` / ``exitcode : C``, negative
+for a signal); its ``Root Cause`` entry names the rank that failed first.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+TEE_RE = re.compile(rb"^\[default(\d+)\]:")
+"""torchrun's tee prefix on a raw line; group 1 is the local rank."""
+_TEE_STR_RE = re.compile(r"\[default(\d+)\]:")
+# Where lines without a tee prefix end: before the next line that has one.
+_NEXT_TAGGED_RE = re.compile(r"\n(?=\[default\d+\]:)")
+
+Key = tuple[int, int | None]
+"""(node, global rank or None for the node's own lines)."""
+Groups = dict[Key, list[str]]
+# Per local rank "L": (search for the end of a run of "[defaultL]:" lines, "\n[defaultL]:",
+# len("[defaultL]:"), L). Built once per local rank and kept: the hot path reuses them.
+_RunOf = tuple[Callable[[str, int], "re.Match[str] | None"], str, int, int]
+_RUNS: dict[str, _RunOf] = {}
+
+_TABLE_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_TABLE_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _run_of(local: str) -> _RunOf:
+    prefix = f"[default{local}]:"
+    run = (
+        re.compile(r"\n(?!" + re.escape(prefix) + ")").search,
+        "\n" + prefix,
+        len(prefix),
+        int(local),
+    )
+    _RUNS[local] = run
+    return run
+
+
+def split_tee(node: int, gpus_per_node: int, raw: bytes) -> tuple[int, int | None, bytes]:
+    """(node, global rank or None, line without the tee prefix) for one raw line of ``node``."""
+    mt = TEE_RE.match(raw)
+    if mt:
+        return node, node * gpus_per_node + int(mt.group(1)), raw[mt.end() :]
+    return node, None, raw
+
+
+def group_runs(
+    text: str, node: int, gpus_per_node: int, untagged: Callable[[str], list[str]]
+) -> Groups:
+    """{(node, rank): [lines without prefixes, in order]} for ``text`` (whole lines, each ending
+    in a newline) of one node, split by the tee prefixes. ``untagged`` gets each stretch of
+    lines without a prefix (as text) and returns the lines to keep for the node itself.
+
+    Works per run of consecutive lines of one rank, not per line: a run's end is found with one
+    regex search (the first line without the run's prefix) and its lines come out of one
+    ``str.split`` on "newline + prefix", prefixes already gone."""
+    base = node * gpus_per_node
+    groups: Groups = {}
+    tee, next_tagged, runs = _TEE_STR_RE.match, _NEXT_TAGGED_RE.search, _RUNS
+    pos, end_all = 0, len(text)
+    while pos < end_all:
+        m = tee(text, pos)
+        if m is None:  # lines with no rank prefix, up to the next line that has one
+            nm = next_tagged(text, pos)
+            end = nm.end() if nm is not None else end_all
+            kept = untagged(text[pos:end])
+            if kept:
+                groups.setdefault((node, None), []).extend(kept)
+            pos = end
+            continue
+        g = m.group(1)
+        run = runs.get(g)
+        if run is None:
+            run = _run_of(g)
+        run_end, sep, plen, local = run
+        em = run_end(text, pos)
+        end = em.end() if em is not None else end_all
+        # Every line up to ``end`` starts with this run's prefix: split on "\n" + prefix.
+        lines = text[pos + plen : end - 1].split(sep)
+        key = (node, base + local)
+        lst = groups.get(key)
+        if lst is None:
+            groups[key] = lines
+        else:
+            lst += lines
+        pos = end
+    return groups
+
+
+def shown(line: str) -> str:
+    """A line as shown: bytes that are not UTF-8 (kept by ``surrogateescape``) become U+FFFD."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return line
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code 1``, ``signal 9 (SIGKILL)`` or ``unknown exit``."""
+    if code is None:
+        return "unknown exit"
+    if code < 0:
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class FailureTable:
+    """One node's torchrun failure table, read line by line from the node's own lines."""
+
+    rank_exits: dict[int, int] = field(default_factory=dict)
+    """Exit code of each rank the table lists."""
+    root_rank: int | None = None
+    """The rank of the ``Root Cause`` entry: the one that failed first."""
+    _rank: int | None = None
+    _in_root: bool = False
+
+    def scan(self, body: bytes) -> None:
+        """Follow the table through one line (cheap for the lines that are not part of it)."""
+        if (
+            b"rank" not in body
+            and b"exitcode" not in body
+            and b"Root Cause" not in body
+            and b"Failures:" not in body
+        ):
+            return
+        text = body.decode("utf-8", "replace")
+        if "Root Cause" in text:
+            self._in_root = True
+            return
+        if text.startswith("Failures:"):
+            self._in_root = False
+            return
+        mr = _TABLE_RANK_RE.match(text)
+        if mr:
+            self._rank = int(mr.group(1))
+            if self._in_root:
+                self.root_rank = self._rank
+            return
+        me = _TABLE_EXIT_RE.match(text)
+        if me and self._rank is not None:
+            self.rank_exits[self._rank] = int(me.group(1))
+            self._rank = None
+
+    def first_failed(self) -> int | None:
+        """The rank to blame: the root cause, else the lowest rank listed with a non-zero code."""
+        if self.root_rank is not None:
+            return self.root_rank
+        nonzero = [r for r, c in sorted(self.rank_exits.items()) if c != 0]
+        return nonzero[0] if nonzero else None

@@ -1,0 +1,239 @@
+"""The plan's narration: how bytes and layouts read in its text, the notes on the recommended
+layout, each alternative with why it lost, and the common mistakes as warnings a person can act
+on. Called by the flowchart walk (:mod:`engine.plan.flowchart`), the forced checks
+(:mod:`engine.plan.forced`) and :func:`engine.plan.planner.plan`; ``describe`` also by the CLI's
+report. Pure text from values: nothing here changes what is chosen.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.plan.context import PlanContext
+from engine.plan.memory import LayoutDraft
+from engine.plan.result import Layout, MemoryBreakdown
+from engine.plan.search import Candidate, best, evaluate, smallest
+from engine.plan.specs import Framework, NetworkTier, Offload, Precision, Recompute, Strategy
+from engine.plan.strategies import DISPLAY_NAME
+
+MAX_ALTERNATIVES = 6
+# Anti-pattern thresholds of seed doc 003.
+MAX_BUBBLE = 0.20
+MIN_SCALING = 0.80
+
+
+def gib(n: float) -> str:
+    """Bytes for a reason line: GiB, or MiB below 1 GiB so small models don't read as 0.0 GiB."""
+    if abs(n) < 1024**3:
+        return f"{n / 1024**2:.1f} MiB"
+    return f"{n / 1024**3:.1f} GiB"
+
+
+def mem_line(m: MemoryBreakdown) -> str:
+    """A memory breakdown in one phrase: the total, then each part."""
+    return (
+        f"{gib(m.total)} (params {gib(m.params)}, grads {gib(m.grads)}, optimizer "
+        f"{gib(m.optimizer)}, activations {gib(m.activations)}, buffers {gib(m.buffers)})"
+    )
+
+
+def describe(d: LayoutDraft | Layout) -> str:
+    """A short human name for a layout: ``ZeRO-2 (DeepSpeed) dp=8``."""
+    parts = [f"{DISPLAY_NAME[d.strategy]} ({d.framework.value})"]
+    degrees = [f"{k}={getattr(d, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(d, k) > 1]
+    parts.append(" ".join([*degrees, f"dp={d.dp}"]))
+    if d.strategy == Strategy.THREE_D and d.zero_stage:
+        parts.append("+ distributed optimizer")
+    if d.offload != Offload.NONE:
+        parts.append(f"+ {d.offload.value} offload")
+    return " ".join(parts)
+
+
+def shortfall(ctx: PlanContext, c: Candidate) -> str:
+    """Why ``c`` does not fit, in numbers: GPU memory, or host RAM for what it offloads."""
+    if c.mem.total > ctx.usable:
+        return f"needs {gib(c.mem.total)} per GPU of {gib(ctx.usable)} usable"
+    need = c.mem.cpu_bytes * ctx.gpn
+    return (
+        f"offloads {gib(need)} per node to host RAM of {gib(ctx.cpu_usable)} usable "
+        "(pass --cpu-ram-gb if the nodes have more)"
+    )
+
+
+def fix_hint(d: LayoutDraft) -> str:
+    """The next thing to try when layout ``d`` does not fit."""
+    if d.strategy in (Strategy.DDP, Strategy.ZERO1):
+        return "try --strategy zero2 or zero3"
+    if d.strategy in (Strategy.ZERO2, Strategy.FSDP_GRAD_OP):
+        return "try --strategy zero3 (or fsdp-full)"
+    if d.offload == Offload.NONE and d.strategy != Strategy.THREE_D:
+        return "try --offload optimizer, more GPUs, or --recompute full"
+    return "try larger tp/pp, --recompute full, or more GPUs"
+
+
+def notes(ctx: PlanContext, c: Candidate) -> list[str]:
+    """What a person should know about the recommended layout's costs."""
+    d = c.draft
+    out: list[str] = []
+    if d.recompute == Recompute.FULL:
+        out.append("full activation recompute: about 33% more compute per step")
+    if d.offload != Offload.NONE:
+        out.append(
+            f"{gib(c.mem.cpu_bytes)} per GPU lives in CPU memory ({d.offload.value}); "
+            "the optimizer step runs on the CPU"
+        )
+    if d.precision == Precision.FP16:
+        out.append("fp16: dynamic loss scaling is on (initial scale 2^16)")
+    if ctx.gpu.is_cpu:
+        out.append("CPU ranks over gloo: a smoke-test set-up; times are nominal")
+    if d.strategy == Strategy.THREE_D and d.sequence_parallel:
+        out.append("sequence parallelism splits layer-norm and dropout activations across TP ranks")
+    return out
+
+
+def alternatives(ctx: PlanContext, cands: list[Candidate], chosen: Candidate) -> list[Layout]:
+    """The best layout of each other strategy/offload kind, each with why it lost, fastest
+    first."""
+    groups: dict[tuple[Strategy, Offload], list[Candidate]] = {}
+    for c in cands:
+        groups.setdefault((c.draft.strategy, c.draft.offload), []).append(c)
+    out: list[tuple[float, Layout]] = []
+    for (strategy, offload), group in groups.items():
+        if strategy == chosen.draft.strategy and offload == chosen.draft.offload:
+            continue
+        winner = best(ctx, group)
+        if winner is None:
+            lean = smallest(group)
+            why = f"does not fit: {shortfall(ctx, lean)}"
+            out.append((math.inf, evaluate(ctx, lean).to_layout(rejected=why)))
+            continue
+        out.append((winner.time, winner.to_layout(rejected=_why_lost(chosen, winner, offload))))
+    out.sort(key=lambda t: t[0])
+    return [lay for _, lay in out[:MAX_ALTERNATIVES]]
+
+
+def _why_lost(chosen: Candidate, winner: Candidate, offload: Offload) -> str:
+    if not (chosen.est and winner.est):
+        return "not evaluated"
+    if not chosen.fits:
+        return "fits but differs from the forced layout"
+    ratio = winner.time / chosen.time if chosen.time else 1.0
+    if ratio > 1.005:
+        return f"{ratio - 1:.0%} slower ({winner.time:.3g} s vs {chosen.time:.3g} s per step)"
+    if offload != Offload.NONE:
+        return "offload is the last resort: the plan fits without it"
+    return (
+        f"about as fast ({winner.time:.3g} s per step); the recommended layout is the "
+        "flowchart's choice"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Common mistakes
+
+
+def mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
+    """The seeds' common mistakes in the recommended layout ``lay``, as warnings a person can
+    act on."""
+    return [*_batch_mistakes(ctx, lay), *_layout_mistakes(ctx, lay)]
+
+
+def _batch_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
+    t = ctx.spec.training
+    out: list[str] = []
+    if lay.global_batch != t.global_batch:
+        out.append(
+            f"training.global_batch: {t.global_batch} is not micro_batch x grad_accum x dp "
+            f"({lay.micro_batch} x {lay.grad_accum} x {lay.dp}); the plan trains with "
+            f"{lay.global_batch}. Pass a global batch divisible by {lay.micro_batch * lay.dp}"
+        )
+    if t.lr is not None:
+        if t.reference_batch:
+            scaled = t.lr * lay.global_batch / t.reference_batch
+            if abs(scaled - t.lr) / t.lr > 0.01:
+                out.append(
+                    f"training.lr: {t.lr:g} was tuned for a global batch of {t.reference_batch}; "
+                    f"at {lay.global_batch} the linear scaling rule gives {scaled:.3g} "
+                    "(with warmup; for Adam at large batches, sqrt scaling is safer)"
+                )
+        else:
+            out.append(
+                f"training.lr: {t.lr:g} is kept as is; if it was tuned for another global batch, "
+                f"scale it linearly to {lay.global_batch} (pass reference_batch for the figure)"
+            )
+    return out
+
+
+def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
+    spec = ctx.spec
+    dims = ctx.dims
+    out: list[str] = []
+    if lay.pp > 1 and dims.layers % lay.pp:
+        out.append(
+            f"layout.pp: {dims.layers} layers do not split evenly into {lay.pp} stages; the first "
+            f"stages get {math.ceil(dims.layers / lay.pp)} layers (pass a pp that divides {dims.layers})"
+        )
+    if lay.tp > ctx.gpn:
+        out.append(
+            f"layout.tp: tp={lay.tp} exceeds {ctx.gpn} GPUs per node, so TP crosses nodes and every "
+            "layer's all-reduce goes over the network; keep tp <= gpus_per_node"
+        )
+    if lay.bubble_fraction > MAX_BUBBLE:
+        out.append(
+            f"pipeline bubble {lay.bubble_fraction:.0%} > {MAX_BUBBLE:.0%}: {lay.grad_accum} "
+            f"micro-batches for {lay.pp} stages; use >= {4 * lay.pp} micro-batches (raise the "
+            "global batch or lower the micro-batch)"
+        )
+    if lay.fits and lay.scaling_efficiency < MIN_SCALING and ctx.world > 1:
+        out.append(
+            f"scaling efficiency {lay.scaling_efficiency:.0%} < {MIN_SCALING:.0%}: communication "
+            "dominates; a faster network, a larger micro-batch or fewer GPUs would help"
+        )
+    if ctx.nodes > 1 and spec.network.tier == NetworkTier.TCP:
+        out.append(
+            "network.tier: multi-node over plain TCP; inter-node gradients will bottleneck (use "
+            "InfiniBand/EFA, e.g. SkyPilot network_tier: best, and pass --network)"
+        )
+    if lay.fits and lay.offload != Offload.NONE and not spec.layout.offload:
+        out.append(
+            "CPU offload is the last resort (seed doc 000): it fits, but expect a slow optimizer step"
+        )
+    if lay.framework == Framework.MEGATRON and ctx.gpu.is_cpu:
+        out.append(
+            "layout.framework: Megatron-LM needs CUDA GPUs; on CPU ranks use ddp, deepspeed or fsdp"
+        )
+    if lay.sequence_parallel and lay.tp == 1:
+        out.append("layout.sequence_parallel: needs tp > 1; it has no effect here")
+    if not lay.fits and spec.layout.is_forced:
+        out.append(_forced_misfit(ctx, lay))
+    return out
+
+
+def _forced_misfit(ctx: PlanContext, lay: Layout) -> str:
+    m = lay.memory_per_gpu
+    text = f"the forced layout does not fit: {gib(m.total)} per GPU of {gib(ctx.usable)} usable"
+    if m.total <= ctx.usable:
+        text += (
+            f", and {gib(m.cpu_bytes * ctx.gpn)} per node offloaded "
+            f"to host RAM of {gib(ctx.cpu_usable)} usable"
+        )
+    return text + f"; {fix_hint(_draft_of(lay))}"
+
+
+def _draft_of(lay: Layout) -> LayoutDraft:
+    return LayoutDraft(
+        strategy=lay.strategy,
+        framework=lay.framework,
+        tp=lay.tp,
+        pp=lay.pp,
+        dp=lay.dp,
+        cp=lay.cp,
+        ep=lay.ep,
+        zero_stage=lay.zero_stage,
+        offload=lay.offload,
+        micro_batch=lay.micro_batch,
+        grad_accum=lay.grad_accum,
+        recompute=lay.recompute,
+        sequence_parallel=lay.sequence_parallel,
+        precision=lay.precision,
+    )

@@ -1,0 +1,116 @@
+"""The facts a plan works from, resolved once from the spec: the model's dimensions, the GPU, the
+training precision (the flowchart's first step), the hardware the time model reads and the memory
+budgets. Built by :func:`engine.plan.planner.plan` and read by every planning step (forced checks,
+search, flowchart walk, narration), which never look the spec's defaults up again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.plan.catalog import GpuType, get_network
+from engine.plan.memory import usable_bytes
+from engine.plan.perf import Hardware
+from engine.plan.result import PathStep
+from engine.plan.specs import IntraNodeLink, ModelDims, Precision, Spec
+
+
+@dataclass(slots=True)
+class PlanContext:
+    """What one call of the planner knows about the problem."""
+
+    spec: Spec
+    dims: ModelDims
+    gpu: GpuType
+    hw: Hardware
+    precision: Precision
+    usable: int
+    """GPU memory a layout may use (bytes)."""
+    cpu_usable: int
+    """Host RAM per node offload may use (bytes)."""
+    flash: bool
+    """FlashAttention / SDPA kernels: the attention scores are never stored."""
+    world: int
+    gpn: int
+    """GPUs per node."""
+    nodes: int
+
+    @classmethod
+    def build(cls, spec: Spec, dims: ModelDims, gpu: GpuType, precision: Precision) -> PlanContext:
+        """The context of ``spec``: host RAM for offload is the spec's, else twice the node's GPU
+        memory."""
+        return cls(
+            spec=spec,
+            dims=dims,
+            gpu=gpu,
+            hw=hardware(spec, gpu, precision),
+            precision=precision,
+            usable=usable_bytes(gpu.memory_bytes),
+            cpu_usable=usable_bytes(
+                int(spec.hardware.cpu_ram_gb * 1e9)
+                if spec.hardware.cpu_ram_gb
+                else 2 * gpu.memory_bytes * spec.hardware.gpus_per_node
+            ),
+            flash=not gpu.is_cpu,
+            world=spec.hardware.world_size,
+            gpn=spec.hardware.gpus_per_node,
+            nodes=spec.hardware.nodes,
+        )
+
+
+def resolve_precision(
+    spec: Spec, gpu: GpuType, warnings: list[str], path: list[PathStep]
+) -> Precision:
+    """The precision to train in: the spec's, or the GPU's default; fp16 where bf16 was asked
+    for on a GPU without it. Records the path's "Which precision?" step."""
+    asked = spec.training.precision
+    default = gpu.default_precision()
+    if asked is None:
+        why = (
+            "CPU ranks train in fp32 (no fast 16-bit math over gloo)"
+            if gpu.is_cpu
+            else f"{gpu.name} has bf16"
+            if gpu.has_bf16
+            else f"{gpu.name} has no bf16: fp16 mixed precision with dynamic loss scaling"
+        )
+        path.append(PathStep(question="Which precision?", answer=default.value, reason=why))
+        return default
+    if asked == Precision.BF16 and not gpu.has_bf16 and not gpu.is_cpu:
+        warnings.append(
+            f"training.precision: {gpu.name} has no bf16; using fp16 with dynamic loss scaling "
+            "(pass --precision fp16 to silence this)"
+        )
+        path.append(
+            PathStep(
+                question="Which precision?",
+                answer="fp16",
+                reason=f"bf16 was asked for but {gpu.name} has no bf16 units",
+            )
+        )
+        return Precision.FP16
+    path.append(PathStep(question="Which precision?", answer=asked.value, reason="as given"))
+    return asked
+
+
+def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
+    """The machines as the time model sees them: peak FLOP/s, link bandwidths, price."""
+    net = get_network(spec.network.tier)
+    inter = net.bytes_per_s
+    if spec.network.bandwidth_gbps:
+        inter = spec.network.bandwidth_gbps * 1e9 / 8 * net.efficiency
+    intra = gpu.intra_gbps * 1e9
+    if spec.hardware.intra_node_link == IntraNodeLink.PCIE:
+        intra = min(intra, gpu.pcie_gbps * 1e9)
+    price = spec.training.price_per_gpu_hour
+    if price is None:
+        price = gpu.price_per_hour or None
+    return Hardware(
+        peak_flops=(gpu.peak_tflops(precision) or gpu.fp32_tflops) * 1e12,
+        achievable_mfu=gpu.achievable_mfu,
+        intra_bytes_per_s=intra,
+        inter_bytes_per_s=inter,
+        pcie_bytes_per_s=gpu.pcie_gbps * 1e9,
+        gpus_per_node=spec.hardware.gpus_per_node,
+        nodes=spec.hardware.nodes,
+        price_per_gpu_hour=price,
+    )

@@ -1,0 +1,280 @@
+"""The seed documents' decision flowchart (docs 000 and 001), walked over the searched
+candidates: fits on one GPU → DDP; fits with optimizer/gradient sharding → ZeRO-1/2 or FSDP
+SHARD_GRAD_OP; else ZeRO-3 / FULL_SHARD; still out of memory → TP+PP+DP or CPU offload; then
+whether a nearby layout is clearly faster, and the questions about the chosen layout's shape (MoE
+→ expert parallelism, long sequences → context parallelism, TP inside a node, micro-batches ≥ 4×
+PP stages). Each question, answer and reason is appended to the plan's path as a
+:class:`PathStep`. Called by :func:`engine.plan.planner.plan`.
+"""
+
+from __future__ import annotations
+
+from engine.plan.annotate import describe, gib, mem_line, shortfall
+from engine.plan.context import PlanContext
+from engine.plan.result import PathStep
+from engine.plan.search import LONG_SEQUENCE, Candidate, best, evaluate, smallest
+from engine.plan.specs import Offload, Strategy
+
+# A searched layout replaces the flowchart's choice only when it is at least this much faster.
+CLEARLY_FASTER = 0.15
+# The flowchart's classes.
+CLASS_DDP = (Strategy.DDP,)
+CLASS_SHARD_OG = (Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP_GRAD_OP)
+CLASS_SHARD_ALL = (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID)
+
+
+def narrow(ctx: PlanContext, cands: list[Candidate]) -> list[Candidate]:
+    """The pool the flowchart answers from: MoE → EP and long sequences → CP when any such
+    layout fits, and micro-batches >= 4x PP stages (seed doc 001) unless nothing else fits."""
+    spec = ctx.spec
+    pool = cands
+    if ctx.dims.is_moe and ctx.world > 1 and spec.layout.ep is None:
+        with_ep = [c for c in pool if c.draft.ep > 1]
+        if any(c.fits for c in with_ep):
+            pool = with_ep
+    if spec.training.seq_len >= LONG_SEQUENCE and spec.layout.cp is None:
+        with_cp = [c for c in pool if c.draft.cp > 1]
+        if any(c.fits for c in with_cp):
+            pool = with_cp
+    deep = [c for c in pool if c.draft.pp == 1 or c.draft.grad_accum >= 4 * c.draft.pp]
+    if spec.layout.pp is None and any(c.fits for c in deep):
+        pool = deep
+    return pool
+
+
+def walk(
+    ctx: PlanContext, pool: list[Candidate], cands: list[Candidate], path: list[PathStep]
+) -> Candidate | None:
+    """The memory questions, simplest class first: the flowchart's layout, or None when nothing
+    in ``pool`` fits."""
+    if ctx.world == 1:
+        path.append(
+            PathStep(
+                question="Is there more than one GPU?",
+                answer="no",
+                reason="one device: data parallelism has nothing to split; gradient accumulation "
+                "reaches the global batch",
+            )
+        )
+    single = _fits_class(ctx, pool, CLASS_DDP)
+    ddp_need = _need(ctx, pool, CLASS_DDP, cands)
+    path.append(
+        PathStep(
+            question="Does the model fit on one GPU (full replica: params, grads, optimizer, activations)?",
+            answer="yes" if single else "no",
+            reason=(
+                f"DDP needs {mem_line(single.mem)} per GPU of {gib(ctx.usable)} usable"
+                if single
+                else ddp_need
+            ),
+        )
+    )
+    if single:
+        path.append(
+            PathStep(
+                question="Which strategy?",
+                answer="DDP" if ctx.world > 1 else "single GPU",
+                reason="the model fits: replicate it and all-reduce gradients (simplest, near-linear scaling)",
+            )
+        )
+        return single
+    for question, strategies in (
+        (
+            "Does it fit with optimizer and gradient sharding (ZeRO-1/2, FSDP SHARD_GRAD_OP)?",
+            CLASS_SHARD_OG,
+        ),
+        ("Does it fit with full sharding (ZeRO-3, FSDP FULL_SHARD)?", CLASS_SHARD_ALL),
+    ):
+        found = _fits_class(ctx, pool, strategies)
+        path.append(
+            PathStep(
+                question=question,
+                answer="yes" if found else "no",
+                reason=(
+                    f"{describe(found.draft)} needs {mem_line(found.mem)}"
+                    if found
+                    else _need(ctx, pool, strategies, cands)
+                ),
+            )
+        )
+        if found:
+            return found
+    return _last_resort(ctx, pool, cands, path)
+
+
+def _last_resort(
+    ctx: PlanContext, pool: list[Candidate], cands: list[Candidate], path: list[PathStep]
+) -> Candidate | None:
+    """Still out of memory: TP+PP+DP, or CPU offload when it is faster or alone fits."""
+    three_d = best(ctx, [c for c in pool if c.draft.strategy == Strategy.THREE_D])
+    offl = best(ctx, [c for c in pool if c.draft.offload != Offload.NONE])
+    flow = three_d or offl
+    if three_d and offl and offl.time < three_d.time:
+        flow = offl
+    if flow is None:
+        lean = smallest(cands)
+        reason = (
+            f"even the leanest layout, {describe(lean.draft)}, needs {gib(lean.mem.total)} per "
+            "GPU; add GPUs, shorten the sequence or use a smaller model"
+        )
+    else:
+        reason = f"needs {mem_line(flow.mem)}; " + (
+            "TP splits layers inside a node, PP splits layers across nodes"
+            if flow.draft.strategy == Strategy.THREE_D
+            else "optimizer state (and params) move to CPU memory: slower, last resort"
+        )
+    path.append(
+        PathStep(
+            question="Still out of memory: does TP+PP+DP or CPU offload fit?",
+            answer="none fits" if flow is None else describe(flow.draft),
+            reason=reason,
+        )
+    )
+    return flow
+
+
+def _fits_class(
+    ctx: PlanContext, cands: list[Candidate], strategies: tuple[Strategy, ...]
+) -> Candidate | None:
+    pool = [
+        c
+        for c in cands
+        if c.draft.strategy in strategies
+        and c.draft.offload == Offload.NONE
+        and c.draft.tp == 1
+        and c.draft.pp == 1
+    ]
+    return best(ctx, pool)
+
+
+def _need(
+    ctx: PlanContext,
+    cands: list[Candidate],
+    strategies: tuple[Strategy, ...],
+    everything: list[Candidate],
+) -> str:
+    """What the leanest layout of a class needs (from the whole search when the pool has none)."""
+    pool = [c for c in cands if c.draft.strategy in strategies and c.draft.offload == Offload.NONE]
+    if not pool:
+        pool = [
+            c
+            for c in everything
+            if c.draft.strategy in strategies and c.draft.offload == Offload.NONE
+        ]
+    if not pool:
+        return "no such layout applies to this world size"
+    c = smallest(pool)
+    return f"{describe(c.draft)} needs at least {mem_line(c.mem)} of {gib(ctx.usable)} usable"
+
+
+def choose(
+    ctx: PlanContext,
+    flow: Candidate | None,
+    pool: list[Candidate],
+    cands: list[Candidate],
+    path: list[PathStep],
+    warnings: list[str],
+) -> Candidate:
+    """The recommended candidate: the flowchart's layout unless one nearby is clearly faster;
+    the leanest of all when nothing fits (with a warning, unless the layout was forced).
+    Offload stays the last resort: it never replaces a layout that fits without it."""
+    near = pool
+    if flow is not None and flow.draft.offload == Offload.NONE:
+        near = [c for c in pool if c.draft.offload == Offload.NONE]
+    fastest = best(ctx, near)
+    chosen = flow or fastest
+    if flow and fastest and fastest is not flow and fastest.time < flow.time * (1 - CLEARLY_FASTER):
+        gain = 1 - fastest.time / flow.time
+        path.append(
+            PathStep(
+                question="Is a nearby layout clearly faster?",
+                answer=f"yes: {describe(fastest.draft)}",
+                reason=(
+                    f"{gain:.0%} shorter step ({fastest.time:.3g} s vs {flow.time:.3g} s for the "
+                    f"flowchart's {describe(flow.draft)})"
+                ),
+            )
+        )
+        chosen = fastest
+    elif flow:
+        path.append(
+            PathStep(
+                question="Is a nearby layout clearly faster?",
+                answer="no",
+                reason=(
+                    f"searched {len(cands)} layouts; none is {CLEARLY_FASTER:.0%} faster than "
+                    f"{describe(flow.draft)} ({flow.time:.3g} s/step)"
+                ),
+            )
+        )
+    if chosen is None:
+        chosen = evaluate(ctx, smallest(cands))
+        if not ctx.spec.layout.is_forced:
+            warnings.append(
+                f"nothing fits: the leanest layout ({describe(chosen.draft)}) "
+                f"{shortfall(ctx, chosen)}; add GPUs or nodes, shorten --seq-len, or use "
+                "--recompute full / --offload"
+            )
+    return chosen
+
+
+def shape_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
+    """The questions about the chosen layout's shape: experts, long sequences, TP placement and
+    the pipeline's micro-batches (each asked only where it applies)."""
+    dims = ctx.dims
+    seq = ctx.spec.training.seq_len
+    d = chosen.draft
+    steps: list[PathStep] = []
+    if dims.is_moe:
+        steps.append(
+            PathStep(
+                question="Is it a mixture-of-experts model?",
+                answer=f"yes: ep={d.ep}" if d.ep > 1 else "yes, but ep=1",
+                reason=(
+                    f"{dims.num_experts} experts, top-{dims.experts_per_token}: expert parallelism "
+                    f"places {dims.num_experts // d.ep} expert(s) per GPU and routes tokens with all-to-all"
+                    if d.ep > 1
+                    else "no expert-parallel layout fits this world size"
+                ),
+            )
+        )
+    if seq >= LONG_SEQUENCE:
+        steps.append(
+            PathStep(
+                question=f"Is the sequence long (>= {LONG_SEQUENCE // 1024}K tokens)?",
+                answer=f"yes: cp={d.cp}" if d.cp > 1 else "yes, but cp=1",
+                reason=(
+                    f"context parallelism splits the {seq}-token sequence into {d.cp} chunks of "
+                    f"{seq // d.cp} (ring attention), dividing activations by {d.cp}"
+                    if d.cp > 1
+                    else "activations fit without splitting the sequence"
+                ),
+            )
+        )
+    if d.tp > 1:
+        inside = d.tp <= ctx.gpn
+        steps.append(
+            PathStep(
+                question="Does TP stay inside a node?",
+                answer="yes" if inside else "no",
+                reason=(
+                    f"tp={d.tp} <= {ctx.gpn} GPUs per node: TP all-reduces run on "
+                    f"{ctx.gpu.intra_link.value}"
+                    if inside
+                    else f"tp={d.tp} spans nodes: every layer's all-reduce crosses the network"
+                ),
+            )
+        )
+    if d.pp > 1:
+        m = d.grad_accum
+        steps.append(
+            PathStep(
+                question="Are there at least 4x as many micro-batches as PP stages?",
+                answer="yes" if m >= 4 * d.pp else "no",
+                reason=(
+                    f"{m} micro-batches for {d.pp} stages: bubble "
+                    f"{chosen.est.bubble_fraction if chosen.est else 0:.0%} (p-1)/(m+p-1)"
+                ),
+            )
+        )
+    return steps

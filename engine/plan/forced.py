@@ -1,0 +1,211 @@
+"""A forced layout (``spec.layout``) checked before the search: inconsistent degrees or
+combinations no framework runs are a :class:`SpecError` stating the whole constraint and the fix,
+one line each. Also the path step that says whether the forced layout fits. Called by
+:func:`engine.plan.planner.plan`; the checks run in a fixed order, so the first broken rule is
+the one reported.
+"""
+
+from __future__ import annotations
+
+from engine.errors import SpecError
+from engine.plan.annotate import describe, fix_hint, gib, mem_line, shortfall
+from engine.plan.context import PlanContext
+from engine.plan.result import PathStep
+from engine.plan.search import Candidate, divisors
+from engine.plan.specs import Framework, Offload, Strategy
+from engine.plan.strategies import STRATEGIES_OF, ZERO_STAGE_OF
+
+
+def check_forced(ctx: PlanContext) -> None:
+    """Refuse inconsistent forced degrees with the whole constraint in one line."""
+    _check_product(ctx)
+    _check_model_split(ctx)
+    _check_strategy(ctx)
+    _check_runs_under(ctx)
+    _check_virtual_stages(ctx)
+
+
+def _check_product(ctx: PlanContext) -> None:
+    """The degrees multiply to the world size (or divide it when dp is left to the search)."""
+    lay = ctx.spec.layout
+    w = ctx.world
+    where = f"world size {w} ({ctx.nodes} node(s) x {ctx.gpn} gpus_per_node)"
+    tp, pp, cp = lay.tp or 1, lay.pp or 1, lay.cp or 1
+    if lay.dp is not None:
+        prod = tp * pp * lay.dp * cp
+        if prod != w:
+            raise SpecError(
+                f"tp({tp}) * pp({pp}) * dp({lay.dp}) * cp({cp}) = {prod} != {where}; "
+                "pick degrees whose product is the world size",
+                field="layout",
+            )
+    elif w % (tp * pp * cp):
+        raise SpecError(
+            f"tp({tp}) * pp({pp}) * cp({cp}) = {tp * pp * cp} does not divide {where}; "
+            "pick degrees that divide the world size",
+            field="layout",
+        )
+
+
+def _check_model_split(ctx: PlanContext) -> None:
+    """TP divides the heads, PP the layers, EP the experts, CP the sequence."""
+    lay = ctx.spec.layout
+    dims = ctx.dims
+    if lay.tp is not None:
+        if dims.heads % lay.tp:
+            example = max(
+                t for t in divisors(dims.heads) if t <= max(1, lay.tp) and not t & (t - 1)
+            )
+            raise SpecError(
+                f"{dims.heads} attention heads are not divisible by tp={lay.tp}; "
+                f"pick a tp that divides {dims.heads} (e.g. {example})",
+                field="layout.tp",
+            )
+        if dims.kv_heads % lay.tp and lay.tp % dims.kv_heads:
+            raise SpecError(
+                f"{dims.kv_heads} key/value heads and tp={lay.tp} do not divide one another; "
+                "pick a tp that divides kv_heads or a multiple of it",
+                field="layout.tp",
+            )
+    if lay.pp is not None and lay.pp > dims.layers:
+        raise SpecError(
+            f"pp={lay.pp} stages exceed the model's {dims.layers} layers; pass at most {dims.layers}",
+            field="layout.pp",
+        )
+    if lay.ep is not None and lay.ep > 1:
+        _check_ep(ctx, lay.ep)
+    if lay.cp is not None and ctx.spec.training.seq_len % lay.cp:
+        raise SpecError(
+            f"seq_len {ctx.spec.training.seq_len} is not divisible by cp={lay.cp}; pass a cp that "
+            "divides the sequence length",
+            field="layout.cp",
+        )
+
+
+def _check_ep(ctx: PlanContext, ep: int) -> None:
+    dims = ctx.dims
+    if not dims.is_moe:
+        raise SpecError(
+            f"ep={ep} needs a mixture-of-experts model, and {dims.name} is dense; drop --ep",
+            field="layout.ep",
+        )
+    if dims.num_experts % ep:
+        raise SpecError(
+            f"ep={ep} does not divide the {dims.num_experts} experts; pass a divisor of "
+            f"{dims.num_experts}",
+            field="layout.ep",
+        )
+    dpcp = ctx.world // ((ctx.spec.layout.tp or 1) * (ctx.spec.layout.pp or 1))
+    if dpcp % ep:
+        raise SpecError(
+            f"ep({ep}) must divide dp * cp = {dpcp} (experts are spread over data-parallel "
+            "ranks); pick an ep that divides it",
+            field="layout.ep",
+        )
+
+
+def _check_strategy(ctx: PlanContext) -> None:
+    """The strategy runs on the forced framework, at the forced ZeRO stage, with the forced
+    TP/PP."""
+    lay = ctx.spec.layout
+    tp, pp = lay.tp or 1, lay.pp or 1
+    if lay.strategy is not None and lay.framework is not None:
+        if lay.strategy not in STRATEGIES_OF[lay.framework]:
+            allowed = ", ".join(s.value for s in STRATEGIES_OF[lay.framework])
+            raise SpecError(
+                f"strategy {lay.strategy.value} does not run on framework {lay.framework.value}; "
+                f"with {lay.framework.value} use one of: {allowed}",
+                field="layout.strategy",
+            )
+    if lay.strategy is not None and lay.zero_stage is not None and lay.strategy in ZERO_STAGE_OF:
+        if ZERO_STAGE_OF[lay.strategy] != lay.zero_stage and lay.strategy != Strategy.DDP:
+            raise SpecError(
+                f"zero_stage {lay.zero_stage} contradicts strategy {lay.strategy.value} (stage "
+                f"{ZERO_STAGE_OF[lay.strategy]}); pass one of them",
+                field="layout.zero_stage",
+            )
+    if lay.strategy is not None and lay.strategy != Strategy.THREE_D and (tp > 1 or pp > 1):
+        raise SpecError(
+            f"strategy {lay.strategy.value} is pure data parallelism but tp={tp}, pp={pp} were "
+            "given; use --strategy 3d for TP/PP",
+            field="layout.strategy",
+        )
+
+
+def _check_runs_under(ctx: PlanContext) -> None:
+    """Offload, multi-node sharding, CP and EP each run under some strategies only."""
+    lay = ctx.spec.layout
+    strategy = lay.strategy.value if lay.strategy else ""
+    if lay.offload not in (None, Offload.NONE):
+        if lay.strategy in (Strategy.DDP, Strategy.THREE_D, Strategy.ZERO1, Strategy.FSDP_GRAD_OP):
+            raise SpecError(
+                f"offload {lay.offload.value} needs ZeRO-2/3 or FSDP FULL_SHARD, not "
+                f"{strategy}; use --strategy zero3, zero2 or fsdp-full",
+                field="layout.offload",
+            )
+        if lay.offload == Offload.OPTIMIZER_PARAMS and lay.strategy == Strategy.ZERO2:
+            raise SpecError(
+                "offloading params needs ZeRO-3; use --strategy zero3 or --offload optimizer",
+                field="layout.offload",
+            )
+    if lay.strategy == Strategy.FSDP_HYBRID and ctx.nodes == 1:
+        raise SpecError(
+            "fsdp-hybrid shards inside a node and replicates across nodes, and there is one node; "
+            "use --strategy fsdp-full (or add --nodes)",
+            field="layout.strategy",
+        )
+    if (lay.cp or 1) > 1 and lay.strategy not in (None, Strategy.FSDP_FULL, Strategy.THREE_D):
+        raise SpecError(
+            f"cp={lay.cp} runs under Megatron (--strategy 3d) or FSDP2 (--strategy fsdp-full), "
+            f"not {strategy}; pick one of those or drop --cp",
+            field="layout.cp",
+        )
+    if (lay.ep or 1) > 1 and lay.strategy not in (
+        None,
+        Strategy.ZERO1,
+        Strategy.ZERO2,
+        Strategy.ZERO3,
+        Strategy.THREE_D,
+    ):
+        raise SpecError(
+            f"ep={lay.ep} runs under DeepSpeed-MoE (--strategy zero1/zero2/zero3) or Megatron "
+            f"(--strategy 3d), not {strategy}",
+            field="layout.ep",
+        )
+    if lay.offload == Offload.OPTIMIZER and (
+        lay.framework == Framework.FSDP or lay.strategy in STRATEGIES_OF[Framework.FSDP]
+    ):
+        raise SpecError(
+            "FSDP offloads parameters, gradients and optimizer together; pass --offload "
+            "optimizer+params, or --strategy zero2/zero3 for optimizer-only offload",
+            field="layout.offload",
+        )
+
+
+def _check_virtual_stages(ctx: PlanContext) -> None:
+    lay = ctx.spec.layout
+    if lay.virtual_stages is not None and lay.virtual_stages > 1:
+        stages = (lay.pp or 1) * lay.virtual_stages
+        if (lay.pp or 1) == 1 or ctx.dims.layers % stages:
+            raise SpecError(
+                f"virtual_stages={lay.virtual_stages} needs pp > 1 and layers ({ctx.dims.layers}) "
+                f"divisible by pp * virtual_stages ({stages})",
+                field="layout.virtual_stages",
+            )
+
+
+def forced_fit_step(ctx: PlanContext, chosen: Candidate) -> PathStep:
+    """The path's "Does the forced layout fit?" step: what was forced, what it needs, and when
+    it does not fit, by how much and what to try."""
+    given = ctx.spec.layout.model_dump(exclude_none=True, mode="json")
+    d = chosen.draft
+    reason = f"{given}: {describe(d)} needs {mem_line(chosen.mem)} of {gib(ctx.usable)} usable"
+    if not chosen.fits:
+        if chosen.mem.total <= ctx.usable:
+            reason += f"; {shortfall(ctx, chosen)}"
+        reason += f"; {fix_hint(d)}"
+    return PathStep(
+        question="Does the forced layout fit?",
+        answer="yes" if chosen.fits else "no",
+        reason=reason,
+    )

@@ -1,0 +1,79 @@
+"""The monitor's header row: the run's name and state, ranks and nodes, lines so far, and what
+the grid shows (view, page, zoom, filter), with the error count when there are errors.
+
+One row, always: an update repaints it and never lays the screen out again (it changes with
+every batch). Colours are component classes (the terminal's ANSI colours the monitor always
+used), not Python strings.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static
+
+from engine.monitor.state import Snapshot
+from engine.rundir.record import RunState
+
+if TYPE_CHECKING:  # the grid is handed in; this module never makes one
+    from tui.widgets.pane_grid import PaneGrid
+
+_STATE_CLASS: dict[str, str] = {
+    RunState.FAILED: "failed",
+    RunState.SUCCEEDED: "succeeded",
+    RunState.STOPPED: "stopped",
+}
+"""Run state -> its component class (``monitor-header--<name>``); any other (starting, running,
+or a state a newer launcher wrote) is ``live``."""
+
+
+class MonitorHeader(Static):
+    COMPONENT_CLASSES = {
+        "monitor-header--badge",
+        "monitor-header--title",
+        "monitor-header--live",
+        "monitor-header--failed",
+        "monitor-header--succeeded",
+        "monitor-header--stopped",
+        "monitor-header--emphasis",
+        "monitor-header--filter",
+        "monitor-header--errors",
+    }
+    DEFAULT_CSS = """
+    MonitorHeader { height: 1; background: $panel; padding: 0 1; }
+    MonitorHeader > .monitor-header--badge { text-style: bold reverse; }
+    MonitorHeader > .monitor-header--title { text-style: bold; }
+    MonitorHeader > .monitor-header--live { color: ansi_cyan; }
+    MonitorHeader > .monitor-header--failed { color: ansi_red; text-style: bold; }
+    MonitorHeader > .monitor-header--succeeded { color: ansi_green; }
+    MonitorHeader > .monitor-header--stopped { color: ansi_yellow; }
+    MonitorHeader > .monitor-header--emphasis { text-style: bold; }
+    MonitorHeader > .monitor-header--filter { color: ansi_yellow; text-style: bold; }
+    MonitorHeader > .monitor-header--errors { color: ansi_red; text-style: bold; }
+    """
+
+    def show(self, title: str, run_state: str, snap: Snapshot, lines: int, grid: PaneGrid) -> None:
+        """Redraw the row: ``lines`` delivered so far; view, page, zoom and filter of ``grid``."""
+        part = self._part
+        header = Text(no_wrap=True, overflow="ellipsis")
+        header.append(" monitor ", part("badge"))
+        header.append(f" {title} ", part("title"))
+        header.append(f"● {run_state}", part(_STATE_CLASS.get(run_state, "live")))
+        nodes = len({st.node for st in snap.ranks.values()}) or 1
+        header.append(f"  {len(snap.ranks)} ranks · {nodes} node{'s' if nodes > 1 else ''}")
+        header.append(f"  {lines:,} lines")
+        header.append(f"  view {grid.view}")
+        if grid.pages > 1:
+            header.append(f"  page {grid.page + 1}/{grid.pages}", part("emphasis"))
+        if grid.zoomed:
+            header.append(f"  zoom {grid.zoomed}", part("emphasis"))
+        if grid.pattern is not None:
+            header.append(f"  filter {grid.pattern.text!r}", part("filter"))
+        if snap.errors:
+            header.append(f"  {len(snap.errors)} errors", part("errors"))
+        self.update(header, layout=False)  # one row, always
+
+    def _part(self, name: str) -> Style:
+        return self.get_component_rich_style(f"monitor-header--{name}", partial=True)

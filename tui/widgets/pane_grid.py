@@ -1,0 +1,343 @@
+"""The monitor's grid of panes: one :class:`RankPane` per rank (or per node in the node view), as
+many as fit, further ones on pages; zoom shows one pane alone.
+
+Used by the monitor screen (``tui.screens.monitor``), which hands it each batch with the rank
+states after it (:meth:`take`) and the user's moves (focus, zoom, page, view, next error). The
+grid owns the lines (one :class:`PaneBuffer` per rank and per node, kept for ranks on other pages
+too), so panes can be re-created on any layout change without losing anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from textual import events
+from textual.containers import Container
+from textual.widget import Widget
+
+from engine.monitor.reader import Chunks
+from engine.monitor.state import ErrorRecord, RankStatus, Snapshot
+from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane
+
+PANE_MIN_WIDTH = 36
+PANE_MIN_HEIGHT = 6
+"""Smallest pane worth showing (border included); more ranks than fit go to further pages."""
+CHROME_ROWS = 12
+"""Rows the rest of the screen takes, for a layout before the grid has a size of its own."""
+
+
+def grid_shape(n: int, width: int, height: int) -> tuple[int, int]:
+    """Columns and rows for ``n`` panes in ``width`` x ``height`` cells: as many as fit at
+    :data:`PANE_MIN_WIDTH` x :data:`PANE_MIN_HEIGHT`, shaped so panes are wide rather than tall
+    and few cells are left empty. Pages take the rest when ``n`` exceeds columns x rows."""
+    n = max(1, n)
+    cols_fit = max(1, width // PANE_MIN_WIDTH)
+    rows_fit = max(1, height // PANE_MIN_HEIGHT)
+    if n >= cols_fit * rows_fit:
+        return cols_fit, rows_fit
+    best: tuple[float, int, int] | None = None
+    for cols in range(1, min(cols_fit, n) + 1):
+        rows = math.ceil(n / cols)
+        if rows > rows_fit:
+            continue
+        aspect = (width / cols) / max(1.0, height / rows)
+        score = abs(math.log(max(aspect, 1e-6) / 3.0)) + 0.35 * (cols * rows - n)
+        if best is None or score < best[0]:
+            best = (score, cols, rows)
+    assert best is not None
+    return best[1], best[2]
+
+
+def pane_title(key: str, snap: Snapshot, idle_after_s: float) -> str:
+    """A pane's border title: ``rank 3 · failed 1 · step 6/20 · loss 2.430 · ERR 2``, or
+    ``node 1 r2-r3 · host`` for a node pane."""
+    if key.startswith("n"):
+        node = int(key[1:])
+        ranks = sorted(r for r, st in snap.ranks.items() if st.node == node)
+        hosts = {snap.ranks[r].host for r in ranks if snap.ranks[r].host}
+        span = f" r{ranks[0]}-{ranks[-1]}" if ranks else ""
+        return f"node {node}{span}" + (f" · {sorted(hosts)[0]}" if hosts else "")
+    rank = int(key[1:])
+    st = snap.ranks.get(rank)
+    if st is None:
+        return f"rank {rank}"
+    parts = [f"rank {rank}", st.label(snap.now, idle_after_s)]
+    if st.step is not None:
+        parts.append(f"step {st.step}/{st.total_steps}")
+    if st.loss is not None:
+        parts.append(f"loss {st.loss:.3f}")
+    if st.hung:
+        parts.append("HUNG?")
+    if st.straggler:
+        parts.append("SLOW")
+    if st.errors:
+        parts.append(f"ERR {st.errors}")
+    return " · ".join(parts)
+
+
+class PaneGrid(Container):
+    """The panes of one view (``rank`` or ``node``) and page. ``on_change`` runs when the grid
+    re-created its panes or another pane took the focus (the screen redraws its chrome)."""
+
+    DEFAULT_CSS = """
+    PaneGrid { layout: grid; grid-size: 1 1; width: 1fr; height: 1fr; }
+    """
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        *,
+        max_lines: int,
+        idle_after_s: float,
+        on_change: Callable[[], None],
+        id: str | None = None,  # noqa: A002
+    ) -> None:
+        super().__init__(id=id)
+        self.snapshot = snapshot
+        """The latest rank states (what the keys of the node view and the titles come from)."""
+        self.max_lines = max_lines
+        self.idle_after_s = idle_after_s
+        self.on_change = on_change
+        self.rank_buffers = {r: PaneBuffer(max_lines) for r in sorted(snapshot.ranks)}
+        self.node_buffers: dict[int, PaneBuffer] = {}
+        self.view = "rank"
+        self.page = 0
+        self.pages = 1
+        self.zoomed: str | None = None
+        self.focused_key: str | None = None
+        self.pattern: LinePattern | None = None
+        self._shown: list[str] = []
+        self._shape = (0, 0)
+        self._relayout_pending = False
+
+    # ---- lines -------------------------------------------------------------------------
+
+    def take(
+        self,
+        lines: Mapping[int, list[str]],
+        node_chunks: Mapping[int, Chunks],
+        snapshot: Snapshot,
+    ) -> bool:
+        """Put a batch's lines in the buffers and keep its ``snapshot``; True when it brought a
+        rank or node that needs a pane of its own (the caller lays the grid out again)."""
+        new_panes = False
+        for rank, rank_lines in lines.items():
+            buf = self.rank_buffers.get(rank)
+            if buf is None:
+                buf = self.rank_buffers[rank] = PaneBuffer(self.max_lines)
+                new_panes = True
+            buf.extend(rank_lines)
+        for node, chunks in node_chunks.items():
+            nbuf = self.node_buffers.get(node)
+            if nbuf is None:
+                nbuf = self.node_buffers[node] = PaneBuffer(self.max_lines, tagged=True)
+                new_panes = new_panes or self.view == "node"
+            nbuf.extend_chunks(chunks)
+        self.snapshot = snapshot
+        for r in snapshot.ranks:
+            if r not in self.rank_buffers:
+                self.rank_buffers[r] = PaneBuffer(self.max_lines)
+                new_panes = True
+        return new_panes
+
+    def keys(self) -> list[str]:
+        """The keys of every pane of the current view, in order (all pages)."""
+        if self.view == "node":
+            nodes = set(self.node_buffers) | {st.node for st in self.snapshot.ranks.values()}
+            for n in nodes:
+                if n not in self.node_buffers:
+                    self.node_buffers[n] = PaneBuffer(self.max_lines, tagged=True)
+            return [f"n{n}" for n in sorted(nodes)] or ["n0"]
+        return [f"r{r}" for r in sorted(self.rank_buffers)]
+
+    def buffer(self, key: str) -> PaneBuffer:
+        if key.startswith("n"):
+            node = int(key[1:])
+            if node not in self.node_buffers:
+                self.node_buffers[node] = PaneBuffer(self.max_lines, tagged=True)
+            return self.node_buffers[node]
+        return self.rank_buffers.setdefault(int(key[1:]), PaneBuffer(self.max_lines))
+
+    def panes(self) -> list[RankPane]:
+        """The panes on screen now."""
+        return list(self.query_children(RankPane))
+
+    def pane(self, key: str) -> RankPane | None:
+        for p in self.panes():
+            if p.key == key:
+                return p
+        return None
+
+    def focused_rank(self) -> int | None:
+        key = self.focused_key
+        if key is not None and key.startswith("r"):
+            return int(key[1:])
+        return None
+
+    def set_pattern(self, pattern: LinePattern | None) -> None:
+        """Show only lines matching ``pattern`` in every pane (None: show everything)."""
+        self.pattern = pattern
+        for pane in self.panes():
+            pane.set_pattern(pattern)
+
+    # ---- layout ------------------------------------------------------------------------
+
+    def schedule_relayout(self) -> None:
+        if not self._relayout_pending:
+            self._relayout_pending = True
+            self.call_after_refresh(self.relayout)
+
+    async def relayout(self) -> None:
+        """Re-create the panes if what the grid should show (view, zoom, page, size) changed."""
+        self._relayout_pending = False
+        keys = self.keys()
+        if self.zoomed is not None and self.zoomed in keys:
+            keys = [self.zoomed]
+        width = self.size.width or self.app.size.width
+        height = self.size.height or max(PANE_MIN_HEIGHT, self.app.size.height - CHROME_ROWS)
+        cols, rows = grid_shape(len(keys), width, height)
+        per_page = cols * rows
+        self.pages = max(1, math.ceil(len(keys) / per_page))
+        if self.focused_key in keys and self.zoomed is None:
+            # Keep the focused pane on screen after a resize or a view change.
+            self.page = keys.index(self.focused_key) // per_page
+        self.page = min(max(0, self.page), self.pages - 1)
+        shown = keys[self.page * per_page : (self.page + 1) * per_page]
+        if (
+            shown == self._shown
+            and (cols, rows) == self._shape
+            and len(self.children) == len(shown)
+        ):
+            return
+        self._shown, self._shape = shown, (cols, rows)
+        self.styles.grid_size_columns = cols
+        self.styles.grid_size_rows = rows
+        await self.remove_children()
+        panes = [RankPane(self.buffer(k), k, self._title(k)) for k in shown]
+        for p in panes:
+            p.id = f"pane-{p.key}"
+            if self.pattern is not None:
+                p.pattern = self.pattern
+        await self.mount_all(panes)
+        for p in panes:
+            p.sync(force=True)
+            if p.key == self.focused_key:
+                p.focus()
+        self.on_change()
+
+    def _title(self, key: str) -> str:
+        return pane_title(key, self.snapshot, self.idle_after_s)
+
+    def retitle(self) -> None:
+        """Titles and state classes of the panes on screen, from the latest rank states."""
+        snap = self.snapshot
+        for pane in self.panes():
+            pane.border_title = self._title(pane.key)
+            pst = snap.ranks.get(int(pane.key[1:])) if pane.key.startswith("r") else None
+            pane.set_class(pst is not None and pst.status is RankStatus.FAILED, "-failed")
+            pane.set_class(pst is not None and pst.status is RankStatus.EXITED, "-exited")
+            pane.set_class(pst is not None and (pst.hung or pst.straggler), "-flagged")
+
+    # ---- moves ---------------------------------------------------------------------------
+
+    def next_key(self, here: str | None, step: int, *, with_nccl: bool) -> str | None:
+        """The key ``step`` panes on from ``here`` (across pages; ``nccl`` ends the cycle when
+        ``with_nccl``); None when there is no pane at all."""
+        order = self.keys() + (["nccl"] if with_nccl else [])
+        idx = order.index(here) if here in order else -1
+        return order[(idx + step) % len(order)] if order else None
+
+    def focus_key(self, key: str) -> None:
+        """Focus pane ``key`` (following it with the zoom); when it is not on screen the grid
+        lays itself out to show it."""
+        self.focused_key = key
+        if self.zoomed is not None:
+            self.zoomed = key
+        pane = self.pane(key)
+        if pane is None:
+            self.schedule_relayout()
+            return
+        pane.focus()
+        self.on_change()
+
+    def refocus(self) -> None:
+        """Give the focus back to the pane that had it (or the first), after the filter box."""
+        if self.focused_key is not None:
+            self.focus_key(self.focused_key)
+            return
+        panes = self.panes()
+        if panes:
+            panes[0].focus()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        focused = self.screen.focused
+        if isinstance(focused, RankPane) and self.focused_key != focused.key:
+            self.focused_key = focused.key
+            self.on_change()
+
+    def zoom(self, focused: Widget | None) -> None:
+        """Zoom in on the focused pane (or the last one focused, or the first); out if zoomed."""
+        if self.zoomed is not None:
+            self.zoomed = None
+        elif isinstance(focused, RankPane) and focused.key != "nccl":
+            self.zoomed = focused.key
+            self.focused_key = focused.key
+        elif self.focused_key is not None:
+            self.zoomed = self.focused_key
+        else:
+            keys = self.keys()
+            self.zoomed = self.focused_key = keys[0] if keys else None
+        self.schedule_relayout()
+
+    def unzoom(self) -> bool:
+        """Leave the zoom; False when there was none."""
+        if self.zoomed is None:
+            return False
+        self.zoomed = None
+        self.schedule_relayout()
+        return True
+
+    def turn_page(self, step: int) -> None:
+        if self.pages <= 1:
+            return
+        self.page = (self.page + step) % self.pages
+        self.focused_key = None
+        self.schedule_relayout()
+
+    def toggle_view(self) -> None:
+        """Rank panes <-> node panes (from the first page, nothing zoomed)."""
+        self.view = "node" if self.view == "rank" else "rank"
+        self.zoomed = None
+        self.focused_key = None
+        self.page = 0
+        self.schedule_relayout()
+
+    def show_error(self, rec: ErrorRecord) -> None:
+        """Bring the pane holding ``rec`` on screen, focus it and scroll to the error line (the
+        node view for an error no rank can be named for)."""
+        if rec.rank is None and self.view == "rank":
+            self.view = "node"
+        key = f"r{rec.rank}" if self.view == "rank" else f"n{rec.node}"
+        self.focused_key = key
+        if self.zoomed is not None:
+            self.zoomed = key
+        self.call_after_refresh(self._scroll_to_error, key, rec)
+        self.schedule_relayout()
+
+    def _scroll_to_error(self, key: str, rec: ErrorRecord) -> None:
+        pane = self.pane(key)
+        if pane is None:
+            return
+        pane.focus()
+        found = (
+            pane.scroll_to_index(rec.line_no)
+            if key.startswith("r")
+            else pane.scroll_to_text(rec.text, rec.rank)
+        )
+        if not found:
+            where = f"rank{rec.rank}" if rec.rank is not None else "node"
+            self.notify(
+                f"that error is older than the pane's last {self.max_lines} lines; "
+                f"see logs/{where}*.log in the run directory"
+            )
