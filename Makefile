@@ -20,13 +20,17 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[all,dev]"
 	touch $(STAMP)
 
-# Programs the end-to-end tests drive for real: sshd (two or eight of them on 127.0.0.1) and tmux.
+# Programs the end-to-end tests drive for real: sshd (two or eight of them on 127.0.0.1), tmux, and
+# a two-node Slurm on this host (slurmctld, two slurmd, munge; started and stopped by the tests).
 system-deps:
-	@if ! command -v tmux >/dev/null || ! { command -v sshd >/dev/null || test -x /usr/sbin/sshd; }; then \
+	@if ! command -v tmux >/dev/null || ! { command -v sshd >/dev/null || test -x /usr/sbin/sshd; } \
+	    || ! test -x /usr/sbin/slurmctld || ! test -x /usr/sbin/slurmd || ! command -v sbatch >/dev/null \
+	    || ! test -x /usr/sbin/munged; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client tmux >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client tmux \
+	      slurmctld slurmd slurm-client munge >/dev/null; \
 	  else \
-	    echo "system-deps: install openssh-server and tmux (tests that need them will be skipped)"; \
+	    echo "system-deps: install openssh-server, tmux, slurmctld, slurmd, slurm-client and munge (tests that need them will be skipped)"; \
 	  fi; \
 	fi
 

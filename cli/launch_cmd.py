@@ -20,7 +20,7 @@ from engine.errors import DtrainError
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "launch",
-        help="start a bundle locally, over SSH or with SkyPilot and stream every rank",
+        help="start a bundle locally, over SSH, with SkyPilot or Slurm and stream every rank",
         description=__doc__,
     )
     p.add_argument("bundle", nargs="?", type=Path, metavar="BUNDLE_DIR", help="a written bundle")
@@ -183,6 +183,11 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
     from engine.rundir.files import new_run_dir
     from engine.write.manifest import read_manifest
 
+    if getattr(args, "launch__hosts", None) == "slurm":
+        from engine.launch.slurm_cli import allocation_hosts
+
+        # Inside an allocation (salloc, a batch script): its nodes, in Slurm's order.
+        args.launch__hosts = ",".join(allocation_hosts())
     check_launch_args(args)  # --hang-timeout, --hosts, --run-dir…, also for a written bundle
     spec_launch = None
     run_dir: Path | None = args.run_dir
@@ -230,7 +235,20 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
         options.hosts = []
     elif kind == "ssh" and not options.hosts:
         raise DtrainError("pass one host per node (--backend ssh needs them)", field="--hosts")
-    backend = make_backend(str(kind), bundle_dir, run_dir, options)
+    extra: dict[str, Any] = {}
+    if kind == "slurm":
+        from engine.plan.specs import LaunchSpec
+        from engine.write.slurm import sbatch_options
+
+        options.hosts = []  # Slurm picks the nodes
+        given = {
+            k.removeprefix("launch__"): v
+            for k, v in vars(args).items()
+            if k.startswith("launch__slurm_") and v is not None
+        }
+        # Given on the command line: they win over the bundle's #SBATCH lines.
+        extra["sbatch_args"] = sbatch_options(LaunchSpec.model_validate(given))
+    backend = make_backend(str(kind), bundle_dir, run_dir, options, **extra)
     _say(f"dtrain-tui: run directory {backend.run.path}")
     try:
         backend.start()

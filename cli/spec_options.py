@@ -134,6 +134,17 @@ _LAUNCH_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--max-restarts", "launch", "max_restarts", {"type": whole_number}),
     ("--sky-cluster", "launch", "sky_cluster", {}),
     ("--sky-cloud", "launch", "sky_cloud", {}),
+    ("--partition", "launch", "slurm_partition", {"help": "Slurm partition"}),
+    ("--account", "launch", "slurm_account", {"help": "Slurm account"}),
+    ("--qos", "launch", "slurm_qos", {"help": "Slurm QoS"}),
+    ("--constraint", "launch", "slurm_constraint", {"help": "Slurm node features, e.g. a100&ib"}),
+    ("--reservation", "launch", "slurm_reservation", {"help": "Slurm reservation"}),
+    (
+        "--time-limit",
+        "launch",
+        "slurm_time_limit",
+        {"metavar": "TIME", "help": "Slurm time limit: MINUTES, HH:MM:SS or D-HH:MM:SS"},
+    ),
 ]
 
 
@@ -175,6 +186,14 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         action=argparse.BooleanOptionalAction,
         default=None,
     )
+    g.add_argument(
+        "--global-batch-nearest",
+        dest="training__global_batch_nearest",
+        action="store_true",
+        default=None,
+        help="when no layout trains --global-batch exactly, train the nearest batch one can "
+        "(without it the plan refuses and names the nearest batches)",
+    )
     if launch:
         g = parser.add_argument_group("launch")
         for opt, sec, fld, kw in _LAUNCH_OPTS:
@@ -184,7 +203,8 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
             dest="launch__hosts",
             default=None,
             metavar="HOSTS",
-            help="comma-separated [user@]host[:port], one per node, in node-rank order",
+            help="comma-separated [user@]host[:port], one per node, in node-rank order; "
+            "'slurm': the nodes of the Slurm allocation this runs in",
         )
         g.add_argument(
             "--script-arg",

@@ -1,9 +1,10 @@
-"""Launch backends: start a written bundle locally (torchrun), over SSH (paramiko) or through
-SkyPilot, and turn everything the ranks print into events tagged with node, global rank and
-stream, written to a run directory first. See :mod:`engine.launch.base` for the interface."""
+"""Launch backends: start a written bundle locally (torchrun), over SSH (paramiko), through
+SkyPilot or as a Slurm batch job, and turn everything the ranks print into events tagged with
+node, global rank and stream, written to a run directory first. See :mod:`engine.launch.base` for the interface."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from engine.launch.base import LaunchBackend, LaunchError
@@ -13,9 +14,15 @@ __all__ = ["LaunchBackend", "LaunchError", "LaunchOptions", "make_backend"]
 
 
 def make_backend(
-    kind: str, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
+    kind: str,
+    bundle_dir: Path,
+    run_dir: Path | None = None,
+    options: LaunchOptions | None = None,
+    *,
+    sbatch_args: Sequence[str] = (),
 ) -> LaunchBackend:
-    """The backend named ``kind`` (local | ssh | skypilot) for ``bundle_dir``."""
+    """The backend named ``kind`` (local | ssh | skypilot | slurm) for ``bundle_dir``;
+    ``sbatch_args``: Slurm options given at launch, put on sbatch's command line."""
     if kind == "local":
         from engine.launch.local import LocalBackend
 
@@ -28,4 +35,10 @@ def make_backend(
         from engine.launch.skypilot import SkyPilotBackend
 
         return SkyPilotBackend(bundle_dir, run_dir, options)
-    raise LaunchError(f"unknown backend {kind!r}; use local, ssh or skypilot", field="--backend")
+    if kind == "slurm":
+        from engine.launch.slurm import SlurmBackend
+
+        return SlurmBackend(bundle_dir, run_dir, options, sbatch_args=sbatch_args)
+    raise LaunchError(
+        f"unknown backend {kind!r}; use local, ssh, skypilot or slurm", field="--backend"
+    )

@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine.launch import reaper
 from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.guard import ReaperGuard
 from engine.launch.policy import STOP_GRACE_S
 from engine.launch.reaper import kill_run_processes, pids_with_env
 from engine.monitor.events import STDERR, STDOUT
@@ -74,9 +74,7 @@ class LocalBackend(LaunchBackend):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._procs: list[subprocess.Popen[bytes]] = []
-        self._reaper: subprocess.Popen[bytes] | None = None
-        self._reaper_pipe: int | None = None
-        """Write end of the reaper's stdin: closed when this process ends, however it ends."""
+        self._reaper = ReaperGuard()
 
     @property
     def hosts(self) -> list[str]:
@@ -94,7 +92,7 @@ class LocalBackend(LaunchBackend):
             env["MASTER_PORT"] = str(free_port())
         # The venv's bin first so `python`/`torchrun` in a script are this installation's.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        self._start_reaper()
+        self._reaper.start(self.run_id, self.run.path)
         shown = {
             k: env[k]
             for k in sorted(set(self.node_env()) | {"MASTER_ADDR", "MASTER_PORT", "TORCHRUN"})
@@ -126,42 +124,6 @@ class LocalBackend(LaunchBackend):
                 fd = pipe.fileno()
                 _grow_pipe(fd)
                 self._add_stream(i, stream, functools.partial(os.read, fd, READ_BYTES))
-
-    def _start_reaper(self) -> None:
-        """The reaper (its own session, no DTRAIN_RUN_ID in its environment, so no sweep of
-        ours kills it) reading a pipe only this process can write: close_fds keeps the write
-        end out of every node script."""
-        r, w = os.pipe()
-        os.set_inheritable(w, False)
-        env = {k: v for k, v in os.environ.items() if k != "DTRAIN_RUN_ID"}
-        try:
-            self._reaper = subprocess.Popen(
-                [sys.executable, "-I", reaper.__file__, self.run_id, str(self.run.path),
-                 str(os.getpid())],
-                stdin=r,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )  # fmt: skip
-        except BaseException:
-            os.close(w)
-            raise
-        finally:
-            os.close(r)
-        self._reaper_pipe = w
-
-    def _stop_reaper(self) -> None:
-        """Tell the reaper the run ended here (it sweeps once more and exits)."""
-        w, self._reaper_pipe = self._reaper_pipe, None
-        if w is not None:
-            with contextlib.suppress(OSError):
-                os.write(w, reaper.DONE)
-            os.close(w)
-        if self._reaper is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._reaper.wait(5)
 
     def _node_exit(self, node: int) -> tuple[bool, int | None]:
         code = self._procs[node].poll()
@@ -221,7 +183,7 @@ class LocalBackend(LaunchBackend):
         for i in range(len(self._procs)):
             self._kill_node(i, "start failed")
         kill_run_processes(self.run_id)
-        self._stop_reaper()
+        self._reaper.done()
 
     def _close(self) -> None:
         for p in self._procs:
@@ -231,7 +193,7 @@ class LocalBackend(LaunchBackend):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(1)
         kill_run_processes(self.run_id)
-        self._stop_reaper()
+        self._reaper.done()
 
 
 def _node_of(pid: int) -> int | None:

@@ -6,8 +6,9 @@ reach it) and blocks reading a pipe whose only writer is the launcher. When that
 whatever reason, it stops every process tagged ``DTRAIN_RUN_ID=<run id>`` in its environment
 (SIGTERM, then SIGKILL after a grace period, until none is left: torchrun puts ranks in sessions
 of their own and a script may ``setsid``, so a process group or a parent-death signal would miss
-some). If the launcher died before writing a final state, it writes one into run.json: ``failed``,
-"launcher died".
+some). A run submitted to Slurm (``RUN/slurm.json`` names its job) is cancelled with ``scancel``:
+its ranks may be on other nodes. If the launcher died before writing a final state, it writes one
+into run.json: ``failed``, "launcher died".
 
 Stdlib only, and run as a file (``python -I reaper.py RUN_ID RUN_DIR LAUNCHER_PID``): it starts
 in a few milliseconds and does not import the package. :func:`pids_with_env` and
@@ -20,6 +21,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +78,20 @@ def sweep(run_id: str, grace_s: float = GRACE_S, sweep_s: float = SWEEP_S) -> No
         time.sleep(0.05)
 
 
+def cancel_slurm_job(run_dir: Path) -> None:
+    """``scancel`` the run's Slurm job, if it has one (``RUN/slurm.json``, written by
+    :mod:`engine.launch.slurm` right after ``sbatch``) that is not over yet."""
+    try:
+        info = json.loads((Path(run_dir) / "slurm.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    job = info.get("job_id") if isinstance(info, dict) else None
+    if not isinstance(job, str) or not job.isdigit():
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["scancel", job], capture_output=True, timeout=30, check=False)
+
+
 def mark_launcher_died(run_dir: Path, pid: int) -> None:
     """Give run.json a final state when the launcher did not write one. A patch of the file with
     the stdlib, keeping every other key: the fields it sets (``state``, ``reason``, ``ended_at``,
@@ -122,8 +138,11 @@ def main(argv: list[str]) -> int:
         if not chunk:
             break
         said += chunk
+    died = DONE not in said  # the launcher did not say goodbye: it died
+    if died:
+        cancel_slurm_job(run_dir)
     sweep(run_id)
-    if DONE not in said:  # the launcher did not say goodbye: it died
+    if died:
         mark_launcher_died(run_dir, launcher_pid)
     return 0
 

@@ -1,16 +1,20 @@
 """SkyPilot backend: launch the bundle's ``sky.yaml`` through SkyPilot's Python SDK.
 
-The SDK (skypilot >= 0.8) is asynchronous: ``sky.launch`` / ``sky.cancel`` / ``sky.down`` return a
-request id that ``sky.stream_and_get`` follows (streaming provisioning output) and resolves to the
-result, here ``(job_id, handle)``; ``sky.tail_logs(cluster, job_id, follow=True,
-output_stream=...)`` streams the job's output and returns SkyPilot's job exit code (0 succeeded,
-100 failed, 103 cancelled).
+Called by the launcher for ``--backend skypilot``. The SDK (the ``sky`` extra requires
+skypilot >= 0.10; checked against 0.14) is asynchronous: ``sky.launch`` / ``sky.cancel`` /
+``sky.down`` return a request id that ``sky.stream_and_get`` follows (streaming provisioning
+output) and resolves to the result, here ``(job_id, handle)``; ``sky.tail_logs(cluster, job_id,
+follow=True, output_stream=...)`` streams the job's output and returns SkyPilot's job exit code
+(``sky.exceptions.JobExitCode``: 0 succeeded, 100 failed, 103 cancelled).
 
 SkyPilot prefixes each line of a multi-node job with the node it came from:
-``(head, rank=0, pid=2843) `` or ``(worker1, rank=1, pid=2650, ip=10.128.0.33) `` (Ray's task
-name, see sky/backends/cloud_vm_ray_backend.py), and a single-node job with ``(task, pid=N) ``;
-setup output has none. The node rank comes from that prefix, then the global rank from torchrun's
-``[default<local_rank>]:`` behind it. ANSI colour codes are stripped first.
+``(head, rank=0, pid=2843) `` or ``(worker1, rank=1, pid=2650, ip=10.128.0.33) `` (the task name
+SkyPilot gives Ray, sky/backends/task_codegen.py, and the same words from its Slurm executor), a
+single-node job with ``(<task name or "task">, pid=N) ``, and setup output with
+``(setup pid=N) `` on the head or ``(setup pid=N, ip=X) `` on a worker. The node rank comes from
+the prefix, then the global rank from torchrun's ``[default<local_rank>]:`` behind it. A head's
+setup line loses its prefix; a worker's keeps it, since only the IP says which node it is. ANSI
+colour codes are stripped first.
 
 ``stop`` cancels the job (``sky.cancel``); the cluster is torn down (``sky.down``) only on
 request: ``--sky-down`` or :meth:`SkyPilotBackend.down`.
@@ -34,6 +38,7 @@ _SKY_RE = re.compile(
     rb"^\((?:(?:head|worker(?P<idx>\d+)), rank=(?P<rank>\d+), |[A-Za-z0-9_.\-]+, )"
     rb"pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\) ?"
 )
+_SETUP_RE = re.compile(rb"^\(setup pid=\d+\) ?")
 JOB_CANCELLED = 103
 """SkyPilot's exit code of a cancelled job."""
 
@@ -100,7 +105,13 @@ class SkyPilotBackend(LaunchBackend):
         try:
             task = sky.Task.from_yaml(str(path))
         except Exception as e:  # noqa: BLE001 - SkyPilot's own validation message, one line
-            raise LaunchError(f"{path}: SkyPilot refused the task: {e}", field="sky.yaml") from None
+            hint = ""
+            if "unsupported field 'network_tier'" in str(e):
+                # SkyPilot < 0.10's words: its schema has no network_tier; IB / EFA plans write it.
+                hint = "; network_tier needs SkyPilot >= 0.10: pip install -U 'skypilot>=0.10'"
+            raise LaunchError(
+                f"{path}: SkyPilot refused the task: {e}{hint}", field="sky.yaml"
+            ) from None
         task.workdir = str(self.run.bundle)
         task.update_envs(self.node_env())
         if self.options.sky_cloud:
@@ -157,7 +168,8 @@ class SkyPilotBackend(LaunchBackend):
         raw = _ANSI_RE.sub(b"", raw)
         m = _SKY_RE.match(raw)
         if not m:
-            return 0, None, raw
+            setup = _SETUP_RE.match(raw)
+            return 0, None, raw[setup.end() :] if setup else raw
         n = int(m.group("rank")) if m.group("rank") is not None else 0
         if not 0 <= n < self.manifest.nodes:
             return 0, None, raw

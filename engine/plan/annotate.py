@@ -12,14 +12,28 @@ import math
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft
 from engine.plan.result import Layout, MemoryBreakdown
-from engine.plan.search import Candidate, best, evaluate, smallest
+from engine.plan.search import (
+    CLEARLY_FASTER,
+    LONG_SEQUENCE,
+    Candidate,
+    best,
+    deep_enough,
+    evaluate,
+    smallest,
+)
 from engine.plan.specs import Framework, NetworkTier, Offload, Precision, Recompute, Strategy
+from engine.plan.stages import stage_layers
 from engine.plan.strategies import DISPLAY_NAME
 
 MAX_ALTERNATIVES = 6
 # Anti-pattern thresholds of seed doc 003.
 MAX_BUBBLE = 0.20
 MIN_SCALING = 0.80
+# "Communication dominates" only where exposed communication is at least this share of the
+# step (a lost efficiency can come from recompute, the bubble or small GEMMs instead).
+COMM_DOMINATES = 0.25
+# Step times this close (relative) read as "about as fast".
+SAME_SPEED = 0.02
 
 
 def gib(n: float) -> str:
@@ -41,7 +55,12 @@ def describe(d: LayoutDraft | Layout) -> str:
     """A short human name for a layout: ``ZeRO-2 (DeepSpeed) dp=8``."""
     parts = [f"{DISPLAY_NAME[d.strategy]} ({d.framework.value})"]
     degrees = [f"{k}={getattr(d, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(d, k) > 1]
+    if d.virtual_stages > 1:
+        degrees.insert(2 if d.tp > 1 else 1, f"vp={d.virtual_stages}")
     parts.append(" ".join([*degrees, f"dp={d.dp}"]))
+    if d.first_stage_layers or d.last_stage_layers:
+        ends = (d.first_stage_layers or "even", d.last_stage_layers or "even")
+        parts.append(f"(first/last stage {ends[0]}/{ends[1]} layers)")
     if d.strategy == Strategy.THREE_D and d.zero_stage:
         parts.append("+ distributed optimizer")
     if d.offload != Offload.NONE:
@@ -91,41 +110,94 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     return out
 
 
-def alternatives(ctx: PlanContext, cands: list[Candidate], chosen: Candidate) -> list[Layout]:
-    """The best layout of each other strategy/offload kind, each with why it lost, fastest
-    first."""
+def alternatives(
+    ctx: PlanContext, cands: list[Candidate], chosen: Candidate, flow: Candidate | None = None
+) -> list[Layout]:
+    """What the recommended layout beat, each with why it lost, fastest first: the flowchart's
+    own pick when a faster one replaced it, the best layout of each other strategy/offload
+    kind, and the best other shape (degrees, pipeline schedule) of the chosen kind."""
+    picks: list[Candidate] = []
+    if flow is not None and flow is not chosen:
+        picks.append(flow)
+    kind = (chosen.draft.strategy, chosen.draft.offload)
     groups: dict[tuple[Strategy, Offload], list[Candidate]] = {}
     for c in cands:
         groups.setdefault((c.draft.strategy, c.draft.offload), []).append(c)
     out: list[tuple[float, Layout]] = []
-    for (strategy, offload), group in groups.items():
-        if strategy == chosen.draft.strategy and offload == chosen.draft.offload:
-            continue
+    for key, group in groups.items():
+        if key == kind:
+            group = [c for c in group if _shape(c) != _shape(chosen)]
         winner = best(ctx, group)
-        if winner is None:
+        if winner is None and key != kind and group:
             lean = smallest(group)
             why = f"does not fit: {shortfall(ctx, lean)}"
             out.append((math.inf, evaluate(ctx, lean).to_layout(rejected=why)))
-            continue
-        out.append((winner.time, winner.to_layout(rejected=_why_lost(chosen, winner, offload))))
+        elif winner is not None and all(winner is not p for p in picks):
+            picks.append(winner)
+    for c in picks:
+        why = _why_lost(ctx, chosen, c, is_flow=c is flow)
+        out.append((c.time_per_sequence, c.to_layout(rejected=why)))
     out.sort(key=lambda t: t[0])
     return [lay for _, lay in out[:MAX_ALTERNATIVES]]
 
 
-def _why_lost(chosen: Candidate, winner: Candidate, offload: Offload) -> str:
+def _shape(c: Candidate) -> tuple[int, ...]:
+    d = c.draft
+    return (
+        d.tp,
+        d.pp,
+        d.cp,
+        d.ep,
+        d.dp,
+        d.virtual_stages,
+        d.first_stage_layers,
+        d.last_stage_layers,
+    )
+
+
+def _why_lost(ctx: PlanContext, chosen: Candidate, winner: Candidate, *, is_flow: bool) -> str:
+    """Why ``winner`` is not the plan, with both step times (they train the same batch)."""
     if not (chosen.est and winner.est):
         return "not evaluated"
     if not chosen.fits:
         return "fits but differs from the forced layout"
-    ratio = winner.time / chosen.time if chosen.time else 1.0
-    if ratio > 1.005:
-        return f"{ratio - 1:.0%} slower ({winner.time:.3g} s vs {chosen.time:.3g} s per step)"
-    if offload != Offload.NONE:
-        return "offload is the last resort: the plan fits without it"
+    ratio = winner.time_per_sequence / chosen.time_per_sequence if chosen.time else 1.0
+    times = f"{winner.time:.3g} s vs {chosen.time:.3g} s per step"
+    if is_flow:
+        return (
+            f"the flowchart's choice, {ratio - 1:.0%} slower ({times}): the plan takes the "
+            f"layout at least {CLEARLY_FASTER:.0%} faster"
+        )
+    if ratio > 1 + SAME_SPEED:
+        return f"{ratio - 1:.0%} slower ({times})"
+    offload = winner.draft.offload != Offload.NONE and chosen.draft.offload == Offload.NONE
+    if ratio >= 1 - SAME_SPEED:
+        if offload:
+            return "offload is the last resort: the plan fits without it"
+        return f"about as fast ({times}); the recommended layout is simpler or the flowchart's"
+    faster = f"{1 - ratio:.0%} faster ({times})"
+    if offload:
+        return f"{faster}, but offload is the last resort: the plan fits without it"
+    outside = _outside_pool(ctx, winner)
+    if outside:
+        return f"{faster}, but {outside}"
     return (
-        f"about as fast ({winner.time:.3g} s per step); the recommended layout is the "
-        "flowchart's choice"
+        f"{faster}, under the {CLEARLY_FASTER:.0%} it takes to leave the flowchart's simpler "
+        f"{describe(chosen.draft)}"
     )
+
+
+def _outside_pool(ctx: PlanContext, c: Candidate) -> str:
+    """The seeds' preference ``c`` breaks (why the flowchart's pool left it out), or ''."""
+    d = c.draft
+    if ctx.dims.is_moe and ctx.world > 1 and d.ep == 1 and ctx.spec.layout.ep is None:
+        return "it does not split the experts (seed doc 000: MoE → expert parallelism)"
+    seq = ctx.spec.training.seq_len
+    if seq >= LONG_SEQUENCE and d.cp == 1 and ctx.spec.layout.cp is None:
+        return "it does not split the long sequence (context parallelism)"
+    if not deep_enough(d):
+        return f"{d.grad_accum} micro-batches for {d.pp} stages is under the 4x the seeds ask"
+    return ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,9 +215,10 @@ def _batch_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     out: list[str] = []
     if lay.global_batch != t.global_batch:
         out.append(
-            f"training.global_batch: {t.global_batch} is not micro_batch x grad_accum x dp "
-            f"({lay.micro_batch} x {lay.grad_accum} x {lay.dp}); the plan trains with "
-            f"{lay.global_batch}. Pass a global batch divisible by {lay.micro_batch * lay.dp}"
+            f"training.global_batch: no layout trains {t.global_batch} exactly; the plan trains "
+            f"{lay.global_batch} ({lay.micro_batch} x {lay.grad_accum} x dp {lay.dp}) as "
+            f"--global-batch-nearest allows; pass --global-batch {lay.global_batch} to make it "
+            "yours"
         )
     if t.lr is not None:
         if t.reference_batch:
@@ -168,10 +241,13 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     spec = ctx.spec
     dims = ctx.dims
     out: list[str] = []
-    if lay.pp > 1 and dims.layers % lay.pp:
+    uneven = not (lay.first_stage_layers or lay.last_stage_layers)
+    if lay.pp > 1 and dims.layers % lay.pp and uneven:
         out.append(
-            f"layout.pp: {dims.layers} layers do not split evenly into {lay.pp} stages; the first "
-            f"stages get {math.ceil(dims.layers / lay.pp)} layers (pass a pp that divides {dims.layers})"
+            f"layout.pp: {dims.layers} layers do not split evenly into {lay.pp} stages, and "
+            "Megatron refuses that without --decoder-first/last-pipeline-num-layers; the first "
+            f"stages get {max(stage_layers(dims.layers, lay.pp))} layers (pass a pp that divides "
+            f"{dims.layers})"
         )
     if lay.tp > ctx.gpn:
         out.append(
@@ -184,10 +260,12 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
             f"micro-batches for {lay.pp} stages; use >= {4 * lay.pp} micro-batches (raise the "
             "global batch or lower the micro-batch)"
         )
-    if lay.fits and lay.scaling_efficiency < MIN_SCALING and ctx.world > 1:
+    exposed = lay.comm_time_s / lay.step_time_s if lay.step_time_s else 0.0
+    if lay.fits and lay.scaling_efficiency < MIN_SCALING and exposed >= COMM_DOMINATES:
         out.append(
             f"scaling efficiency {lay.scaling_efficiency:.0%} < {MIN_SCALING:.0%}: communication "
-            "dominates; a faster network, a larger micro-batch or fewer GPUs would help"
+            f"dominates ({lay.comm_time_s:.3g} s of the {lay.step_time_s:.3g} s step is exposed); "
+            "a faster network, a larger micro-batch or fewer GPUs would help"
         )
     if ctx.nodes > 1 and spec.network.tier == NetworkTier.TCP:
         out.append(

@@ -52,6 +52,16 @@ class GpuType:
     price_per_hour: float
     """On-demand list price per GPU-hour, USD (approximate, for estimates only)."""
     source: str
+    gemm_efficiency: float = 0.0
+    """Fraction of the dense peak a large 16-bit GEMM reaches (cuBLAS / hipBLASLt at sizes of
+    8192 and up, as published GEMM benchmarks show); the time model scales it down for small
+    per-GPU shapes. 0: derived from ``achievable_mfu``."""
+    hbm_gbps: float = 0.0
+    """Memory bandwidth, GB/s (bounds element-wise work and the optimizer step)."""
+    fp8_tflops: float = 0.0
+    """Dense FP8 tensor-core peak (0 where the hardware has no FP8)."""
+    scaleup_gpus: int = 0
+    """GPUs one NVLink / xGMI domain joins when it spans nodes (72 for GB200 NVL72); 0: the node."""
 
     @property
     def is_cpu(self) -> bool:
@@ -70,6 +80,10 @@ class GpuType:
         if precision == Precision.FP16:
             return self.fp16_tflops
         return self.fp32_tflops
+
+    def fp8_peak_tflops(self) -> float:
+        """Dense FP8 peak in TFLOP/s (0 where the hardware has none)."""
+        return self.fp8_tflops
 
     def default_precision(self) -> Precision:
         """bf16 where the hardware has it, fp16 otherwise, fp32 on cpu."""
@@ -94,6 +108,8 @@ _GPUS: tuple[GpuType, ...] = (
         0.40,
         2.48,
         "NVIDIA V100 datasheet: 125 TFLOPS tensor fp16, 15.7 fp32, NVLink 300 GB/s (both ways)",
+        gemm_efficiency=0.78,
+        hbm_gbps=900.0,
     ),
     GpuType(
         "a100-40gb",
@@ -110,6 +126,8 @@ _GPUS: tuple[GpuType, ...] = (
         0.50,
         1.29,
         "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+        gemm_efficiency=0.70,
+        hbm_gbps=1555.0,
     ),
     GpuType(
         "a100-80gb",
@@ -126,6 +144,8 @@ _GPUS: tuple[GpuType, ...] = (
         0.50,
         1.79,
         "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+        gemm_efficiency=0.70,
+        hbm_gbps=2039.0,
     ),
     GpuType(
         "h100-sxm",
@@ -142,6 +162,9 @@ _GPUS: tuple[GpuType, ...] = (
         0.45,
         2.99,
         "NVIDIA H100 datasheet: 989 TFLOPS bf16 dense (1979 sparse), NVLink4 900 GB/s (both ways)",
+        gemm_efficiency=0.74,
+        hbm_gbps=3350.0,
+        fp8_tflops=1979.0,
     ),
     GpuType(
         "h100-pcie",
@@ -158,6 +181,9 @@ _GPUS: tuple[GpuType, ...] = (
         0.42,
         2.49,
         "NVIDIA H100 datasheet: 756 TFLOPS bf16 dense (PCIe), PCIe Gen5 128 GB/s (both ways)",
+        gemm_efficiency=0.68,
+        hbm_gbps=2000.0,
+        fp8_tflops=1513.0,
     ),
     GpuType(
         "h200",
@@ -174,6 +200,9 @@ _GPUS: tuple[GpuType, ...] = (
         0.45,
         3.79,
         "NVIDIA H200 datasheet: 141 GB HBM3e, 989 TFLOPS bf16 dense, NVLink 900 GB/s (both ways)",
+        gemm_efficiency=0.76,
+        hbm_gbps=4800.0,
+        fp8_tflops=1979.0,
     ),
     GpuType(
         "b200",
@@ -190,6 +219,9 @@ _GPUS: tuple[GpuType, ...] = (
         0.40,
         4.99,
         "NVIDIA HGX B200 datasheet: 180 GB per GPU, 2.25 PFLOPS bf16 dense, NVLink5 1.8 TB/s (both ways)",
+        gemm_efficiency=0.7,
+        hbm_gbps=8000.0,
+        fp8_tflops=4500.0,
     ),
     GpuType(
         "mi300x",
@@ -206,6 +238,69 @@ _GPUS: tuple[GpuType, ...] = (
         0.35,
         2.50,
         "AMD MI300X datasheet: 1307.4 TFLOPS bf16 dense, Infinity Fabric 896 GB/s aggregate (both ways)",
+        gemm_efficiency=0.5,
+        hbm_gbps=5300.0,
+        fp8_tflops=2614.9,
+    ),
+    GpuType(
+        "h800",
+        "NVIDIA H800 SXM5 80GB",
+        Vendor.NVIDIA,
+        80 * GIB,
+        989.0,
+        989.0,
+        494.0,
+        True,
+        IntraNodeLink.NVLINK,
+        200.0,
+        64.0,
+        0.45,
+        2.99,
+        "NVIDIA H800: H100's compute with NVLink cut to 400 GB/s (both ways); DeepSeek-V3 "
+        "report §3.1",
+        gemm_efficiency=0.74,
+        hbm_gbps=3350.0,
+        fp8_tflops=1979.0,
+    ),
+    GpuType(
+        "gb200",
+        "NVIDIA GB200 NVL72 186GB",
+        Vendor.NVIDIA,
+        186 * GB,
+        2500.0,
+        2500.0,
+        1250.0,
+        True,
+        IntraNodeLink.NVLINK,
+        900.0,
+        64.0,
+        0.40,
+        6.50,
+        "NVIDIA GB200 NVL72 datasheet: 180 PFLOPS bf16 dense over 72 GPUs, 13.4 TB HBM3e, "
+        "NVLink5 1.8 TB/s per GPU (both ways) across the rack",
+        gemm_efficiency=0.70,
+        hbm_gbps=8000.0,
+        fp8_tflops=5000.0,
+        scaleup_gpus=72,
+    ),
+    GpuType(
+        "mi325x",
+        "AMD Instinct MI325X 256GB",
+        Vendor.AMD,
+        256 * GB,
+        1307.4,
+        1307.4,
+        653.7,
+        True,
+        IntraNodeLink.NVLINK,
+        448.0,
+        64.0,
+        0.35,
+        3.00,
+        "AMD MI325X datasheet: 256 GB HBM3E at 6 TB/s, 1307.4 TFLOPS bf16 dense, 2614.9 fp8",
+        gemm_efficiency=0.50,
+        hbm_gbps=6000.0,
+        fp8_tflops=2614.9,
     ),
     GpuType(
         "l40s",
@@ -222,6 +317,9 @@ _GPUS: tuple[GpuType, ...] = (
         0.40,
         1.00,
         "NVIDIA L40S datasheet: 362.05 TFLOPS bf16 dense (733 sparse), PCIe Gen4 x16 64 GB/s",
+        gemm_efficiency=0.7,
+        hbm_gbps=864.0,
+        fp8_tflops=733.0,
     ),
     GpuType(
         "a10g",
@@ -239,6 +337,8 @@ _GPUS: tuple[GpuType, ...] = (
         1.01,
         "AWS G5 (A10G): NVIDIA publishes no A10G sheet; ~70 TFLOPS bf16 dense as commonly measured; "
         "price: g5.xlarge on-demand",
+        gemm_efficiency=0.7,
+        hbm_gbps=600.0,
     ),
     GpuType(
         "l4",
@@ -255,6 +355,9 @@ _GPUS: tuple[GpuType, ...] = (
         0.40,
         0.80,
         "NVIDIA L4 datasheet: 121 TFLOPS bf16 dense (242 sparse), PCIe Gen4 x16 64 GB/s",
+        gemm_efficiency=0.7,
+        hbm_gbps=300.0,
+        fp8_tflops=242.0,
     ),
     GpuType(
         "cpu",
@@ -271,6 +374,8 @@ _GPUS: tuple[GpuType, ...] = (
         0.30,
         0.0,
         "A local CPU process over gloo; 8 GiB and 0.5 TFLOPS per rank are nominal, for smoke tests",
+        gemm_efficiency=0.5,
+        hbm_gbps=50.0,
     ),
 )
 
@@ -294,6 +399,10 @@ _ALIASES = {
     "h200sxm": "h200",
     "b200180gb": "b200",
     "b200192gb": "b200",
+    "h800sxm": "h800",
+    "h80080gb": "h800",
+    "gb200nvl72": "gb200",
+    "mi325": "mi325x",
     "mi300": "mi300x",
     "l40s48gb": "l40s",
     "a10": "a10g",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.plan.catalog import GpuType, get_network
-from engine.plan.memory import usable_bytes
+from engine.plan.memory import gpu_usable_bytes, usable_bytes
 from engine.plan.perf import Hardware
 from engine.plan.result import PathStep
 from engine.plan.specs import IntraNodeLink, ModelDims, Precision, Spec
@@ -34,6 +34,9 @@ class PlanContext:
     gpn: int
     """GPUs per node."""
     nodes: int
+    batch: int
+    """The global batch the plan trains: the spec's, or the nearest one a layout can train
+    when the spec allows it (``training.global_batch_nearest``)."""
 
     @classmethod
     def build(cls, spec: Spec, dims: ModelDims, gpu: GpuType, precision: Precision) -> PlanContext:
@@ -45,7 +48,9 @@ class PlanContext:
             gpu=gpu,
             hw=hardware(spec, gpu, precision),
             precision=precision,
-            usable=usable_bytes(gpu.memory_bytes),
+            usable=usable_bytes(gpu.memory_bytes)
+            if gpu.is_cpu
+            else gpu_usable_bytes(gpu.memory_bytes),
             cpu_usable=usable_bytes(
                 int(spec.hardware.cpu_ram_gb * 1e9)
                 if spec.hardware.cpu_ram_gb
@@ -55,6 +60,7 @@ class PlanContext:
             world=spec.hardware.world_size,
             gpn=spec.hardware.gpus_per_node,
             nodes=spec.hardware.nodes,
+            batch=spec.training.global_batch,
         )
 
 
@@ -113,4 +119,7 @@ def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
         gpus_per_node=spec.hardware.gpus_per_node,
         nodes=spec.hardware.nodes,
         price_per_gpu_hour=price,
+        gemm_efficiency=gpu.gemm_efficiency,
+        hbm_bytes_per_s=(gpu.hbm_gbps or 2000.0) * 1e9,
+        scaleup_gpus=gpu.scaleup_gpus,
     )

@@ -3,7 +3,9 @@ candidates: fits on one GPU → DDP; fits with optimizer/gradient sharding → Z
 SHARD_GRAD_OP; else ZeRO-3 / FULL_SHARD; still out of memory → TP+PP+DP or CPU offload; then
 whether a nearby layout is clearly faster, and the questions about the chosen layout's shape (MoE
 → expert parallelism, long sequences → context parallelism, TP inside a node, micro-batches ≥ 4×
-PP stages). Each question, answer and reason is appended to the plan's path as a
+PP stages, the pipeline's schedule and stage split). The seeds' preferences (EP for MoE, CP for
+long sequences, ≥ 4 micro-batches per stage) narrow the pool only while they cost less than
+:data:`CLEARLY_FASTER`: the time model already charges what they guard against. Each question, answer and reason is appended to the plan's path as a
 :class:`PathStep`. Called by :func:`engine.plan.planner.plan`.
 """
 
@@ -12,11 +14,19 @@ from __future__ import annotations
 from engine.plan.annotate import describe, gib, mem_line, shortfall
 from engine.plan.context import PlanContext
 from engine.plan.result import PathStep
-from engine.plan.search import LONG_SEQUENCE, Candidate, best, evaluate, smallest
+from engine.plan.search import (
+    CLEARLY_FASTER,
+    LONG_SEQUENCE,
+    Candidate,
+    best,
+    deep_enough,
+    evaluate,
+    smallest,
+)
 from engine.plan.specs import Offload, Strategy
+from engine.plan.stages import stage_layers
 
-# A searched layout replaces the flowchart's choice only when it is at least this much faster.
-CLEARLY_FASTER = 0.15
+__all__ = ["CLEARLY_FASTER", "choose", "narrow", "shape_steps", "walk"]
 # The flowchart's classes.
 CLASS_DDP = (Strategy.DDP,)
 CLASS_SHARD_OG = (Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP_GRAD_OP)
@@ -24,22 +34,33 @@ CLASS_SHARD_ALL = (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID)
 
 
 def narrow(ctx: PlanContext, cands: list[Candidate]) -> list[Candidate]:
-    """The pool the flowchart answers from: MoE → EP and long sequences → CP when any such
-    layout fits, and micro-batches >= 4x PP stages (seed doc 001) unless nothing else fits."""
+    """The pool the flowchart answers from: MoE → EP and long sequences → CP, and micro-batches
+    >= 4x PP stages (seed doc 001; counted with the virtual stages, which shrink the bubble
+    alike), each applied when a layout honouring it fits and is not clearly slower than the
+    fastest without it."""
     spec = ctx.spec
     pool = cands
     if ctx.dims.is_moe and ctx.world > 1 and spec.layout.ep is None:
-        with_ep = [c for c in pool if c.draft.ep > 1]
-        if any(c.fits for c in with_ep):
-            pool = with_ep
+        pool = _prefer(ctx, pool, [c for c in pool if c.draft.ep > 1])
     if spec.training.seq_len >= LONG_SEQUENCE and spec.layout.cp is None:
-        with_cp = [c for c in pool if c.draft.cp > 1]
-        if any(c.fits for c in with_cp):
-            pool = with_cp
-    deep = [c for c in pool if c.draft.pp == 1 or c.draft.grad_accum >= 4 * c.draft.pp]
-    if spec.layout.pp is None and any(c.fits for c in deep):
-        pool = deep
+        pool = _prefer(ctx, pool, [c for c in pool if c.draft.cp > 1])
+    if spec.layout.pp is None:
+        pool = _prefer(ctx, pool, [c for c in pool if deep_enough(c.draft)])
     return pool
+
+
+def _prefer(ctx: PlanContext, pool: list[Candidate], preferred: list[Candidate]) -> list[Candidate]:
+    """``preferred`` when one of it fits and its fastest is within :data:`CLEARLY_FASTER` of the
+    pool's fastest; else the whole pool."""
+    top = best(ctx, preferred)
+    if top is None:
+        return pool
+    fastest = best(ctx, pool)
+    if fastest is not None and fastest.time_per_sequence < top.time_per_sequence * (
+        1 - CLEARLY_FASTER
+    ):
+        return pool
+    return preferred
 
 
 def walk(
@@ -162,6 +183,11 @@ def _need(
             if c.draft.strategy in strategies and c.draft.offload == Offload.NONE
         ]
     if not pool:
+        if ctx.batch % ctx.world:
+            return (
+                f"pure data parallelism needs dp={ctx.world}, and a global batch of {ctx.batch} "
+                f"does not split into {ctx.world} replicas of whole sequences"
+            )
         return "no such layout applies to this world size"
     c = smallest(pool)
     return f"{describe(c.draft)} needs at least {mem_line(c.mem)} of {gib(ctx.usable)} usable"
@@ -220,7 +246,7 @@ def choose(
 
 def shape_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
     """The questions about the chosen layout's shape: experts, long sequences, TP placement and
-    the pipeline's micro-batches (each asked only where it applies)."""
+    the pipeline (each asked only where it applies)."""
     dims = ctx.dims
     seq = ctx.spec.training.seq_len
     d = chosen.draft
@@ -234,7 +260,7 @@ def shape_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
                     f"{dims.num_experts} experts, top-{dims.experts_per_token}: expert parallelism "
                     f"places {dims.num_experts // d.ep} expert(s) per GPU and routes tokens with all-to-all"
                     if d.ep > 1
-                    else "no expert-parallel layout fits this world size"
+                    else "no expert-parallel layout fits, or one without it is clearly faster"
                 ),
             )
         )
@@ -265,16 +291,53 @@ def shape_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
                 ),
             )
         )
-    if d.pp > 1:
-        m = d.grad_accum
-        steps.append(
-            PathStep(
-                question="Are there at least 4x as many micro-batches as PP stages?",
-                answer="yes" if m >= 4 * d.pp else "no",
-                reason=(
-                    f"{m} micro-batches for {d.pp} stages: bubble "
-                    f"{chosen.est.bubble_fraction if chosen.est else 0:.0%} (p-1)/(m+p-1)"
-                ),
-            )
+    return steps + _pipeline_steps(ctx, chosen)
+
+
+def _pipeline_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
+    """The pipeline's questions: enough micro-batches, and its schedule and stage split."""
+    d = chosen.draft
+    if d.pp <= 1:
+        return []
+    m = d.grad_accum
+    v = d.virtual_stages
+    bubble = chosen.est.bubble_fraction if chosen.est else 0.0
+    formula = "(p-1)/(m+p-1)" if v == 1 else f"(p-1)/v / (m+(p-1)/v) with v={v}"
+    steps = [
+        PathStep(
+            question="Are there at least 4x as many micro-batches as PP stages?",
+            answer="yes" if m * v >= 4 * d.pp else "no",
+            reason=f"{m} micro-batches for {d.pp} stages: bubble {bubble:.0%} {formula}",
         )
+    ]
+    layers = stage_layers(ctx.dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
+    if v > 1:
+        answer = f"interleaved 1F1B, {v} virtual stages of {layers[0] // v} layer(s)"
+        reason = (
+            f"each stage holds {v} model chunks: the bubble shrinks {v}x for {v}x the "
+            "point-to-point sends (Megatron needs micro-batches divisible by pp)"
+        )
+    elif d.first_stage_layers or d.last_stage_layers:
+        answer = f"1F1B, layers per stage {_split(layers)}"
+        reason = (
+            "lighter end stages balance the embedding and the first stage's in-flight "
+            "activations (first) and the LM head and loss (last) against the others; Megatron's "
+            "--decoder-first/last-pipeline-num-layers"
+        )
+    else:
+        answer = f"1F1B, {layers[0]} layers per stage"
+        reason = (
+            "the even split (interleaving and lighter end stages are weighed for the fastest "
+            "pipelines)"
+        )
+    steps.append(
+        PathStep(question="Which pipeline schedule and split?", answer=answer, reason=reason)
+    )
     return steps
+
+
+def _split(layers: list[int]) -> str:
+    """``7 + 14x8 + 7``: a stage split, the middle stages run together."""
+    first, *mid, last = layers
+    middle = f"{len(mid)}x{mid[0]}" if mid and len(set(mid)) == 1 else " + ".join(map(str, mid))
+    return " + ".join(p for p in (str(first), middle, str(last)) if p)

@@ -160,16 +160,16 @@ def _check_runs_under(ctx: PlanContext) -> None:
             f"not {strategy}; pick one of those or drop --cp",
             field="layout.cp",
         )
+    # DeepSpeed-MoE refuses ZeRO-3 ("MoE not supported with Stage 3", deepspeed/runtime/engine.py).
     if (lay.ep or 1) > 1 and lay.strategy not in (
         None,
         Strategy.ZERO1,
         Strategy.ZERO2,
-        Strategy.ZERO3,
         Strategy.THREE_D,
     ):
         raise SpecError(
-            f"ep={lay.ep} runs under DeepSpeed-MoE (--strategy zero1/zero2/zero3) or Megatron "
-            f"(--strategy 3d), not {strategy}",
+            f"ep={lay.ep} runs under DeepSpeed-MoE (--strategy zero1/zero2; it refuses ZeRO-3) "
+            f"or Megatron (--strategy 3d), not {strategy}",
             field="layout.ep",
         )
     if lay.offload == Offload.OPTIMIZER and (

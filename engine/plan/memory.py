@@ -45,13 +45,24 @@ from engine.plan.specs import (
     Recompute,
     Strategy,
 )
+from engine.plan.stages import stage_layers
 
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
 # allgather_bucket_size are 5e8 elements.
 DS_BUCKET_ELEMENTS = 500_000_000
-# Fraction of an accelerator's memory a plan may use: the CUDA context, NCCL's buffers and the
-# caching allocator's fragmentation take the rest (typically 5–10% on 80 GB parts).
+# Fraction of host RAM (and of a CPU rank's nominal memory) a plan may use.
 USABLE_FRACTION = 0.90
+GIB = 1024**3
+CUDA_CONTEXT_BYTES = 768 * 1024**2
+"""The CUDA context with its loaded kernels plus cuBLAS / cuDNN workspaces: 0.5-0.8 GiB per
+process on Ampere / Hopper with CUDA 12's lazy loading (``CUDA_MODULE_LOADING=LAZY``), as
+``nvidia-smi`` shows beside ``torch.cuda.memory_reserved()``."""
+NCCL_BUFFER_BYTES = 512 * 1024**2
+"""NCCL's communication buffers: ``NCCL_BUFFSIZE`` (4 MiB) per channel and peer over the few
+communicators a 3D layout opens (TP, DP, PP, EP): a few hundred MiB."""
+FRAGMENTATION = 0.04
+"""Share of the remainder PyTorch's caching allocator loses to fragmentation (blocks cached but
+not reusable at the next size); 2-3 % with ``expandable_segments``, more without."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +87,12 @@ class LayoutDraft:
     precision: Precision = Precision.BF16
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
     virtual_stages: int = 1
+    first_stage_layers: int = 0
+    """Transformer layers on the first pipeline stage (Megatron's
+    ``--decoder-first-pipeline-num-layers``); 0: the even split. Per-stage counts:
+    :func:`engine.plan.stages.stage_layers`."""
+    last_stage_layers: int = 0
+    """The same for the last stage (``--decoder-last-pipeline-num-layers``)."""
 
     @property
     def world_size(self) -> int:
@@ -270,10 +287,12 @@ def _megatron_states(
     psi: float, nd: int, zero_stage: int, precision: Precision, optimizer: Optimizer
 ) -> States:
     """Megatron (3D): 16-bit params, fp32 main grads, fp32 master + states (18 B/param for
-    Adam); the distributed optimizer (``zero_stage=1``) shards master and states over DP."""
+    Adam); the distributed optimizer (``zero_stage=1``) shards master and states over DP;
+    ``zero_stage=2`` (Megatron-FSDP, or FSDP under TP/PP as Llama 3 trained) the grads too."""
     k = zero_k(precision, optimizer)
     opt = k * psi / nd if zero_stage >= 1 else k * psi
-    return States(_param_bytes(precision) * psi, 4 * psi, opt)
+    grads = 4 * psi / nd if zero_stage >= 2 else 4 * psi
+    return States(_param_bytes(precision) * psi, grads, opt)
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,9 +337,9 @@ def layer_activation_bytes(
     Replicated across TP ranks (split by ``t`` only with SP): the two layer-norm inputs (4sbh),
     the attention and MLP inputs (2sbh each) and the two dropout masks (sbh each) -- Korthikanti's
     ``10``. Split by ``t``: Q and K (2sbh + 2sbh_kv), V (2sbh_kv), the output projection's input
-    (2sbh), and the MLP's intermediates (non-gated: 2sbf twice; gated: gate, up, act and product,
-    2sbf each; MoE: times top-k) -- Korthikanti's ``24`` for MHA and f = 4h. The attention score
-    term ``5as²b`` (softmax output, dropout mask and output) is what selective recompute drops;
+    (2sbh), and the MLP's intermediates (non-gated: 2sbf twice; gated: the fused gate-and-up
+    output and the product, 6sbf, as Megatron's fused SwiGLU keeps them; MoE: times top-k) --
+    Korthikanti's ``24`` for MHA and f = 4h. The attention score term ``5as²b`` (softmax output, dropout mask and output) is what selective recompute drops;
     FlashAttention never stores it either (``flash=True``). ``bytes_per_value`` 4 doubles all
     for fp32 training."""
     h = dims.hidden
@@ -333,7 +352,7 @@ def layer_activation_bytes(
     if recompute == Recompute.FULL:
         return 2 * sbh / (t if sp else 1) * scale
     replicated = 4 + 2 + 2 + (2 if dropout else 0)
-    mlp = (8 * f if dims.gated_mlp else 4 * f) * k
+    mlp = (6 * f if dims.gated_mlp else 4 * f) * k
     split = 2 * q + 2 * r + 2 * r + 2 * q + mlp
     score = 0.0
     if recompute == Recompute.NONE and not flash:
@@ -465,8 +484,9 @@ def _layout_states(
 
 def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> float:
     """Activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
-    rank."""
+    rank. Gated-MLP (Llama-family) models train without dropout, so no dropout masks."""
     bpv = 2 if is_mixed(d.precision) else 4
+    dropout = not dims.gated_mlp
     per_layer = layer_activation_bytes(
         dims,
         s_local,
@@ -475,9 +495,10 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
         sp=d.sequence_parallel,
         recompute=d.recompute,
         flash=flash,
+        dropout=dropout,
         bytes_per_value=bpv,
     )
-    layers = math.ceil(dims.layers / d.pp)
+    layers = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)[0]
     held = pipeline_in_flight(d.pp, d.grad_accum, d.pp_schedule, d.virtual_stages)
     acts = per_layer * layers * held
     if d.recompute == Recompute.FULL:
@@ -490,11 +511,29 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
             sp=d.sequence_parallel,
             recompute=Recompute.SELECTIVE if flash else Recompute.NONE,
             flash=flash,
+            dropout=dropout,
             bytes_per_value=bpv,
         )
     return acts
 
 
 def usable_bytes(memory_bytes: int) -> int:
-    """What a plan may use of an accelerator's memory (see :data:`USABLE_FRACTION`)."""
+    """What a plan may use of host RAM or a CPU rank's memory (see :data:`USABLE_FRACTION`)."""
     return int(memory_bytes * USABLE_FRACTION)
+
+
+def gpu_reserves(memory_bytes: int) -> dict[str, int]:
+    """The named reserves taken off an accelerator's memory before a plan may use it: the CUDA
+    context, NCCL's buffers and the allocator's fragmentation."""
+    fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
+    return {
+        "cuda_context": CUDA_CONTEXT_BYTES,
+        "nccl_buffers": NCCL_BUFFER_BYTES,
+        "fragmentation": int(max(0, memory_bytes - fixed) * FRAGMENTATION),
+    }
+
+
+def gpu_usable_bytes(memory_bytes: int) -> int:
+    """What a plan may use of an accelerator's memory: all of it less :func:`gpu_reserves`
+    (75.6 GiB of an 80 GiB part)."""
+    return memory_bytes - sum(gpu_reserves(memory_bytes).values())

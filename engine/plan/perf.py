@@ -1,51 +1,98 @@
-"""Time and cost model of one candidate layout: FLOPs per step, compute time at the GPU's
-achievable fraction of peak, communication per strategy, the pipeline bubble, and from them step
-time, tokens/s, MFU, scaling efficiency, GPU-hours and cost. Called by :mod:`engine.plan.search`
-for every candidate it ranks, so it is plain arithmetic.
+"""Time and cost model of one candidate layout: the step built up from one micro-batch on the
+heaviest pipeline stage (its GEMMs at a shape-dependent efficiency, attention as causal kernels
+run it, memory-bound element-wise work, the tensor/context/expert-parallel collectives left
+exposed), the pipeline schedule around it, and the once-per-step data-parallel reduction and
+optimizer step. From the step: tokens/s, MFU, scaling efficiency, GPU-hours and cost. Called by
+:mod:`engine.plan.search` for every candidate it ranks, so it is plain arithmetic.
 
-Sources: FLOPs per token ``6·N`` for forward + backward (Kaplan et al. 2020) plus the attention
-matmuls ``12·L·h·s`` (PaLM, Chowdhery et al. 2022, App. B), and ``2·N`` more for a full recompute
-of the forward (Korthikanti et al. 2022); collective volumes as in NCCL's performance notes
-(``nccl-tests/doc/PERFORMANCE.md``: ring all-reduce moves ``2(n-1)/n`` of the buffer per rank,
-all-gather and reduce-scatter ``(n-1)/n``); ZeRO-3's ``1.5×`` DDP volume (ZeRO paper §7.2.2);
-the 1F1B bubble ``(p-1)/(m+p-1)`` and its ``1/v`` reduction by interleaving (Narayanan et al.
-2021, §2.2).
+Sources. FLOPs: a linear layer of ``n`` weights costs ``2n`` FLOPs per token forward and twice
+that backward (Kaplan et al. 2020, ``6N``); attention scores and context ``4·s·d`` per token and
+layer forward, of which a causal kernel (FlashAttention, Dao 2023) computes half; a full recompute
+repeats the forward (Korthikanti et al. 2022). GEMM efficiency falls as a per-GPU dimension
+shrinks (``x / (x + GEMM_HALF_DIM)`` per dimension: tile and wave quantisation, NVIDIA's "Matrix
+Multiplication Background" guide). Collectives: ring all-reduce moves ``2(n-1)/n`` of the buffer
+per rank, all-gather / reduce-scatter ``(n-1)/n`` (``nccl-tests/doc/PERFORMANCE.md``); a group
+spanning nodes gets its share of each node's NICs; a latency per ring step. Megatron-LM overlaps
+the backward tensor-parallel all-reduce with the weight-gradient GEMM (its
+``LinearWithGradAccumulationAndAsyncCommunication``), reduces bf16 gradients in fp32
+(``accumulate_allreduce_grads_in_fp32``), and can only hide the data-parallel reduction behind
+the last micro-batch's backward. The 1F1B bubble is ``(p-1)/v`` micro-batch times on the
+heaviest stage (Narayanan et al. 2021, §2.2); the last stage also runs the LM head.
+
+The few efficiency constants below are global and physical (not one per case); they were chosen
+on the calibration sources of ``tests/data/published_runs.json`` and checked on the held-out
+ones by ``benchmarks/estimate_accuracy.py``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from engine.plan.memory import LayoutDraft, stage_params
 from engine.plan.specs import Framework, ModelDims, Offload, Precision, Recompute, Strategy
+from engine.plan.stages import stage_layers
 
 
 class Overlap:
-    """Share of each kind of communication hidden behind compute, at best (public profiles:
-    DDP's bucketed all-reduce overlaps backward; ZeRO-3 / FSDP prefetch the next all-gather;
-    Megatron's TP all-reduces sit on the critical path and are not overlapped). A namespace of
-    constants, not instantiated (a dataclass would cost start-up time for nothing)."""
+    """Share of each kind of communication hidden behind the compute it can overlap with (public
+    profiles: DDP's bucketed all-reduce and Megatron-Core's ``overlap_grad_reduce`` overlap the
+    last backward; ZeRO-3 / FSDP prefetch the next all-gather). A namespace of constants."""
 
     ddp: Final = 0.8
-    zero: Final = 0.6
-    """DeepSpeed ZeRO-1/2/3's gradient reduction and parameter gathers."""
+    zero: Final = 0.3
+    """DeepSpeed ZeRO-1/2/3's gradient reduction and parameter gathers (hook-driven prefetch
+    overlaps less than FSDP's)."""
     fsdp: Final = 0.7
+    zero3: Final = 0.0
+    """DeepSpeed ZeRO-3's parameter gathers: issued by module hooks on the critical path, its
+    prefetch (``stage3_prefetch_bucket_size``) reaching about one weight matrix ahead."""
     megatron: Final = 0.6
-    """Megatron's data-parallel all-reduce (3D layouts)."""
-    tp: Final = 0.0
+    """Megatron's data-parallel reduction (3D layouts), behind the last micro-batch's backward."""
     pp: Final = 0.5
     ep: Final = 0.2
     cp: Final = 0.7
 
 
-# Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate.
-INTRA_EFFICIENCY = 0.8
-# Fraction of host<->GPU bandwidth an offloaded optimizer step achieves (pinned copies).
-OFFLOAD_EFFICIENCY = 0.7
-# CPU Adam throughput per GPU's share of host cores, parameters per second (DeepSpeed's
-# CPU-Adam reports ~1e9 params/s on a server's cores; a node shares them among its GPUs).
-CPU_ADAM_PARAMS_PER_S = 1.0e9
+GEMM_HALF_DIM: Final = 64
+"""A per-GPU GEMM dimension of this many elements runs at half the large-GEMM efficiency
+(``x / (x + 64)`` per dimension: 384 -> 0.86, 3072 -> 0.98)."""
+ATTENTION_EFFICIENCY: Final = 0.5
+"""Attention kernels (FlashAttention 2/3 forward and backward averaged) relative to a large GEMM."""
+FLASH_BACKWARD: Final = 2.5
+"""FlashAttention's backward runs 5 matmuls to the forward's 2."""
+ELEMENTWISE_BYTES: Final = 34.0
+"""HBM bytes per token per hidden unit one layer's forward moves outside GEMMs (norms, residual
+adds, dropout, activation, rotary, bias: reads and writes in 16 bit); backward moves twice."""
+LAYER_OVERHEAD_S: Final = 60e-6
+"""Fixed cost per layer and pass (kernel launches and small kernels that do not scale)."""
+MOE_DISPATCH_S: Final = 1.0e-3
+"""Fixed cost of one MoE layer's forward beyond its FLOPs: dropless routing copies the tokens
+per expert to the host to size the grouped GEMM and the all-to-all (a device-to-host sync), so
+the GPU then waits on the CPU to launch the rest of the layer's ~100 small kernels (router,
+top-k, permute, token-count exchange, unpermute; ~10 us each). Backward pays it twice, like the
+other per-layer work."""
+INTRA_EFFICIENCY: Final = 0.8
+"""Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate."""
+RING_STEP_LATENCY_S: Final = 6e-6
+"""Per ring step of a collective across nodes (NIC + NCCL proxy); inside a node a fifth of it."""
+COLLECTIVE_LAUNCH_S: Final = 12e-6
+"""Fixed cost of launching one NCCL collective."""
+FP8_GEMM_EFFICIENCY: Final = 0.8
+"""An FP8 GEMM's share of the FP8 peak relative to a bf16 GEMM's share of the bf16 peak (scaling
+factors, casts and amax reductions around it)."""
+DS_GATHER_EFFICIENCY: Final = 0.5
+"""Share of the bus bandwidth DeepSpeed ZeRO-3's parameter all-gather reaches: it gathers into
+a list of per-rank tensors and copies them into place (``torch.distributed.all_gather``), where
+FSDP's flat ``all_gather_into_tensor`` writes in place."""
+OFFLOAD_EFFICIENCY: Final = 0.7
+"""Fraction of host<->GPU bandwidth an offloaded optimizer step achieves (pinned copies)."""
+CPU_ADAM_PARAMS_PER_S_PER_NODE: Final = 2.0e9
+"""DeepSpeed CPU-Adam throughput of one server's cores (its GPUs share them)."""
+OPTIMIZER_BYTES_PER_PARAM: Final = 36.0
+"""HBM traffic of a fused Adam step per local parameter: read and write fp32 master, moments,
+read the gradient and write the 16-bit copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +102,7 @@ class Hardware:
     peak_flops: float
     """Dense peak for the plan's precision, FLOP/s per GPU."""
     achievable_mfu: float
+    """The catalog's whole-step efficiency: used only when ``gemm_efficiency`` is not given."""
     intra_bytes_per_s: float
     """Scale-up bandwidth per GPU, one direction."""
     inter_bytes_per_s: float
@@ -63,6 +111,32 @@ class Hardware:
     gpus_per_node: int
     nodes: int
     price_per_gpu_hour: float | None = None
+    gemm_efficiency: float = 0.0
+    """Fraction of peak a large bf16 GEMM reaches (cuBLAS); 0: derived from achievable_mfu."""
+    hbm_bytes_per_s: float = 2.0e12
+    scaleup_gpus: int = 0
+    """GPUs one NVLink domain joins (72 for GB200 NVL72); 0: the node."""
+    linear_peak_flops: float = 0.0
+    """Peak of the linear layers' GEMMs when they run in a lower precision than the rest (FP8
+    training: Transformer Engine / torchao float8 linears, attention and the rest in bf16);
+    0: ``peak_flops``."""
+
+    @property
+    def gemm(self) -> float:
+        """Large-GEMM efficiency."""
+        return self.gemm_efficiency or min(0.95, self.achievable_mfu / 0.6)
+
+    @property
+    def linear_rate(self) -> float:
+        """FLOP/s a large linear-layer GEMM runs at."""
+        if self.linear_peak_flops > self.peak_flops:
+            return self.linear_peak_flops * self.gemm * FP8_GEMM_EFFICIENCY
+        return self.peak_flops * self.gemm
+
+    @property
+    def domain(self) -> int:
+        """GPUs reachable over the scale-up link."""
+        return max(self.gpus_per_node, self.scaleup_gpus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,24 +154,41 @@ class Estimate:
     cost_usd: float | None
 
 
+# --------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def _attention_dim(dims: ModelDims) -> int:
+    return dims.heads * dims.head_dim
+
+
 def flops_per_token(
-    dims: ModelDims, seq_len: int, recompute: Recompute, *, attention: bool = True
+    dims: ModelDims,
+    seq_len: int,
+    recompute: Recompute,
+    *,
+    attention: bool = True,
+    causal: bool = True,
 ) -> float:
-    """Training FLOPs per token: ``6·N_active`` (+ ``12·L·h·s`` attention) and, for a full
-    recompute, one more forward (``2·N_active`` + ``4·L·h·s``); selective recompute redoes only
-    the attention score matmuls."""
+    """Training FLOPs executed per token: ``6·N_active`` for the weights, attention ``12·L·d·s``
+    (``d`` = heads x head_dim) halved for a causal kernel, and for a full recompute one more
+    forward (``2·N_active`` and a third of the attention); selective recompute redoes only the
+    attention."""
     n = dims.params_active
-    attn = 12 * dims.layers * dims.hidden * seq_len if attention else 0.0
+    attn = 12 * dims.layers * _attention_dim(dims) * seq_len if attention else 0.0
+    if causal:
+        attn /= 2
     f = 6 * n + attn
     if recompute == Recompute.FULL:
         f += 2 * n + attn / 3
     elif recompute == Recompute.SELECTIVE:
-        f += attn / 6
+        f += attn / 3
     return float(f)
 
 
 def model_flops_per_token(dims: ModelDims, seq_len: int) -> float:
-    """The FLOPs that MFU counts (no recompute): ``6·N_active + 12·L·h·s``."""
+    """The FLOPs that MFU counts (PaLM's convention, no recompute, attention not halved):
+    ``6·N_active + 12·L·h·s``."""
     return 6.0 * dims.params_active + 12.0 * dims.layers * dims.hidden * seq_len
 
 
@@ -120,19 +211,187 @@ def bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
     return bubble / (microbatches + bubble)
 
 
+def gemm_shape_efficiency(*sizes: float) -> float:
+    """Share of the large-GEMM rate a GEMM with these per-GPU dimensions reaches."""
+    f = 1.0
+    for x in sizes:
+        f *= x / (x + GEMM_HALF_DIM)
+    return f
+
+
+# --------------------------------------------------------------------------------------------
+# Bandwidth
+
+
+def _spans_nodes(hw: Hardware, ranks: int, stride: int) -> bool:
+    return ranks > 1 and hw.nodes > 1 and ranks * stride > hw.domain
+
+
 def group_bandwidth(hw: Hardware, ranks: int, stride: int) -> float:
     """Per-rank bus bandwidth of a collective over ``ranks`` ranks placed ``stride`` apart in the
-    global rank order (TP innermost, then CP, then DP, then PP: see :func:`estimate_time`):
-    inside one node it runs on the scale-up link; across nodes each node's NICs are shared by
-    the group's ranks on that node."""
+    global rank order (TP innermost, then CP, then DP, then PP). Inside the scale-up domain it
+    runs on NVLink; across nodes NCCL spreads its rings over all of a node's NICs, so a group
+    gets the node's bandwidth times the share of the node's GPUs it holds (a DP group of one GPU
+    per node gets one NIC's worth; a group holding the whole node gets all of them)."""
     intra = hw.intra_bytes_per_s * INTRA_EFFICIENCY
+    if not _spans_nodes(hw, ranks, stride):
+        return intra
+    local = max(1, min(ranks, hw.gpus_per_node // max(1, stride)))
+    return min(intra, hw.inter_bytes_per_s * local / hw.gpus_per_node)
+
+
+def collective_time(hw: Hardware, nbytes: float, ranks: int, stride: int, steps: int) -> float:
+    """Seconds of one collective moving ``nbytes`` per rank in ``steps`` ring steps."""
     if ranks <= 1:
-        return intra
-    if ranks * stride <= hw.gpus_per_node or hw.nodes <= 1:
-        return intra
-    # Every GPU of a node is in some group of this kind at the same time: the node's NICs are
-    # shared by all of them (one NIC per GPU on DGX-class nodes gives the same figure).
-    return min(intra, hw.inter_bytes_per_s / hw.gpus_per_node)
+        return 0.0
+    hop = RING_STEP_LATENCY_S if _spans_nodes(hw, ranks, stride) else RING_STEP_LATENCY_S / 5
+    return COLLECTIVE_LAUNCH_S + steps * hop + nbytes / group_bandwidth(hw, ranks, stride)
+
+
+def allreduce_time(hw: Hardware, size: float, ranks: int, stride: int) -> float:
+    """Ring all-reduce (NCCL switches to a tree at scale: its latency grows as log n)."""
+    steps = min(2 * (ranks - 1), 4 * max(1, math.ceil(math.log2(max(2, ranks)))))
+    return collective_time(hw, ring_allreduce_bytes(size, ranks), ranks, stride, steps)
+
+
+def gather_time(hw: Hardware, size: float, ranks: int, stride: int) -> float:
+    """Ring all-gather or reduce-scatter of a ``size``-byte (unsharded) buffer."""
+    return collective_time(hw, gather_bytes(size, ranks), ranks, stride, ranks - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# One micro-batch on one stage
+
+
+class MicroBatch(NamedTuple):
+    """Seconds of one micro-batch's forward + backward on the heaviest stage."""
+
+    compute: float
+    """GEMMs, attention, element-wise work (and the recompute forward)."""
+    comm: float
+    """Tensor/context/expert-parallel and pipeline traffic left exposed."""
+    backward: float
+    """The backward share of ``compute`` (what a once-per-step reduction can hide behind)."""
+
+
+def _act_bytes(d: LayoutDraft) -> int:
+    return 4 if d.precision == Precision.FP32 else 2
+
+
+class LayerForward(NamedTuple):
+    """Seconds of one layer's forward for one micro-batch, by kind of work."""
+
+    gemm: float
+    attention: float
+    elementwise: float
+
+
+def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> LayerForward:
+    """One layer's forward, one micro-batch: its GEMMs at their shapes' efficiency (MoE: each
+    local expert's GEMM sees ``t·k·ep/E`` tokens), causal attention, and the element-wise work
+    (replicated over TP ranks unless sequence parallelism splits it)."""
+    t = d.micro_batch * seq_len / d.cp
+    h, tp = dims.hidden, d.tp
+    q = _attention_dim(dims)
+    kv = dims.kv_heads * dims.head_dim
+    rate = hw.linear_rate
+
+    def gemm(m: float, n: float, k: float) -> float:
+        return 2 * m * n * k / (rate * gemm_shape_efficiency(m, n, k))
+
+    sec = gemm(t, (q + 2 * kv) / tp, h) + gemm(t, h, q / tp)
+    mats = 2 if dims.gated_mlp else 1
+    k_active = dims.experts_per_token if dims.is_moe else 1
+    if dims.is_moe:
+        per_expert = t * k_active * d.ep / dims.num_experts
+        mlp = gemm(per_expert, mats * dims.ffn / tp, h) + gemm(per_expert, h, dims.ffn / tp)
+        sec += mlp * dims.num_experts / d.ep + gemm(t, dims.num_experts, h)
+    else:
+        sec += gemm(t, mats * dims.ffn / tp, h) + gemm(t, h, dims.ffn / tp)
+    # Scores and context of a causal kernel: each query attends to half the keys on average.
+    attn = 4 * t * seq_len * q / tp / 2 / (hw.peak_flops * hw.gemm * ATTENTION_EFFICIENCY)
+    width = h / (tp if d.sequence_parallel else 1) + dims.ffn * k_active / tp / 4
+    elem = ELEMENTWISE_BYTES * t * width * _act_bytes(d) / 2 / hw.hbm_bytes_per_s
+    fixed = LAYER_OVERHEAD_S + (MOE_DISPATCH_S if dims.is_moe else 0.0)
+    return LayerForward(sec, attn, elem + fixed)
+
+
+def _head_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """The LM head and the loss of one micro-batch, forward (the last stage runs it)."""
+    t = d.micro_batch * seq_len / d.cp
+    rate = hw.linear_rate
+    n = dims.vocab / d.tp
+    gemm = 2 * t * n * dims.hidden / (rate * gemm_shape_efficiency(t, n, dims.hidden))
+    softmax = 3 * 4 * t * n / hw.hbm_bytes_per_s  # fp32 logits: write, read, write grad
+    return gemm + softmax
+
+
+def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad: float) -> float:
+    """Exposed tensor-parallel seconds of one layer, one micro-batch: two all-reduces (or
+    all-gather + reduce-scatter pairs with SP) forward, two backward (Megatron hides those
+    behind the weight-gradient GEMMs, ``wgrad`` seconds), two more for a full recompute."""
+    if d.tp <= 1:
+        return 0.0
+    size = d.micro_batch * seq_len / d.cp * dims.hidden * _act_bytes(d)
+    one = allreduce_time(hw, size, d.tp, 1)
+    if d.sequence_parallel:
+        one = 2 * gather_time(hw, size, d.tp, 1)
+    forward = 2 * one * (2 if d.recompute == Recompute.FULL else 1)
+    backward = 2 * one
+    if d.framework == Framework.MEGATRON:
+        backward = max(0.0, backward - wgrad)
+    return forward + backward
+
+
+def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """Exposed context-parallel (ring passes of K and V) and expert-parallel (all-to-all
+    dispatch and combine, forward and backward) seconds of one layer, one micro-batch."""
+    out = 0.0
+    act_b = _act_bytes(d)
+    s_local = seq_len / d.cp
+    if d.cp > 1:
+        kv = 2 * s_local * d.micro_batch * dims.kv_heads * dims.head_dim * act_b / d.tp
+        vol = 3 * (d.cp - 1) * kv  # forward pass + twice in backward
+        out += vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
+    if dims.is_moe and d.ep > 1:
+        routed = s_local * d.micro_batch * dims.hidden * act_b * dims.experts_per_token / d.tp
+        passes = 4 if d.recompute != Recompute.FULL else 6
+        one = collective_time(hw, gather_bytes(routed, d.ep), d.ep, d.tp * d.cp, d.ep - 1)
+        out += passes * one * (1 - Overlap.ep)
+    return out
+
+
+def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> MicroBatch:
+    """One micro-batch's forward and backward on the heaviest pipeline stage: its layers (the
+    last stage's plus the LM head when that is heavier), the exposed TP/CP/EP traffic, and the
+    pipeline sends (one pair per model chunk)."""
+    split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
+    f = _layer_forward(dims, d, hw, seq_len)
+    layer_fwd = f.gemm + f.attention + f.elementwise
+    layer_bwd = 2 * f.gemm + FLASH_BACKWARD * f.attention + 2 * f.elementwise
+    if d.recompute == Recompute.FULL:
+        layer_bwd += layer_fwd
+    elif d.recompute == Recompute.SELECTIVE:
+        layer_bwd += f.attention
+    per_layer = layer_fwd + layer_bwd
+    head = 3 * _head_forward(dims, d, hw, seq_len)
+    compute = max(max(split) * per_layer, split[-1] * per_layer + head)
+    # Megatron hides the backward TP all-reduce behind the weight-gradient GEMMs of the
+    # column-parallel layers: about half of the layer's GEMM time.
+    comm = max(split) * (
+        _tp_comm(dims, d, hw, seq_len, f.gemm / 2) + _cp_ep_comm(dims, d, hw, seq_len)
+    )
+    if d.pp > 1:
+        act = d.micro_batch * seq_len / d.cp * dims.hidden * _act_bytes(d)
+        if d.sequence_parallel:
+            act /= d.tp
+        p2p = 2 * collective_time(hw, act, 2, d.tp * d.cp * d.dp, 1) * max(1, d.virtual_stages)
+        comm += p2p * (1 - Overlap.pp)
+    return MicroBatch(compute, comm, max(split) * layer_bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# The step
 
 
 def estimate_time(
@@ -143,133 +402,154 @@ def estimate_time(
     seq_len: int,
     tokens_budget: float | None = None,
 ) -> Estimate:
-    """Step time and throughput of layout ``d``. Rank order is TP innermost, then CP, then DP,
-    then PP outermost (Megatron's order), so TP stays inside a node, PP spans nodes."""
+    """Step time and throughput of layout ``d``: ``m + (p-1)/v`` micro-batch times on the
+    heaviest stage, then what is left exposed of the data-parallel reduction, offload and the
+    optimizer step. Rank order is TP innermost, then CP, then DP, then PP outermost (Megatron's
+    order), so TP stays inside a node, PP spans nodes."""
     world = d.world_size
     tokens = d.global_batch * seq_len
     total_flops = flops_per_token(dims, seq_len, d.recompute) * tokens
-    per_gpu = total_flops / world
-    eff = hw.peak_flops * hw.achievable_mfu
-    compute = per_gpu / eff
-    bubble = bubble_fraction(d.pp, d.grad_accum, d.virtual_stages)
-    compute_with_bubble = compute / (1 - bubble) if bubble < 1 else compute * 1e6
-    exposed = _exposed_comm(dims, d, hw, seq_len, compute)
-    step = compute_with_bubble + exposed
+    mb = micro_batch_time(dims, d, hw, seq_len)
+    m = d.grad_accum
+    v = max(1, d.virtual_stages)
+    slots = m + ((d.pp - 1) / v if d.pp > 1 else 0.0)
+    bubble = bubble_fraction(d.pp, m, v)
+    comm, optimizer = _step_comm(dims, d, hw, mb)
+    compute = mb.compute * slots + optimizer
+    exposed = mb.comm * slots + comm
+    step = compute + exposed
     tokens_per_s = tokens / step
     mfu = model_flops_per_token(dims, seq_len) * tokens / (step * world * hw.peak_flops)
-    ideal = model_flops_per_token(dims, seq_len) * tokens / (world * eff)
-    scaling = min(1.0, ideal / step)
+    ideal = model_flops_per_token(dims, seq_len) * tokens / (world * hw.peak_flops * hw.gemm)
     gpu_hours = cost = None
     if tokens_budget:
-        steps = tokens_budget / tokens
-        gpu_hours = steps * step * world / 3600
+        gpu_hours = tokens_budget / tokens * step * world / 3600
         if hw.price_per_gpu_hour is not None:
             cost = gpu_hours * hw.price_per_gpu_hour
     return Estimate(
         step_time_s=step,
-        compute_time_s=compute_with_bubble,
+        compute_time_s=compute,
         comm_time_s=exposed,
         bubble_fraction=bubble,
         tokens_per_s=tokens_per_s,
         mfu=min(1.0, mfu),
-        scaling_efficiency=scaling,
+        scaling_efficiency=min(1.0, ideal / step),
         flops_per_step=total_flops,
         gpu_hours=gpu_hours,
         cost_usd=cost,
     )
 
 
-def _exposed_comm(
-    dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, compute: float
-) -> float:
-    """Seconds per step of communication not hidden behind ``compute``: data parallelism's
-    (partly overlapped with backward), then TP, PP, CP and EP, then offload's PCIe copies and
-    CPU optimizer step."""
-    grad_b = 2 if d.precision != Precision.FP32 else 4
+def _step_comm(
+    dims: ModelDims, d: LayoutDraft, hw: Hardware, mb: MicroBatch
+) -> tuple[float, float]:
+    """(exposed communication, optimizer step) seconds per step outside the micro-batch loop:
+    the data-parallel traffic of the dense and expert parameters and offload's copies and CPU
+    step; the optimizer step's HBM traffic over the parameters this GPU updates."""
     dense, expert = stage_params(dims, d)
-    comm_dp, overlap = _data_parallel_comm(d, hw, dense, grad_b)
+    units = max(stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers))
+    exposed = _data_parallel_exposed(d, hw, dense, mb, units, dims.gated_mlp)
     if expert:
         ep_dp = max(1, d.dp * d.cp // d.ep)
-        comm_dp += ring_allreduce_bytes(expert * grad_b, ep_dp) / group_bandwidth(
-            hw, ep_dp, d.tp * d.ep
-        )
-    exposed = max(0.0, comm_dp - overlap * compute * 2 / 3)
-    exposed = _add_model_parallel_comm(exposed, dims, d, hw, seq_len, act_b=grad_b)
+        comm = allreduce_time(hw, expert * _grad_reduce_bytes(d), ep_dp, d.tp * d.ep)
+        exposed += max(0.0, comm - Overlap.megatron * mb.backward)
+    local = dense + expert
+    if d.zero_stage >= 1 or d.framework == Framework.FSDP:
+        local /= max(1, d.dp * d.cp)
     if d.offload != Offload.NONE:
-        exposed = _add_offload(exposed, d, hw, dense + expert, grad_b)
-    return exposed
+        return exposed + _offload(d, hw, dense + expert, local), 0.0
+    return exposed, local * OPTIMIZER_BYTES_PER_PARAM / hw.hbm_bytes_per_s
 
 
-def _data_parallel_comm(
-    d: LayoutDraft, hw: Hardware, dense: float, grad_b: int
-) -> tuple[float, float]:
-    """Seconds per step of the data-parallel gradient / parameter traffic of the ``dense``
-    parameters, and the share of it that can hide behind backward."""
-    dp_n = d.dp * d.cp
-    dp_bw = group_bandwidth(hw, dp_n, d.tp)
-    m = d.grad_accum
-    if d.strategy == Strategy.DDP or (d.framework == Framework.DDP):
-        return ring_allreduce_bytes(dense * grad_b, dp_n) / dp_bw, Overlap.ddp
-    if d.strategy in (Strategy.ZERO1, Strategy.ZERO2):
-        # reduce-scatter of grads (every micro-step for ZeRO-2) + all-gather of updated params.
-        rs = gather_bytes(dense * grad_b, dp_n) / dp_bw
-        ag = gather_bytes(dense * grad_b, dp_n) / dp_bw
-        return rs * (m if d.strategy == Strategy.ZERO2 else 1) + ag, Overlap.zero
-    if d.strategy in (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID):
-        # 1.5x DDP volume per micro-step: all-gather in forward and backward, reduce-scatter.
-        n = dp_n
-        inter_replicas = 1
-        if d.strategy == Strategy.FSDP_HYBRID:
-            n = max(1, min(dp_n, hw.gpus_per_node // max(1, d.tp)))
-            inter_replicas = max(1, dp_n // n)
-        bw = group_bandwidth(hw, n, d.tp)
-        comm = 3 * gather_bytes(dense * grad_b, n) / bw * m
-        if inter_replicas > 1:
-            comm += ring_allreduce_bytes(dense * grad_b / n, inter_replicas) / group_bandwidth(
-                hw, inter_replicas, d.tp * n
-            )
-        return comm, Overlap.fsdp if d.framework == Framework.FSDP else Overlap.zero
-    if d.strategy == Strategy.FSDP_GRAD_OP:
-        return (2 * gather_bytes(dense * grad_b, dp_n) * m) / dp_bw, Overlap.fsdp
-    # 3D: Megatron DP all-reduce (or reduce-scatter + all-gather with distributed opt)
-    return ring_allreduce_bytes(dense * grad_b, dp_n) / dp_bw, Overlap.megatron
+def _grad_reduce_bytes(d: LayoutDraft) -> int:
+    """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32
+    (``accumulate_allreduce_grads_in_fp32``, on for bf16); DDP, FSDP and DeepSpeed in the
+    training precision."""
+    if d.precision == Precision.FP32:
+        return 4
+    if d.framework == Framework.MEGATRON and d.precision == Precision.BF16:
+        return 4
+    return 2
 
 
-def _add_model_parallel_comm(
-    exposed: float, dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, act_b: int
+def _data_parallel_exposed(
+    d: LayoutDraft, hw: Hardware, dense: float, mb: MicroBatch, units: int, gated: bool = False
 ) -> float:
-    """``exposed`` plus the TP, PP, CP and EP traffic of one step (added in that order)."""
+    """Exposed seconds of the data-parallel gradient / parameter traffic of the ``dense``
+    parameters. A once-per-step reduction hides only behind the last micro-batch's backward;
+    ZeRO-2 reduces every micro-batch, ZeRO-3 / FSDP gather every micro-batch, each behind that
+    micro-batch's compute."""
+    n = d.dp * d.cp
+    if n <= 1:
+        return 0.0
+    g = _grad_reduce_bytes(d)
+    stride = d.tp
     m = d.grad_accum
-    s_local = seq_len / d.cp
-    layers_local = dims.layers / d.pp
-    microbatch_act = s_local * d.micro_batch * dims.hidden * act_b
-    if d.tp > 1:
-        # 4 all-reduces (or all-gather + reduce-scatter pairs with SP) per layer per micro-batch.
-        vol = 4 * ring_allreduce_bytes(microbatch_act, d.tp) * layers_local * m
-        exposed += vol / group_bandwidth(hw, d.tp, 1) * (1 - Overlap.tp)
-    if d.pp > 1:
-        vol = 2 * microbatch_act / d.tp * m
-        exposed += vol / group_bandwidth(hw, 2, d.tp * d.cp * d.dp) * (1 - Overlap.pp)
-    if d.cp > 1:
-        kv = 2 * s_local * d.micro_batch * dims.kv_heads * dims.head_dim * act_b / d.tp
-        vol = 3 * (d.cp - 1) * kv * layers_local * m  # forward pass + twice in backward
-        exposed += vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
-    if dims.is_moe and d.ep > 1:
-        routed = microbatch_act * dims.experts_per_token / d.tp
-        vol = 4 * gather_bytes(routed, d.ep) * layers_local * m  # dispatch + combine, fwd + bwd
-        exposed += vol / group_bandwidth(hw, d.ep, d.tp * d.cp) * (1 - Overlap.ep)
+    if d.strategy == Strategy.DDP or d.framework == Framework.DDP:
+        comm = allreduce_time(hw, dense * g, n, stride)
+        return max(0.0, comm - Overlap.ddp * mb.backward)
+    if d.strategy in (Strategy.ZERO1, Strategy.ZERO2):
+        rs = gather_time(hw, dense * g, n, stride)
+        ag = gather_time(hw, dense * 2, n, stride)
+        if d.strategy == Strategy.ZERO2:
+            return m * max(0.0, rs - Overlap.zero * mb.backward) + ag
+        return max(0.0, rs - Overlap.zero * mb.backward) + ag
+    if d.strategy in (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID):
+        return _sharded_exposed(d, hw, dense, mb, units, gated)
+    if d.strategy == Strategy.FSDP_GRAD_OP:
+        comm = gather_time(hw, dense * 2, n, stride) + gather_time(hw, dense * g, n, stride)
+        return m * max(0.0, comm - Overlap.fsdp * mb.compute)
+    # 3D: Megatron's all-reduce, or reduce-scatter + all-gather with the distributed optimizer.
+    if d.zero_stage >= 1:
+        rs = gather_time(hw, dense * g, n, stride)
+        return max(0.0, rs - Overlap.megatron * mb.backward) + gather_time(hw, dense * 2, n, stride)
+    return max(0.0, allreduce_time(hw, dense * g, n, stride) - Overlap.megatron * mb.backward)
+
+
+def _sharded_exposed(
+    d: LayoutDraft, hw: Hardware, dense: float, mb: MicroBatch, units: int, gated: bool
+) -> float:
+    """ZeRO-3 / FSDP: every micro-batch gathers each block's parameters for the forward and
+    again for the backward and reduce-scatters its gradients; prefetch hides part of it behind
+    that micro-batch's compute. FSDP gathers a block as one flat buffer (one collective per
+    block and pass). DeepSpeed ZeRO-3 gathers parameter by parameter as hooks fire (one
+    collective per weight matrix: QKV, output, the MLP's two or three), through a list-based
+    all-gather that reaches :data:`DS_GATHER_EFFICIENCY` of the bus bandwidth, and a full
+    recompute gathers the block a third time for the recomputed forward. At a few hundred
+    ranks and more these collectives are latency bound (a ring of ``n`` ranks takes ``n - 1``
+    steps), which is why ZeRO-3 measured 2-5x slower than PTD-P in Narayanan et al. 2021
+    (Table 2). HYBRID_SHARD shards inside a node and all-reduces the shards across nodes once
+    per step. ``units``: the blocks."""
+    n = d.dp * d.cp
+    shard = n
+    replicas = 1
+    if d.strategy == Strategy.FSDP_HYBRID:
+        shard = max(1, min(n, hw.gpus_per_node // max(1, d.tp)))
+        replicas = max(1, n // shard)
+    pieces, gathers, eff, overlap = 1, 2, 1.0, Overlap.fsdp
+    if d.framework != Framework.FSDP:
+        pieces = 5 if gated else 4
+        gathers = 3 if d.recompute == Recompute.FULL else 2
+        eff, overlap = DS_GATHER_EFFICIENCY, Overlap.zero3
+    piece = dense * 2 / units / pieces
+    one = gathers * gather_time(hw, piece / eff, shard, d.tp) + gather_time(hw, piece, shard, d.tp)
+    comm = one * pieces * units
+    # The first block's gather and the last one's reduce-scatter have no compute to hide behind.
+    edges = (
+        gather_time(hw, piece / eff, shard, d.tp) + gather_time(hw, piece, shard, d.tp)
+    ) * pieces
+    exposed = d.grad_accum * max(edges, comm - overlap * mb.compute)
+    if replicas > 1:
+        exposed += allreduce_time(hw, dense * 2 / shard, replicas, d.tp * shard)
     return exposed
 
 
-def _add_offload(exposed: float, d: LayoutDraft, hw: Hardware, params: float, grad_b: int) -> float:
-    """``exposed`` plus offload's cost, once per step: grads down and params up over PCIe, and
-    the CPU optimizer step over the ``params`` (dense + expert) this GPU holds."""
-    local = params / max(
-        1, d.dp * d.cp if d.zero_stage >= 1 or d.framework == Framework.FSDP else 1
-    )
+def _offload(d: LayoutDraft, hw: Hardware, params: float, local: float) -> float:
+    """Offload's cost, once per step: grads down and params up over PCIe, and the CPU optimizer
+    step over the ``local`` parameters of every GPU of the node (they share its cores)."""
+    grad_b = 2 if d.precision != Precision.FP32 else 4
     moved = local * (grad_b + 2) + (
         params * 2 * 2 * d.grad_accum if d.offload == Offload.OPTIMIZER_PARAMS else 0.0
     )
-    exposed += moved / (hw.pcie_bytes_per_s * OFFLOAD_EFFICIENCY)
-    exposed += local / CPU_ADAM_PARAMS_PER_S
-    return exposed
+    seconds = moved / (hw.pcie_bytes_per_s * OFFLOAD_EFFICIENCY)
+    return seconds + local * hw.gpus_per_node / CPU_ADAM_PARAMS_PER_S_PER_NODE

@@ -2,8 +2,9 @@
 parallel layout. The CLI's ``plan``, the wizard's decision step and the config writers all call it.
 
 It resolves the model and hardware (:mod:`engine.plan.context`), refuses inconsistent forced
-settings (:mod:`engine.plan.forced`), enumerates the valid layouts with their memory
-(:mod:`engine.plan.search`), walks the seed documents' decision flowchart over them
+settings (:mod:`engine.plan.forced`), enumerates the valid layouts that train the global batch
+exactly, with their memory (:mod:`engine.plan.search`), refuses a batch no layout can train or
+moves to the nearest one when the spec allows it (:mod:`engine.plan.batch`), walks the seed documents' decision flowchart over them
 (:mod:`engine.plan.flowchart`), keeps the flowchart's choice unless a nearby candidate is clearly
 faster, and narrates the result: the path of questions and reasons, the alternatives with why
 each lost, and the common mistakes as warnings (:mod:`engine.plan.annotate`). A forced layout
@@ -16,11 +17,12 @@ from __future__ import annotations
 from engine.errors import SpecError
 from engine.plan import flowchart
 from engine.plan.annotate import MAX_ALTERNATIVES, alternatives, describe, mem_line, mistakes, notes
+from engine.plan.batch import faster_choices, settle
 from engine.plan.catalog import GpuType, get_gpu
 from engine.plan.context import PlanContext, resolve_precision
 from engine.plan.forced import check_forced, forced_fit_step
 from engine.plan.models import resolve_model
-from engine.plan.result import GpuInfo, Layout, PathStep, Plan
+from engine.plan.result import BatchChoice, GpuInfo, Layout, PathStep, Plan
 from engine.plan.search import candidates
 from engine.plan.specs import LayoutSpec, Spec
 
@@ -39,12 +41,14 @@ def plan(spec: Spec) -> Plan:
     ctx = PlanContext.build(spec, dims, gpu, precision)
     check_forced(ctx)
     forced = spec.layout.is_forced
-    cands = candidates(ctx)
+    ctx, cands, choices = settle(ctx, candidates(ctx), path)
     if not cands:
+        given = spec.layout.model_dump(exclude_none=True, mode="json")
         raise SpecError(
-            f"no valid layout for {ctx.world} GPU(s) with the forced settings "
-            f"{spec.layout.model_dump(exclude_none=True, mode='json')}; relax the forced layout",
-            field="layout",
+            f"no valid layout for {ctx.world} GPU(s) trains a global batch of {ctx.batch}"
+            + (f" with the forced settings {given}; relax the forced layout" if forced else "")
+            + ("" if forced else "; try another --global-batch or GPU count"),
+            field="layout" if forced else "training.global_batch",
         )
     pool = flowchart.narrow(ctx, cands)
     flow = flowchart.walk(ctx, pool, cands, path)
@@ -53,9 +57,12 @@ def plan(spec: Spec) -> Plan:
     if forced:
         path.append(forced_fit_step(ctx, chosen))
     recommended = chosen.to_layout(notes=notes(ctx, chosen))
-    alts = alternatives(ctx, cands, chosen)
+    alts = alternatives(ctx, cands, chosen, flow)
     if forced and not chosen.fits:
         alts = _way_out(spec, alts, path)
+    if not choices:
+        choices = faster_choices(ctx, chosen)
+        warnings += [_offer(ctx, recommended, c) for c in choices]
     warnings += mistakes(ctx, recommended)
     return Plan(
         spec=spec,
@@ -69,6 +76,16 @@ def plan(spec: Spec) -> Plan:
         path=path,
         warnings=warnings,
         forced=forced,
+        batch_choices=choices,
+    )
+
+
+def _offer(ctx: PlanContext, lay: Layout, choice: BatchChoice) -> str:
+    """The warning that offers a nearby global batch (never applied without the user)."""
+    return (
+        f"training.global_batch: a global batch of {choice.global_batch} would train "
+        f"{choice.reason} ({choice.layout} instead of {describe(lay)}); pass --global-batch "
+        f"{choice.global_batch} to take it"
     )
 
 

@@ -65,6 +65,12 @@ class Layout(_Frozen):
     precision: Precision = Precision.BF16
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
     virtual_stages: int = 1
+    """Interleaved pipeline: model chunks per stage (1: plain 1F1B)."""
+    first_stage_layers: int = 0
+    """Layers on the first pipeline stage when it is lighter than the others (Megatron's
+    ``--decoder-first-pipeline-num-layers``); 0: the even split."""
+    last_stage_layers: int = 0
+    """Layers on the last pipeline stage when lighter (``--decoder-last-pipeline-num-layers``)."""
     memory_per_gpu: MemoryBreakdown
     fits: bool
     step_time_s: float
@@ -93,6 +99,22 @@ class PathStep(_Frozen):
     question: str
     answer: str
     reason: str
+
+
+class BatchChoice(_Frozen):
+    """A global batch other than the one asked for, offered as an explicit choice: the nearest
+    ones a layout can train when none trains the asked batch exactly, or a nearby one that
+    trains clearly faster per token. Never applied without the user's say-so (``plan
+    --global-batch-nearest``, or a choice in the wizard)."""
+
+    global_batch: int
+    layout: str
+    """The best layout at that batch, described (``3D (megatron) tp=8 pp=4 dp=2``)."""
+    tokens_per_s: float
+    """That layout's estimated throughput (0 when none fits)."""
+    fits: bool
+    reason: str
+    """Why it is offered, in one phrase."""
 
 
 class GpuInfo(_Frozen):
@@ -129,6 +151,9 @@ class Plan(_Frozen):
     warnings: list[str] = Field(default_factory=list)
     forced: bool = False
     """True when the user forced (part of) the layout; ``recommended`` is then that layout."""
+    batch_choices: list[BatchChoice] = Field(default_factory=list)
+    """Other global batches worth offering (see :class:`BatchChoice`); empty when the asked
+    batch is as good as any nearby."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``plan --json`` object (documented in the README)."""
@@ -144,6 +169,7 @@ class Plan(_Frozen):
             "alternatives": [a.model_dump(mode="json") for a in self.alternatives],
             "path": [p.model_dump(mode="json") for p in self.path],
             "warnings": list(self.warnings),
+            "batch_choices": [b.model_dump(mode="json") for b in self.batch_choices],
             "spec": self.spec.model_dump(mode="json", exclude_none=True),
         }
         return data

@@ -1,11 +1,17 @@
 """The candidate search: every valid layout of the world size (TP, PP, CP, DP, EP degrees,
-strategy, ZeRO stage, offload, recompute, micro-batch) that respects the forced settings, with
-its memory estimated; the step time is estimated only for those that fit, when they are ranked.
-Called by :func:`engine.plan.planner.plan`; the flowchart walk (:mod:`engine.plan.flowchart`)
-and the alternatives (:mod:`engine.plan.annotate`) pick from what it returns.
+pipeline shape, strategy, ZeRO stage, offload, recompute, micro-batch) that respects the forced
+settings and trains the global batch exactly (``micro_batch x grad_accum x dp``), with its memory
+estimated; the step time is estimated only for those that fit, when they are ranked. All
+candidates of one search share one global batch, so ranking by step time is ranking by time per
+token. Called by :func:`engine.plan.planner.plan` and :mod:`engine.plan.batch` (at other batches);
+the flowchart walk (:mod:`engine.plan.flowchart`) and the alternatives
+(:mod:`engine.plan.annotate`) pick from what it returns.
 
-The search is bounded (a few thousand candidates at most) so ``dtrain-tui plan --json`` stays
-well under half a second.
+Pipeline shapes are Megatron's: an even split, lighter first/last stages
+(``--decoder-first/last-pipeline-num-layers``) and interleaved schedules (virtual stages), as
+:mod:`engine.plan.stages` lists them. Expert parallelism takes every divisor of the experts that
+divides ``dp x cp``. The search is bounded (a few thousand candidates at most) so
+``dtrain-tui plan --json`` stays well under half a second.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from engine.plan.memory import LayoutDraft, estimate_memory
 from engine.plan.perf import Estimate, estimate_time
 from engine.plan.result import Layout, MemoryBreakdown
 from engine.plan.specs import Offload, PPSchedule, Recompute, Strategy
+from engine.plan.stages import uneven_splits, virtual_options
 from engine.plan.strategies import (
     FRAMEWORK_OF,
     OFFLOADS_OF,
@@ -31,6 +38,9 @@ from engine.plan.strategies import (
 # Sequences at least this long bring context parallelism into the search (seed doc 000: "very
 # long sequences → CP"); each CP rank keeps at least MIN_CP_CHUNK tokens.
 LONG_SEQUENCE = 32_768
+# A layout replaces a simpler (or the seeds' preferred) one only when it is at least this much
+# faster per token: the flowchart's choice is easier to run and to debug.
+CLEARLY_FASTER = 0.15
 MIN_CP_CHUNK = 4_096
 MAX_TP = 8
 
@@ -47,6 +57,12 @@ class Candidate:
     @property
     def time(self) -> float:
         return self.est.step_time_s if self.est else math.inf
+
+    @property
+    def time_per_sequence(self) -> float:
+        """Step time per sequence trained: what ranks layouts (equal to ranking by step time
+        inside one search, where every candidate trains the same batch)."""
+        return self.time / self.draft.global_batch
 
     def to_layout(self, rejected: str | None = None, notes: list[str] | None = None) -> Layout:
         """The candidate as the Plan shows it (zeros where the time was never estimated)."""
@@ -70,6 +86,8 @@ class Candidate:
             precision=d.precision,
             pp_schedule=d.pp_schedule,
             virtual_stages=d.virtual_stages,
+            first_stage_layers=d.first_stage_layers,
+            last_stage_layers=d.last_stage_layers,
             memory_per_gpu=self.mem,
             fits=self.fits,
             step_time_s=e.step_time_s if e else 0.0,
@@ -120,9 +138,16 @@ def _tp_degrees(ctx: PlanContext) -> list[int]:
 
 
 def _pp_degrees(ctx: PlanContext) -> list[int]:
+    """Forced, or each depth Megatron can split the layers over (evenly or with lighter end
+    stages)."""
     if ctx.spec.layout.pp is not None:
         return [ctx.spec.layout.pp]
-    return [p for p in divisors(ctx.world) if p <= ctx.dims.layers and p <= 64]
+    layers = ctx.dims.layers
+    return [
+        p
+        for p in divisors(ctx.world)
+        if p <= layers and p <= 64 and (p == 1 or uneven_splits(layers, p))
+    ]
 
 
 def _cp_degrees(ctx: PlanContext) -> list[int]:
@@ -143,14 +168,14 @@ def _ep_degrees(ctx: PlanContext, dp: int, cp: int) -> list[int]:
         return [ctx.spec.layout.ep]
     if not dims.is_moe:
         return [1]
-    fit = [e for e in divisors(dims.num_experts) if (dp * cp) % e == 0]
-    in_node = [e for e in fit if e <= ctx.gpn]
-    # Bounded: none, 2, the largest inside a node, and the largest overall.
-    return sorted({1, *(e for e in fit if e == 2), in_node[-1], fit[-1]})
+    # Every divisor of the experts that divides the ranks holding replicas (a 256-expert
+    # model on 2048 GPUs may want ep=64): the all-to-all and the expert GEMMs decide.
+    return [e for e in divisors(dims.num_experts) if (dp * cp) % e == 0]
 
 
-def _degrees(ctx: PlanContext) -> Iterator[Degrees]:
-    """Degrees that multiply to the world size and respect the model and the forced settings."""
+def _degrees(ctx: PlanContext, batch: int) -> Iterator[Degrees]:
+    """Degrees that multiply to the world size, respect the model and the forced settings, and
+    give each data-parallel replica a whole number of the ``batch`` sequences."""
     w = ctx.world
     tps = _tp_degrees(ctx)
     pps = _pp_degrees(ctx)
@@ -163,8 +188,17 @@ def _degrees(ctx: PlanContext) -> Iterator[Degrees]:
                 dp = w // (tp * pp * cp)
                 if ctx.spec.layout.dp is not None and dp != ctx.spec.layout.dp:
                     continue
+                if batch % dp:
+                    continue
                 for ep in _ep_degrees(ctx, dp, cp):
                     yield Degrees(tp, pp, cp, dp, ep)
+
+
+def dp_degrees(ctx: PlanContext) -> list[int]:
+    """The data-parallel degrees the world size, the model and the forced settings allow,
+    whatever the batch (every dp divides the world size, so the world size as a batch keeps
+    them all)."""
+    return sorted({g.dp for g in _degrees(ctx, ctx.world)})
 
 
 def _strategies(ctx: PlanContext, g: Degrees) -> list[Strategy]:
@@ -191,8 +225,10 @@ def _strategies(ctx: PlanContext, g: Degrees) -> list[Strategy]:
             continue
         if g.cp > 1 and s not in (Strategy.FSDP_FULL,):
             continue  # CP runs under Megatron or FSDP2 (torchtitan)
-        if g.ep > 1 and s not in (Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3):
-            continue  # EP: DeepSpeed-MoE or Megatron
+        if g.ep > 1 and s not in (Strategy.ZERO1, Strategy.ZERO2):
+            # EP: Megatron, or DeepSpeed-MoE, which refuses ZeRO-3 ("MoE not supported with
+            # Stage 3", deepspeed/runtime/engine.py).
+            continue
         if s == Strategy.FSDP_HYBRID and ctx.nodes == 1:
             continue
         if lay.zero_stage is not None and ZERO_STAGE_OF[s] != lay.zero_stage:
@@ -212,8 +248,10 @@ def _zero_stages(ctx: PlanContext, s: Strategy, g: Degrees) -> list[int]:
         return [ZERO_STAGE_OF[s]]
     if ctx.spec.layout.zero_stage is not None:
         return [ctx.spec.layout.zero_stage]
-    # The distributed optimizer only matters with data parallelism.
-    return [1, 0] if g.dp * g.cp > 1 else [0]
+    # The distributed optimizer only matters with data parallelism, and there it is never
+    # worse: the same traffic as the all-reduce it replaces (a reduce-scatter and an
+    # all-gather, Megatron-LM docs/source/distrib_optimizer.md) for less memory.
+    return [1] if g.dp * g.cp > 1 else [0]
 
 
 def _offloads(ctx: PlanContext, s: Strategy) -> list[Offload]:
@@ -235,73 +273,165 @@ def _recomputes(ctx: PlanContext) -> list[Recompute]:
     return [Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL]
 
 
+MAX_MICRO_BATCH = 32
+
+
 def _micro_batches(per_replica: int, forced: int | None) -> list[int]:
+    """Micro-batches that divide a replica's share of the batch exactly (a forced one only if
+    it does), smallest first."""
     if forced is not None:
-        return [forced]
-    out = [b for b in (1, 2, 4, 8, 16, 32) if b <= per_replica and per_replica % b == 0]
-    return out or [1]
+        return [forced] if per_replica % forced == 0 else []
+    return [b for b in divisors(per_replica) if b <= MAX_MICRO_BATCH]
+
+
+Shape = tuple[int, int, int]
+"""A pipeline shape: (first-stage layers, last-stage layers, virtual stages); 0 layers: the
+even share."""
+REFINED = 3
+"""Fastest pipelined layouts whose other shapes (interleaving, lighter end stages) are tried."""
+
+
+def _pipeline_shapes(ctx: PlanContext, pp: int) -> list[Shape]:
+    """The shapes to try for ``pp`` stages, the base one first: the even split (1F1B), else the
+    most balanced lighter-ends split; then each interleaving of the even split and the other
+    splits. A forced pp that no split fits keeps the even split (the plan warns that Megatron
+    refuses it); forced virtual stages are the only shape."""
+    lay = ctx.spec.layout
+    layers = ctx.dims.layers
+    if pp <= 1:
+        return [(0, 0, 1)]
+    if lay.virtual_stages is not None:
+        return [(0, 0, lay.virtual_stages)]
+    out: list[Shape] = []
+    for first, last in uneven_splits(layers, pp) or [(0, 0)]:
+        if (first, last) == (0, 0):
+            out += [(0, 0, v) for v in virtual_options(layers, pp)]
+        else:
+            out.append((first, last, 1))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
 # Enumeration
 
 
-def candidates(ctx: PlanContext) -> list[Candidate]:
-    """Every valid layout with its memory, in search order (empty when the forced settings
-    leave none). Micro-batches go smallest first, up to the first that does not fit: a larger
-    one needs more memory still."""
-    spec = ctx.spec
-    lay = spec.layout
-    training = spec.training
-    forced_mb = lay.micro_batch or training.micro_batch
-    sched = PPSchedule.INTERLEAVED if (lay.virtual_stages or 1) > 1 else PPSchedule.ONE_F_ONE_B
+def candidates(ctx: PlanContext, batch: int | None = None) -> list[Candidate]:
+    """Every valid layout that trains ``batch`` sequences a step (the context's batch when
+    None), with its memory, in search order (empty when the forced settings and the batch leave
+    none). Each pipeline depth is searched in its base shape; the other shapes of the fastest
+    few pipelined layouts follow (:func:`_reshaped`)."""
+    gb = ctx.batch if batch is None else batch
     out: list[Candidate] = []
-    for g in _degrees(ctx):
-        per_replica = max(1, training.global_batch // g.dp)
-        mbs = _micro_batches(per_replica, forced_mb)
-        sp = lay.sequence_parallel if lay.sequence_parallel is not None else g.tp > 1
-        for s, z, off, rc in _settings(ctx, g):
-            for mb in mbs:
-                d = LayoutDraft(
-                    strategy=s,
-                    framework=lay.framework or FRAMEWORK_OF[s],
-                    tp=g.tp,
-                    pp=g.pp,
-                    dp=g.dp,
-                    cp=g.cp,
-                    ep=g.ep,
-                    zero_stage=z,
-                    offload=off,
-                    micro_batch=mb,
-                    grad_accum=max(1, math.ceil(per_replica / mb)),
-                    recompute=rc,
-                    sequence_parallel=sp,
-                    precision=ctx.precision,
-                    pp_schedule=sched,
-                    virtual_stages=lay.virtual_stages or 1,
-                )
-                mem = estimate_memory(
-                    ctx.dims,
-                    d,
-                    seq_len=training.seq_len,
-                    optimizer=training.optimizer,
-                    flash=ctx.flash,
-                    gpus_per_node=ctx.gpn,
-                )
-                fits = mem.total <= ctx.usable and (mem.cpu_bytes * ctx.gpn <= ctx.cpu_usable)
-                out.append(Candidate(d, mem, fits))
-                if not fits:
-                    break
+    for g in _degrees(ctx, gb):
+        shape = _pipeline_shapes(ctx, g.pp)[0]
+        for s, z, off in _settings(ctx, g):
+            out += _micro_steps(ctx, g, gb, (s, z, off), shape)
+    return out + _reshaped(ctx, out, gb)
+
+
+def _micro_steps(
+    ctx: PlanContext,
+    g: Degrees,
+    batch: int,
+    setting: tuple[Strategy, int, Offload],
+    shape: Shape,
+    recomputes: list[Recompute] | None = None,
+) -> list[Candidate]:
+    """Layouts of degrees ``g``, ``setting`` and ``shape``, micro-batch by micro-batch (smallest
+    first), each with the least recompute that fits (less recompute is never slower), up to the
+    first micro-batch that fits with none: a larger one needs more memory still."""
+    lay = ctx.spec.layout
+    s, z, off = setting
+    first, last, v = shape
+    per_replica = batch // g.dp
+    out: list[Candidate] = []
+    for mb in _micro_batches(per_replica, lay.micro_batch or ctx.spec.training.micro_batch):
+        m = per_replica // mb
+        if v > 1 and m % g.pp:
+            continue  # Megatron's interleaved schedule: micro-batches divisible by pp
+        fitted = False
+        for rc in recomputes or _recomputes(ctx):
+            d = LayoutDraft(
+                strategy=s,
+                framework=lay.framework or FRAMEWORK_OF[s],
+                tp=g.tp,
+                pp=g.pp,
+                dp=g.dp,
+                cp=g.cp,
+                ep=g.ep,
+                zero_stage=z,
+                offload=off,
+                micro_batch=mb,
+                grad_accum=m,
+                recompute=rc,
+                sequence_parallel=(
+                    lay.sequence_parallel if lay.sequence_parallel is not None else g.tp > 1
+                ),
+                precision=ctx.precision,
+                pp_schedule=PPSchedule.INTERLEAVED if v > 1 else PPSchedule.ONE_F_ONE_B,
+                virtual_stages=v,
+                first_stage_layers=first,
+                last_stage_layers=last,
+            )
+            c = _weigh(ctx, d)
+            out.append(c)
+            if c.fits:
+                fitted = True
+                break
+        if not fitted:
+            break
     return out
 
 
-def _settings(ctx: PlanContext, g: Degrees) -> Iterator[tuple[Strategy, int, Offload, Recompute]]:
-    """(strategy, ZeRO stage, offload, recompute) combinations that can run degrees ``g``."""
+def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candidate]:
+    """The other pipeline shapes (interleaving, lighter end stages) of the :data:`REFINED`
+    fastest pipelined layouts in ``base`` that fit, at their micro-batch and recompute or
+    more: a shape's gain (a smaller bubble, a lighter end stage) is worth weighing only where
+    the pipeline is competitive, and trying it everywhere would multiply the search."""
+    piped = [evaluate(ctx, c) for c in base if c.fits and c.draft.pp > 1]
+    piped.sort(key=_rank_key)
+    out: list[Candidate] = []
+    seen: set[tuple[object, ...]] = set()
+    for c in piped[:REFINED]:
+        d = c.draft
+        g = Degrees(d.tp, d.pp, d.cp, d.dp, d.ep)
+        for shape in _pipeline_shapes(ctx, d.pp)[1:]:
+            key = (g, d.strategy, d.zero_stage, d.offload, shape)
+            if key in seen:
+                continue
+            seen.add(key)
+            rcs = _recomputes(ctx)
+            out += _micro_steps(
+                ctx,
+                g,
+                batch,
+                (d.strategy, d.zero_stage, d.offload),
+                shape,
+                rcs[rcs.index(d.recompute) :],
+            )
+    return out
+
+
+def _weigh(ctx: PlanContext, d: LayoutDraft) -> Candidate:
+    """``d`` with its memory and whether it fits the GPU and, for offload, the host."""
+    mem = estimate_memory(
+        ctx.dims,
+        d,
+        seq_len=ctx.spec.training.seq_len,
+        optimizer=ctx.spec.training.optimizer,
+        flash=ctx.flash,
+        gpus_per_node=ctx.gpn,
+    )
+    fits = mem.total <= ctx.usable and (mem.cpu_bytes * ctx.gpn <= ctx.cpu_usable)
+    return Candidate(d, mem, fits)
+
+
+def _settings(ctx: PlanContext, g: Degrees) -> Iterator[tuple[Strategy, int, Offload]]:
+    """(strategy, ZeRO stage, offload) combinations that can run degrees ``g``."""
     for s in _strategies(ctx, g):
         for z in _zero_stages(ctx, s, g):
             for off in _offloads(ctx, s):
-                for rc in _recomputes(ctx):
-                    yield s, z, off, rc
+                yield s, z, off
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,18 +451,43 @@ def evaluate(ctx: PlanContext, c: Candidate) -> Candidate:
     return c
 
 
-def _rank_key(c: Candidate) -> tuple[float, int, int, int]:
+TIE = 0.005
+"""Layouts within this share of the fastest are tied: the simplest of them wins."""
+
+
+def _simplicity(c: Candidate) -> tuple[int, int, int, int, int, float]:
+    """Among tied layouts: no offload, the simpler strategy, fewer virtual stages, an even
+    pipeline split, a larger micro-batch, then the faster."""
     d = c.draft
-    offload = 0 if d.offload == Offload.NONE else 1
-    return (round(c.time, 4), offload, SIMPLICITY[d.strategy], -d.micro_batch)
+    return (
+        0 if d.offload == Offload.NONE else 1,
+        SIMPLICITY[d.strategy],
+        d.virtual_stages,
+        int(bool(d.first_stage_layers or d.last_stage_layers)),
+        -d.micro_batch,
+        c.time_per_sequence,
+    )
+
+
+def _rank_key(c: Candidate) -> float:
+    return c.time_per_sequence
+
+
+def deep_enough(d: LayoutDraft) -> bool:
+    """At least 4 micro-batches per pipeline stage (seed doc 001), virtual stages counted: they
+    shrink the bubble as more micro-batches would."""
+    return d.pp == 1 or d.grad_accum * d.virtual_stages >= 4 * d.pp
 
 
 def best(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:
-    """The fastest of ``cands`` that fits (ties: no offload, simpler, larger micro-batch)."""
+    """The fastest of ``cands`` per token that fits; among those within :data:`TIE` of it, the
+    simplest (see :func:`_simplicity`)."""
     fitting = [evaluate(ctx, c) for c in cands if c.fits]
     if not fitting:
         return None
-    return min(fitting, key=_rank_key)
+    fastest = min(c.time_per_sequence for c in fitting)
+    tied = [c for c in fitting if c.time_per_sequence <= fastest * (1 + TIE)]
+    return min(tied, key=_simplicity)
 
 
 def smallest(cands: list[Candidate]) -> Candidate:

@@ -103,6 +103,7 @@ class Backend(StrEnum):
     LOCAL = "local"
     SSH = "ssh"
     SKYPILOT = "skypilot"
+    SLURM = "slurm"
 
 
 class PPSchedule(StrEnum):
@@ -364,7 +365,11 @@ class TrainingSpec(_Strict):
     seq_len: int = Field(default=2048, ge=1, le=16_777_216)
     """Tokens per sequence."""
     global_batch: int = Field(default=64, ge=1, le=100_000_000)
-    """Sequences per optimizer step across all data-parallel replicas."""
+    """Sequences per optimizer step across all data-parallel replicas; the plan trains exactly
+    this many (micro_batch x grad_accum x dp), or says that no layout can."""
+    global_batch_nearest: bool | None = None
+    """When no layout trains ``global_batch`` exactly, train the nearest batch one can (the
+    plan says which); None or False: refuse, naming the nearest batches."""
     micro_batch: int | None = Field(default=None, ge=1, le=65536)
     """Sequences per GPU per forward/backward; None lets the planner choose."""
     precision: Precision | None = None
@@ -459,6 +464,15 @@ class Host(BaseModel):
 
 
 _SAFE_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\-]*")
+"""A Slurm partition, account, QoS or reservation name (a comma-separated list for partitions)."""
+SLURM_CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.\-&|,\[\]()*:]+")
+SLURM_TIME_RE = re.compile(
+    r"(?i:unlimited|infinite)|[0-9]+(?::[0-5]?[0-9](?::[0-5]?[0-9])?)?"
+    r"|[0-9]+-[0-9]{1,2}(?::[0-5]?[0-9](?::[0-5]?[0-9])?)?"
+)
+"""sbatch's ``--time`` forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+days-hours:minutes, days-hours:minutes:seconds."""
 
 
 class LaunchSpec(_Strict):
@@ -494,6 +508,46 @@ class LaunchSpec(_Strict):
     sky_down: bool = False
     hf_integration: bool = False
     """Write ``"auto"`` values in ds_config.json for the HF Trainer / Accelerate integration."""
+    slurm_partition: str | None = None
+    """Slurm partition (``#SBATCH --partition``); None: the cluster's default partition."""
+    slurm_account: str | None = None
+    """Slurm account charged for the job (``--account``); None: the user's default."""
+    slurm_qos: str | None = None
+    """Slurm quality of service (``--qos``); None: the account's default."""
+    slurm_constraint: str | None = None
+    """Node features the job needs (``--constraint``), e.g. ``a100&ib``."""
+    slurm_reservation: str | None = None
+    """Slurm reservation to run in (``--reservation``)."""
+    slurm_time_limit: str | None = None
+    """Wall-clock limit (``--time``): ``MINUTES``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM:SS``;
+    None: the partition's default."""
+
+    @field_validator("slurm_partition", "slurm_account", "slurm_qos", "slurm_reservation")
+    @classmethod
+    def _slurm_name(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_NAME_RE.fullmatch(v):
+            raise ValueError(f"{v!r}: a Slurm name takes letters, digits and , . _ - only")
+        return v
+
+    @field_validator("slurm_constraint")
+    @classmethod
+    def _slurm_constraint(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_CONSTRAINT_RE.fullmatch(v):
+            raise ValueError(
+                f"{v!r}: a Slurm constraint takes feature names joined by & | , "
+                "with [ ] ( ) * and digits only, e.g. a100&ib"
+            )
+        return v
+
+    @field_validator("slurm_time_limit")
+    @classmethod
+    def _slurm_time(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_TIME_RE.fullmatch(v.strip()):
+            raise ValueError(
+                f"{v!r} is not a Slurm time limit; write MINUTES, HH:MM:SS or D-HH:MM:SS "
+                "(e.g. 90, 2:00:00, 1-12:00:00) or UNLIMITED"
+            )
+        return v.strip() if v is not None else None
 
     @field_validator("hosts")
     @classmethod

@@ -170,6 +170,16 @@ class RunDir:
                 rec.ended_at = iso(ended_at)
             self._write()
 
+    def set_hosts(self, names: list[str]) -> None:
+        """The nodes' real host names once known (a scheduler allocates them after the run
+        began): run.json's hosts and every rank's host."""
+        with self._lock:
+            rec = self._record
+            rec.hosts = list(names)
+            for r in rec.ranks:
+                r.host = names[r.node_rank]
+            self._write()
+
     def set_rank_exit(self, rank: int, exit_code: int | None, reason: str = "") -> None:
         with self._lock:
             for r in self._record.ranks:

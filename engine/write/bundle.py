@@ -47,6 +47,7 @@ from engine.write.nccl_env import nccl_env
 from engine.write.plan_json import plan_json
 from engine.write.readme import bundle_readme
 from engine.write.sky import sky_yaml
+from engine.write.slurm import SBATCH_NAME, slurm_sbatch
 
 EXEC_MODE = 0o755
 FILE_MODE = 0o644
@@ -130,6 +131,7 @@ def render_bundle(plan: Plan, options: WriteOptions | None = None) -> dict[str, 
     files["nccl.env"] = BundleFile(nccl_env(plan))
     files["hostfile"] = BundleFile(hostfile(plan))
     files["sky.yaml"] = BundleFile(sky_yaml(plan))
+    files[SBATCH_NAME] = BundleFile(slurm_sbatch(plan))
     fw = plan.recommended.framework
     if fw == Framework.DEEPSPEED:
         files["ds_config.json"] = BundleFile(

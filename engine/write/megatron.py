@@ -40,6 +40,11 @@ def megatron_args_list(plan: Plan) -> list[str]:
                 field="layout.virtual_stages",
             )
         out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
+    # Lighter end stages (embedding on the first, LM head on the last): Megatron's own flags.
+    if lay.first_stage_layers:
+        out.append(f"--decoder-first-pipeline-num-layers {lay.first_stage_layers}")
+    if lay.last_stage_layers:
+        out.append(f"--decoder-last-pipeline-num-layers {lay.last_stage_layers}")
     out += [
         f"--micro-batch-size {lay.micro_batch}",
         f"--global-batch-size {lay.global_batch}",

@@ -21,6 +21,7 @@ _WHAT = {
     "nccl.env": "NCCL / torch.distributed environment, one reason per variable",
     "hostfile": "DeepSpeed-format host list (`host slots=N`)",
     "sky.yaml": "SkyPilot task: `sky launch -c NAME sky.yaml` from this directory",
+    "slurm.sbatch": "Slurm batch script: `sbatch slurm.sbatch` from this directory",
     "ds_config.json": "DeepSpeed config (ZeRO, precision, batch, optimizer)",
     "fsdp.json": "FSDP settings the training script reads (FSDP2 with FSDP1 equivalents)",
     "accelerate_config.yaml": "`accelerate launch --config_file accelerate_config.yaml script.py`",

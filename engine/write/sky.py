@@ -2,6 +2,12 @@
 set-up command, and a ``run`` section that starts torchrun from SkyPilot's ``SKYPILOT_*``
 variables (node 0's IP from ``SKYPILOT_NODE_IPS`` is the rendezvous address).
 
+A multi-node plan that assumes an RDMA fabric (InfiniBand, EFA, RoCE) asks for it with
+``resources.network_tier: best`` (SkyPilot >= 0.10, which the ``sky`` extra requires): without
+it SkyPilot provisions ordinary networking and NCCL falls back to TCP, far below the plan's
+communication estimates. Called by the bundle writer; the text is loaded by ``sky.Task.from_yaml``
+in the tests and by the SkyPilot backend.
+
 Launch it from the bundle directory: ``sky launch -c NAME sky.yaml`` (``workdir: .`` syncs the
 bundle to every node). ``remote_setup`` is copied into ``setup`` verbatim: it is a command by
 design (e.g. ``source ~/venv/bin/activate``), the one spec field that is not quoted.
@@ -38,6 +44,7 @@ _SKY_ACCELERATOR = {
     "a10g": "A10G",
     "l4": "L4",
 }
+# Tiers the plan's communication model prices as RDMA; a single node never leaves the box.
 _FAST_TIERS = (
     NetworkTier.IB,
     NetworkTier.IB_HDR,
@@ -53,6 +60,11 @@ def sky_accelerator(plan: Plan) -> str | None:
         return None
     name = _SKY_ACCELERATOR.get(plan.gpu.key, plan.gpu.key.upper())
     return f"{name}:{plan.gpus_per_node}"
+
+
+def wants_best_network(plan: Plan) -> bool:
+    """True when the plan's numbers assume an inter-node RDMA fabric SkyPilot must ask for."""
+    return plan.nodes > 1 and plan.spec.network.tier in _FAST_TIERS
 
 
 def _setup(plan: Plan) -> str:
@@ -104,6 +116,8 @@ def sky_task_dict(plan: Plan) -> dict[str, Any]:
         resources["cpus"] = f"{plan.gpus_per_node}+"
     else:
         resources["accelerators"] = acc
+    if wants_best_network(plan):
+        resources["network_tier"] = "best"
     envs: dict[str, str] = {"MASTER_PORT": str(launch.master_port)}
     envs.update({k: launch.env[k] for k in sorted(launch.env)})
     return {
@@ -125,10 +139,9 @@ def sky_yaml(plan: Plan) -> str:
         f"# Plan: {plan_summary(plan)}.",
         *(f"# {line}" for line in effective_batch_lines(plan)),
     ]
-    tier = plan.spec.network.tier
-    if plan.nodes > 1 and tier in _FAST_TIERS:
+    if wants_best_network(plan):
         header.append(
-            f"# Network: the plan assumes {tier.value}. On SkyPilot >= 0.10 add `network_tier: best` "
-            "under resources to get it (InfiniBand / EFA / GPUDirect)."
+            f"# Network: the plan assumes {plan.spec.network.tier.value}; `network_tier: best` "
+            "asks SkyPilot (>= 0.10) for it (InfiniBand / EFA / GPUDirect)."
         )
     return "\n".join(header) + "\n" + dump_yaml(sky_task_dict(plan))

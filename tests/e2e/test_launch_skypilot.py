@@ -1,30 +1,36 @@
 """SkyPilot backend without a cloud: the Task SkyPilot would receive (its own loader), the SDK
-calls made (monkeypatched at the ``sky`` module boundary only), and the splitting of SkyPilot's
-per-node prefixes on lines in SkyPilot's real format."""
+calls made (monkeypatched at the ``sky`` module boundary only, each call first bound to the
+installed SkyPilot's own signature), and the splitting of SkyPilot's per-node prefixes on lines
+in SkyPilot's real format (sky/backends/task_codegen.py, sky/skylet/executor/slurm.py)."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.launch import LaunchError, LaunchOptions
-from engine.launch.skypilot import SkyPilotBackend, cluster_name_for
+from engine.launch.skypilot import JOB_CANCELLED, SkyPilotBackend, cluster_name_for
 from engine.monitor.events import LineEvent, RankExit, per_line
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, write_bundle
 
 sky = pytest.importorskip("sky")
+FAILED, CANCELLED = sky.exceptions.JobExitCode.FAILED, sky.exceptions.JobExitCode.CANCELLED
 
-# Lines as SkyPilot prints them for a 2-node job (Ray task names from
-# sky/backends/cloud_vm_ray_backend.py: "head, rank=0," / "worker1, rank=1,"; colours on).
-CYAN, RESET = "\x1b[36m", "\x1b[0m"
+# Lines as SkyPilot prints them for a 2-node job (task names from sky/backends/task_codegen.py:
+# "head, rank=0," / "worker1, rank=1,", setup as "setup" with the worker's IP; colours on).
+CYAN, RED, RESET = "\x1b[36m", "\x1b[31m", "\x1b[0m"
 OK_LOG = [
     "Running setup on 2 VMs.",
-    "Collecting torch>=2.4",
+    f"{CYAN}(setup pid=2101){RESET} Collecting torch>=2.4",
+    f"{CYAN}(setup pid=1712, ip=10.128.0.33){RESET} Collecting torch>=2.4",
     f"{CYAN}(head, rank=0, pid=2843){RESET} W1122 08:01:02.123000 2843 torch/distributed/run.py:793] *****",
     f"{CYAN}(worker1, rank=1, pid=2650, ip=10.128.0.33){RESET} [default0]:[dtrain] step=1/2 loss=5.8 tokens_per_s=10.0 step_time_s=0.1 mem_gb=1.0",
     f"{CYAN}(head, rank=0, pid=2843){RESET} [default1]:[dtrain] step=1/2 loss=5.7 tokens_per_s=10.0 step_time_s=0.1 mem_gb=1.0",
@@ -46,7 +52,7 @@ FAIL_LOG = [
     "(worker1, rank=1, pid=2650, ip=10.128.0.33)   host      : sky-worker1",
     "(worker1, rank=1, pid=2650, ip=10.128.0.33)   rank      : 3 (local_rank: 1)",
     "(worker1, rank=1, pid=2650, ip=10.128.0.33)   exitcode  : -9 (pid: 32)",
-    "ERROR: Job 1 failed with return code list: [0, 1]",
+    f"ERROR: {RED}Job 1 failed with return code list:{RESET} [0, 1] ",
 ]
 
 
@@ -60,7 +66,7 @@ class FakeSky:
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
         for name in ("launch", "stream_and_get", "tail_logs", "cancel", "down"):
-            mp.setattr(sky, name, getattr(self, name))
+            mp.setattr(sky, name, _checked(getattr(sky, name), getattr(self, name)))
 
     def launch(self, task: Any, **kw: Any) -> str:
         self.calls.append(("launch", (task, kw)))
@@ -84,7 +90,7 @@ class FakeSky:
             output_stream.write(line + "\n")
         if self.block:
             self.cancelled.wait(30)
-            return 103
+            return CANCELLED
         return self.code
 
     def cancel(self, cluster_name: str, job_ids: list[int] | None = None, **kw: Any) -> str:
@@ -97,9 +103,30 @@ class FakeSky:
         return "req-down"
 
 
+def _checked(real: Callable[..., Any], fake: Callable[..., Any]) -> Callable[..., Any]:
+    """``fake``, after binding the call to ``real``'s signature: a keyword or argument that the
+    installed SkyPilot does not take fails here, as it would against a cloud."""
+    sig = inspect.signature(real)
+
+    def call(*args: Any, **kw: Any) -> Any:
+        sig.bind(*args, **kw)
+        return fake(*args, **kw)
+
+    return call
+
+
 @pytest.fixture
 def bundle(tmp_path: Path) -> Path:
-    return write_bundle(tmp_path / "b", "--backend", "skypilot", "--sky-cluster", "my-run", nodes=2)
+    return write_bundle(
+        tmp_path / "b",
+        "--backend",
+        "skypilot",
+        "--sky-cluster",
+        "my-run",
+        "--network",
+        "efa",
+        nodes=2,
+    )
 
 
 def _backend(bundle: Path, tmp: Path, **kw: Any) -> SkyPilotBackend:
@@ -114,15 +141,33 @@ def test_task_is_what_skypilot_loads_from_the_bundle(bundle: Path, tmp_path: Pat
     assert "torchrun" in task.run and "--tee 3" in task.run
     assert task.workdir == str(b.run.bundle)
     assert task.envs["DTRAIN_RUN_ID"] == b.run_id
+    best = sky.utils.resources_utils.NetworkTier.BEST
+    assert {r.network_tier for r in task.resources} == {best}  # EFA plan: the fabric asked for
     aws = _backend(bundle, tmp_path / "aws", sky_cloud="aws")
     aws.run.create(bundle)
-    assert {str(r.cloud) for r in aws.build_task().resources} == {"AWS"}
+    resources = aws.build_task().resources
+    assert {(str(r.cloud), r.network_tier) for r in resources} == {("AWS", best)}
     bad = _backend(bundle, tmp_path / "bad", sky_cloud="nocloud")
     bad.run.create(bundle)
     with pytest.raises(LaunchError, match="--sky-cloud"):
         bad.build_task()
     assert cluster_name_for("Custom ZeRO2 1x2!") == "custom-zero2-1x2"
     assert cluster_name_for("7b") == "dtrain-7b"
+    assert JOB_CANCELLED == CANCELLED
+
+
+def test_our_sdk_calls_bind_to_the_installed_skypilot() -> None:
+    """The calls the backend makes, with its keywords, against the installed SDK's signatures
+    (the FakeSky tests bind the same way; this one fails even if they change)."""
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
+        (sky.launch, (None,), {"cluster_name": "c", "down": True, "idle_minutes_to_autostop": 5}),
+        (sky.stream_and_get, ("req",), {"output_stream": io.StringIO()}),
+        (sky.tail_logs, ("c", 1), {"follow": True, "output_stream": io.StringIO()}),
+        (sky.cancel, ("c",), {"job_ids": [1]}),
+        (sky.down, ("c",), {}),
+    ]
+    for fn, args, kw in calls:
+        inspect.signature(fn).bind(*args, **kw)
 
 
 def test_sdk_calls_and_prefix_splitting(
@@ -146,8 +191,10 @@ def test_sdk_calls_and_prefix_splitting(
     assert set(steps) == {(0, 0), (0, 1), (1, 2), (1, 3)}
     assert steps[(1, 2)].startswith("[dtrain] step=1/2 loss=5.8 ")
     assert steps[(0, 0)].startswith("[dtrain] step=1/2 loss=5.6 ")
-    # Setup output and provisioning have no prefix: node lines, not a rank's.
+    # Setup output and provisioning: node lines, not a rank's. The head's setup prefix goes; a
+    # worker's stays, its IP being the only sign of which node it is.
     assert (0, None, "Collecting torch>=2.4") in lines
+    assert (0, None, "(setup pid=1712, ip=10.128.0.33) Collecting torch>=2.4") in lines
     assert (0, None, "Launching on GCP us-central1") in lines
     assert any(n == 0 and r is None and ln.startswith("W1122") for n, r, ln in lines)  # ANSI gone
     assert (
@@ -163,7 +210,7 @@ def test_sdk_calls_and_prefix_splitting(
 def test_failed_job_names_rank_and_node_from_torchrun_table(
     bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    FakeSky(FAIL_LOG, 100).install(monkeypatch)
+    FakeSky(FAIL_LOG, FAILED).install(monkeypatch)
     b = _backend(bundle, tmp_path)
     b.start()
     collect(b, timeout=30)
@@ -177,12 +224,14 @@ def test_failed_job_names_rank_and_node_from_torchrun_table(
 def test_stop_cancels_the_job_and_downs_only_on_request(
     bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = FakeSky(OK_LOG[:3], 0, block=True)
+    fake = FakeSky(OK_LOG[:4], 0, block=True)  # up to the head's first torchrun line
     fake.install(monkeypatch)
     b = _backend(bundle, tmp_path, sky_down=False)
     b.start()
     got: list[object] = []
+    deadline = time.monotonic() + 30
     while not any(isinstance(e, LineEvent) and e.line.startswith("W1122") for e in got):
+        assert time.monotonic() < deadline, "the job's first torchrun line never arrived"
         got.extend(per_line(b.poll(0.1)))
     b.stop()
     collect(b, timeout=30)
@@ -199,7 +248,7 @@ def test_a_node_is_not_finished_before_the_shared_stream_delivered_its_table(
     """Every node's lines come through one pipe (read as node 0's stream): node 1 must not count
     as finished, with no exit codes yet, while that pipe still holds its failure table. The pump
     is held back until the job ended and the supervisor looked at the nodes twice."""
-    FakeSky(FAIL_LOG, 100).install(monkeypatch)
+    FakeSky(FAIL_LOG, FAILED).install(monkeypatch)
     b = _backend(bundle, tmp_path)
     checks = threading.Condition()
     count = [0]

@@ -130,7 +130,13 @@ def launched(tmp_path: Path) -> Iterator[Launcher]:
     lau = Launcher(stubborn_bundle(tmp_path), tmp_path / "run")
     try:
         lau.wait_stdout("[rank 1] hello\n")
-        assert len(run_pids(lau.run_id())) >= 3
+        # The script, its sleep and its setsid'd sleep. A child that is between fork and exec
+        # can read as no process of the run for a moment (its /proc environ unreadable): wait
+        # for the state, with a deadline, rather than look once.
+        deadline = time.monotonic() + 10
+        while len(pids := run_pids(lau.run_id())) < 3:
+            assert time.monotonic() < deadline, f"the run's processes: {pids}"
+            time.sleep(0.02)  # polling the process table
         yield lau
     finally:
         lau.kill()  # whatever the test did, nothing of the run outlives it

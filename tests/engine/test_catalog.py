@@ -60,3 +60,17 @@ def test_precision_facts() -> None:
 def test_networks_ordered_by_speed() -> None:
     assert get_network(NetworkTier.IB_NDR).bytes_per_s > get_network(NetworkTier.IB_HDR).bytes_per_s
     assert get_network(NetworkTier.IB_HDR).bytes_per_s > get_network(NetworkTier.TCP).bytes_per_s
+
+
+def test_new_accelerators_and_fp8_peaks() -> None:
+    assert get_gpu("H800").intra_gbps < get_gpu("h100-sxm").intra_gbps  # NVLink cut to 400 GB/s
+    gb200 = get_gpu("gb200")
+    assert gb200.scaleup_gpus == 72 and gb200.memory_bytes > get_gpu("b200").memory_bytes
+    assert get_gpu("mi325x").memory_bytes == 256 * 1000**3
+    for key in ("h100-sxm", "h200", "b200", "mi300x", "h800", "gb200", "mi325x"):
+        g = get_gpu(key)
+        assert g.fp8_peak_tflops() == pytest.approx(2 * g.bf16_tflops, rel=0.02), key
+    assert get_gpu("a100-80gb").fp8_peak_tflops() == 0
+    # Every accelerator states its GEMM efficiency and memory bandwidth for the time model.
+    for g in list_gpus():
+        assert 0.3 <= g.gemm_efficiency <= 0.9 and g.hbm_gbps > 0, g.key

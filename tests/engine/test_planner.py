@@ -259,12 +259,12 @@ def test_heads_not_divisible_by_tp() -> None:
 # Common mistakes
 
 
-def test_batch_arithmetic_and_lr_warnings() -> None:
+def test_batch_is_trained_exactly_and_lr_warns() -> None:
     s = _spec("gpt2", "a100-80gb", seq_len=1024, global_batch=100, lr=3e-4, reference_batch=50)
     p = plan(s)
     r = p.recommended
-    assert r.global_batch == r.micro_batch * r.grad_accum * r.dp
-    assert any("global_batch: 100 is not micro_batch x grad_accum x dp" in w for w in p.warnings)
+    assert r.global_batch == 100 == r.micro_batch * r.grad_accum * r.dp
+    assert all(a.global_batch == 100 for a in p.alternatives)
     assert any("linear scaling rule" in w for w in p.warnings)
 
 
@@ -413,6 +413,7 @@ def test_random_specs_never_crash(data: dict[str, object]) -> None:
     assert r.world_size == spec.hardware.world_size
     assert r.memory_per_gpu.total >= 0
     assert r.global_batch == r.micro_batch * r.grad_accum * r.dp
+    assert r.global_batch == spec.training.global_batch  # never changed without the user
     if r.fits:
         assert r.step_time_s > 0 and 0 <= r.mfu <= 1
     json.dumps(p.to_json_dict())

@@ -131,7 +131,9 @@ def _planned() -> dict[str, Plan]:
     a100x8 = HardwareSpec(gpu="a100-80gb", gpus_per_node=8)
     llama = ModelSpec(preset="llama-2-7b")
     return {
-        "planned-zero2": plan(Spec(model=llama, hardware=a100x8)),
+        "planned-zero2": plan(
+            Spec(model=llama, hardware=a100x8, layout=LayoutSpec(strategy=Strategy.ZERO2))
+        ),
         "planned-zero3-offload": plan(
             Spec(
                 model=llama,

@@ -140,7 +140,13 @@ def test_moe_model_to_written_bundle_and_forced_layout(tmp_path: Path) -> None:
 
 async def _moe(tmp_path: Path) -> None:
     out = tmp_path / "moe"
-    app = DtrainApp(demo_spec(), out_dir=out, plan_delay_s=0.25)
+    # A global batch that 16 data-parallel replicas can train exactly (the demo's 8 cannot, so
+    # forcing pure ZeRO-3 on 2 x 8 GPUs would be refused, rightly).
+    spec = demo_spec()
+    spec = spec.model_copy(
+        update={"training": spec.training.model_copy(update={"global_batch": 64})}
+    )
+    app = DtrainApp(spec, out_dir=out, plan_delay_s=0.25)
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(pilot)
         await _pick_preset(pilot, "mixtral-8x7b")

@@ -1,5 +1,6 @@
-"""Step 7, launch: choose the backend (local by default), the hosts for SSH, the run directory,
-and start; the monitor screen then shows every rank."""
+"""Step 7, launch: choose the backend (local by default), the hosts for SSH, the Slurm job's
+partition, time limit, account, QoS, constraint and reservation, the run directory, and start;
+the monitor screen then shows every rank."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ from tui.screens.step import StepPane, set_text
 from tui.session import Step
 from tui.widgets.field_row import FieldRow
 
+SLURM_ROWS = (
+    ("slurm_partition", "Partition (slurm)", "empty: the cluster's default (sinfo lists them)"),
+    ("slurm_time_limit", "Time limit (slurm)", "MINUTES, HH:MM:SS or D-HH:MM:SS; empty: default"),
+    ("slurm_account", "Account (slurm)", "empty: your default account"),
+    ("slurm_qos", "QoS (slurm)", "empty: the account's default"),
+    ("slurm_constraint", "Constraint (slurm)", "node features, e.g. a100&ib"),
+    ("slurm_reservation", "Reservation (slurm)", "empty: none"),
+)
+"""(field, label, placeholder) of the Slurm fields, shown when the backend is slurm."""
+
 
 class LaunchStep(StepPane):
     STEP = Step.LAUNCH
@@ -28,6 +39,7 @@ class LaunchStep(StepPane):
                 ("local: ranks on this machine", Backend.LOCAL.value),
                 ("ssh: one node per host", Backend.SSH.value),
                 ("skypilot: a cluster from the cloud", Backend.SKYPILOT.value),
+                ("slurm: a batch job on Slurm", Backend.SLURM.value),
             ],
             value=Backend.LOCAL.value,
             allow_blank=False,
@@ -40,6 +52,10 @@ class LaunchStep(StepPane):
         yield FieldRow(
             "identity_file", "SSH key file", placeholder="path to a private key (never stored)"
         )
+        for name, label, hint in SLURM_ROWS:
+            row = FieldRow(name, label, placeholder=hint)
+            row.display = False  # shown for the slurm backend only
+            yield row
         yield FieldRow(
             "run_root", "Runs directory", placeholder="empty: ~/.local/share/dtrain-tui/runs"
         )
@@ -54,11 +70,21 @@ class LaunchStep(StepPane):
         rows["hosts"].value = ", ".join(la.hosts)
         rows["identity_file"].value = str(la.identity_file) if la.identity_file else ""
         rows["run_root"].value = str(self.session.run_root) if self.session.run_root else ""
+        for name, _label, _hint in SLURM_ROWS:
+            rows[name].value = getattr(la, name) or ""
+            rows[name].display = la.backend == Backend.SLURM
 
     def check(self) -> list[str]:
-        data, errs = self.read_fields({"hosts": "str", "identity_file": "str"})
+        slurm_fields = [name for name, _label, _hint in SLURM_ROWS]
+        data, errs = self.read_fields(
+            {"hosts": "str", "identity_file": "str", **dict.fromkeys(slurm_fields, "str")}
+        )
         backend = self.select_value("backend") or Backend.LOCAL.value
         data["backend"] = backend
+        rows = self.rows()
+        for name in slurm_fields:
+            rows[name].display = backend == Backend.SLURM.value
+            data.setdefault(name, None)  # an emptied field is unset, not the old value
         if "hosts" in data:
             data["hosts"] = [h.strip() for h in str(data["hosts"]).split(",") if h.strip()]
         nodes = self.session.spec.hardware.nodes
@@ -83,6 +109,8 @@ class LaunchStep(StepPane):
         where = (
             "this machine" if backend == "local" else ", ".join(model.hosts) or "a SkyPilot cluster"
         )
+        if backend == Backend.SLURM.value:
+            where = f"a Slurm job (partition {model.slurm_partition or 'default'})"
         hw = self.session.spec.hardware
         text = (
             f"{hw.world_size} rank(s), {hw.nodes} node(s) × {hw.gpus_per_node}, on {where}; "

@@ -1,0 +1,504 @@
+"""How close the planner's estimates are to published measurements.
+
+For every row of ``tests/data/published_runs.json`` whose layout is known, the row's layout and
+settings are forced on the planner (``Spec.layout``: TP, PP, DP, CP, EP, virtual stages,
+recompute, micro-batch, the framework's strategy), and the planner's step time is compared with
+the measured one. Step time is the common currency: a source that reports TFLOP/s or MFU in its
+own FLOP convention (``measured.flops_convention``: Narayanan 2021 counts the recompute pass,
+Megatron-Bridge does not) has its step time derived with that same convention (``derived``), so
+no FLOP convention leaks into the comparison. Rows that report MFU only (the Llama 3 paper) are
+compared on MFU in the PaLM convention (``6N + 12·L·h·s``).
+
+The rows are split by SOURCE into a calibration set (Narayanan 2021, Korthikanti 2022,
+torchtitan), on which the model's few global efficiency parameters were chosen, and a held-out
+set (NeMo, Megatron-Bridge, AutoModel, Llama 3, BLOOM) that was never used to tune it.
+
+Printed: one line per row (``-v``), MAPE per source and per set, the rank correlation (Spearman)
+of per-GPU throughput inside each sweep (same source, model, GPU type, sequence length and
+precision, several layouts), whether the layout predicted fastest in each sweep measures within
+5 % of the sweep's best, and whether every layout that really trained on an 80 GB GPU is judged
+to fit. Last line, for scripts::
+
+    cal_mape=0.123 held_mape=0.145 all_mape=0.130 cal_spearman=0.9 ... mem_unfit=0
+
+Run: ``.venv/bin/python benchmarks/estimate_accuracy.py [-v]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.errors import SpecError  # noqa: E402
+from engine.plan.catalog import get_gpu, list_gpus  # noqa: E402
+from engine.plan.context import hardware  # noqa: E402
+from engine.plan.memory import LayoutDraft  # noqa: E402
+from engine.plan.models import resolve_model  # noqa: E402
+from engine.plan.perf import estimate_time  # noqa: E402
+from engine.plan.planner import plan  # noqa: E402
+from engine.plan.result import Layout, Plan  # noqa: E402
+from engine.plan.specs import (  # noqa: E402
+    HardwareSpec,
+    LayoutSpec,
+    ModelSpec,
+    NetworkSpec,
+    NetworkTier,
+    Offload,
+    Precision,
+    Recompute,
+    Spec,
+    Strategy,
+    TrainingSpec,
+)
+
+DATA = ROOT / "tests" / "data" / "published_runs.json"
+CALIBRATION = ("narayanan2021", "korthikanti2022", "torchtitan")
+"""Sources (row-id prefixes) the global parameters were chosen on; every other source is held
+out."""
+BEST_WITHIN = 0.05
+GIB = 1024**3
+
+# GPU strings as the sources print them -> catalog key. B300 / GB300 are not in the catalog.
+_GPU_KEYS = (
+    ("gb200", "gb200"),
+    ("h800", "h800"),
+    ("h200", "h200"),
+    ("h100", "h100-sxm"),
+    ("a100", "a100-80gb"),
+    ("b200", "b200"),
+)
+
+
+@dataclass
+class Row:
+    """One published run as the harness uses it."""
+
+    id: str
+    source: str
+    raw: dict[str, Any]
+    spec: Spec | None = None
+    skip: str = ""
+    measured_s: float = 0.0
+    measured_mfu: float = 0.0
+    predicted: Layout | None = None
+    error: float = math.nan
+    """Signed relative error of the predicted step time (or MFU), (pred - meas) / meas."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def held_out(self) -> bool:
+        return not self.id.startswith(CALIBRATION)
+
+    @property
+    def measured_tps(self) -> float:
+        """Measured tokens/s per GPU (the ranking quantity inside a sweep)."""
+        t = self.raw["training"]
+        gpus = self.raw["hardware"]["total_gpus"]
+        return float(t["global_batch"] * t["seq_len"] / (self.measured_s * gpus))
+
+
+def source_of(row_id: str) -> str:
+    """The source family of a row id: ``mbridge2511``, ``narayanan2021``, ``torchtitan``..."""
+    if row_id.startswith("torchtitan"):
+        return "torchtitan"
+    return re.split(r"_", row_id, maxsplit=1)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Row -> Spec
+
+
+def _gpu_key(text: str) -> str | None:
+    low = text.lower().replace(" ", "")
+    if "b300" in low:
+        return None
+    for needle, key in _GPU_KEYS:
+        if needle in low:
+            return key
+    return None
+
+
+def is_fp8(row: dict[str, Any]) -> bool:
+    """FP8 linears (Transformer Engine current/delayed scaling, MXFP8, torchao float8)."""
+    text = (row["training"].get("precision") or "").lower()
+    return any(k in text for k in ("fp8", "float8")) and "fp4" not in text
+
+
+def _precision(row: dict[str, Any]) -> Precision | None:
+    """bf16/fp16 rows, and FP8 rows as bf16 (their linear layers are re-timed at the FP8 peak
+    by :func:`evaluate`); None for FP4 training and for rows whose precision is not stated."""
+    text = (row["training"].get("precision") or "").lower()
+    if not text or "fp4" in text:
+        return None
+    if is_fp8(row):
+        return Precision.BF16
+    if "bf16" in text:
+        return Precision.BF16
+    if "mixed precision" in text or "fp16" in text:
+        return Precision.FP16
+    return None
+
+
+def _network(row_id: str, gpu: str) -> NetworkSpec:
+    """The fabric each source ran on: Selene's 8 x HDR, DGX H100's 8 x NDR, Meta's 400 Gb/s
+    RoCE per GPU, Jean Zay's 4 x 100 Gb/s Omni-Path (BLOOM)."""
+    if row_id.startswith(("torchtitan", "llama3")):
+        return NetworkSpec(tier=NetworkTier.ROCE, bandwidth_gbps=3200)
+    if row_id.startswith("bloom"):
+        return NetworkSpec(tier=NetworkTier.IB, bandwidth_gbps=400)
+    if gpu.startswith("a100"):
+        return NetworkSpec(tier=NetworkTier.IB_HDR)
+    return NetworkSpec(tier=NetworkTier.IB_NDR)
+
+
+def _model(m: dict[str, Any]) -> ModelSpec:
+    """Explicit dimensions; an MLP is gated unless its width is 4h. MoE: the shared expert is counted as one more active expert (its FFN
+    equals a routed expert's in DeepSeek-V3 / Kimi K2), and the first dense layers as MoE layers
+    with the same active FFN width (DeepSeek-V3: 18432 = 9 x 2048)."""
+    moe = m.get("moe")
+    # The schema stores 4h for GPT-style two-matrix MLPs and the stated width for SwiGLU ones.
+    gated = bool(moe) or (m.get("ffn") or 4 * m["hidden"]) != 4 * m["hidden"]
+    kw: dict[str, Any] = {
+        "layers": m["layers"],
+        "hidden": m["hidden"],
+        "heads": m["heads"],
+        "kv_heads": m.get("kv_heads") or m["heads"],
+        "vocab": m.get("vocab") or 129280,
+        "gated_mlp": gated,
+    }
+    if moe:
+        kw["ffn"] = moe["expert_ffn"]
+        kw["num_experts"] = moe["routed_experts"]
+        kw["experts_per_token"] = moe["top_k"] + (moe.get("shared_experts") or 0)
+    else:
+        kw["ffn"] = m.get("ffn") or 4 * m["hidden"]
+    return ModelSpec(**kw)
+
+
+def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
+    lay = row["layout"]
+    tr = row["training"]
+    tp, pp = _tp_pp(row)
+    mb = tr.get("micro_batch")
+    if row["id"].startswith("torchtitan") and pp > 1:
+        # torchtitan prints the local batch; unless told otherwise it splits it into as many
+        # micro-batches as there are pipeline stages (``pipeline_parallel_microbatches``'s
+        # default in its Dec 2024 config).
+        local = tr["global_batch"] // lay["dp"]
+        mb = local // pp if local % pp == 0 else None
+    vs = lay.get("virtual_stages")
+    if vs and row["model"]["layers"] % (pp * vs):
+        vs = None  # an uneven interleaved split the planner cannot express: plain 1F1B
+    rc = lay.get("recompute")
+    recompute = Recompute(rc.split()[0]) if rc else None
+    zero = None
+    if strategy == Strategy.THREE_D:
+        z = lay.get("zero_stage")
+        zero = 1 if z is None else min(2, z)
+    sp = lay.get("sequence_parallel")
+    return LayoutSpec(
+        strategy=strategy,
+        tp=tp,
+        pp=pp,
+        dp=lay["dp"],
+        cp=lay.get("cp") or 1,
+        ep=lay.get("ep") or None,
+        zero_stage=zero,
+        micro_batch=mb,
+        recompute=recompute,
+        virtual_stages=vs if vs and vs > 1 else None,
+        sequence_parallel=(tp > 1) if sp is None else (bool(sp) and tp > 1),
+        # No published run offloaded: left free, the planner would offload a layout that does
+        # not fit its (80 GB) memory model and time the offload instead of the run.
+        offload=Offload.NONE,
+    )
+
+
+def _tp_pp(row: dict[str, Any]) -> tuple[int, int]:
+    """The row's TP and PP; Narayanan 2021 Table 2 states only the model-parallel size, which
+    Table 1 splits as TP 8 within a node and PP across (96 = 8 x 12, 280 = 8 x 35)."""
+    lay = row["layout"]
+    mps = lay.get("model_parallel_size")
+    if lay.get("tp") is None and lay.get("pp") is None and mps and mps % 8 == 0:
+        return 8, mps // 8
+    return lay.get("tp") or 1, lay.get("pp") or 1
+
+
+def _strategy(row: dict[str, Any]) -> Strategy:
+    lay = row["layout"]
+    if row["id"].startswith("narayanan2021_t2_zero3"):
+        return Strategy.ZERO3
+    tp, pp, ep = lay.get("tp") or 1, lay.get("pp") or 1, lay.get("ep") or 1
+    if row["id"].startswith("torchtitan") and tp == 1 and pp == 1:
+        return Strategy.FSDP_FULL
+    if row["id"].startswith("automodel") and tp == 1 and pp == 1 and ep == 1:
+        return Strategy.FSDP_FULL
+    return Strategy.THREE_D
+
+
+def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
+    """The row as a forced-layout Spec, or None and why it cannot be one."""
+    hw, lay, tr = row["hardware"], row["layout"], row["training"]
+    if row["scope"] != "end_to_end":
+        return None, "per-layer timing"
+    gpu = _gpu_key(hw["gpu"])
+    if gpu is None or gpu not in {g.key for g in list_gpus()}:
+        return None, f"GPU {hw['gpu']!r} not in the catalog"
+    precision = _precision(row)
+    if is_fp8(row) and not get_gpu(gpu).fp8_tflops:
+        return None, f"{gpu} has no FP8 peak in the catalog"
+    if precision is None:
+        return None, f"precision {tr.get('precision')!r} not modelled"
+    if lay.get("dp") is None or (
+        lay.get("tp") is None and lay.get("pp") is None and not lay.get("model_parallel_size")
+    ):
+        return None, "layout (tp/pp) not stated"
+    if not tr.get("seq_len") or not tr.get("global_batch"):
+        return None, "sequence length or global batch not stated"
+    m = row["model"]
+    if not all(m.get(k) for k in ("layers", "hidden", "heads")):
+        return None, "model dimensions not stated"
+    gpn = hw.get("gpus_per_node") or 4
+    spec = Spec(
+        model=_model(row["model"]),
+        hardware=HardwareSpec(gpu=gpu, gpus_per_node=gpn, nodes=hw["total_gpus"] // gpn),
+        network=_network(row["id"], gpu),
+        training=TrainingSpec(
+            seq_len=tr["seq_len"], global_batch=tr["global_batch"], precision=precision
+        ),
+        layout=_layout(row, _strategy(row)),
+    )
+    return spec, ""
+
+
+# --------------------------------------------------------------------------------------------
+# Measured values
+
+
+def measured(row: dict[str, Any]) -> tuple[float, float]:
+    """(step time s, MFU): the measured step time, else the collector's derived one (in the
+    source's own FLOP convention), else one from tokens/s per GPU; MFU when only that is given."""
+    me, de, tr = row["measured"], row.get("derived") or {}, row["training"]
+    step = me.get("step_time_s") or de.get("step_time_s")
+    tps = me.get("tokens_per_s_per_gpu") or de.get("tokens_per_s_per_gpu")
+    if not step and tps and tr.get("global_batch") and tr.get("seq_len"):
+        step = tr["global_batch"] * tr["seq_len"] / (tps * row["hardware"]["total_gpus"])
+    return float(step or 0.0), float(me.get("mfu") or 0.0)
+
+
+def palm_mfu(row: dict[str, Any], step_s: float, peak_flops: float) -> float:
+    """MFU in the PaLM convention (``6N + 12·L·h·s`` per token) of a step of ``step_s``."""
+    m, tr = row["model"], row["training"]
+    n = (m.get("active_params_b") or m["params_b"]) * 1e9
+    per_token = 6 * n + 12 * m["layers"] * m["hidden"] * tr["seq_len"]
+    tokens = tr["global_batch"] * tr["seq_len"]
+    return float(per_token * tokens / (step_s * row["hardware"]["total_gpus"] * peak_flops))
+
+
+def evaluate(row: Row) -> None:
+    """Fill in the prediction and its error (or why the row is skipped)."""
+    if row.spec is None:
+        return
+    try:
+        p = plan(row.spec)
+    except SpecError as e:
+        row.skip = f"refused: {e}"
+        return
+    row.predicted = p.recommended
+    step = p.recommended.step_time_s
+    if is_fp8(row.raw):
+        step = _fp8_step(row.spec, p)
+    if row.measured_s:
+        row.error = (step - row.measured_s) / row.measured_s
+    elif row.measured_mfu:
+        mfu = palm_mfu(row.raw, step, p.gpu.peak_tflops * 1e12)
+        row.error = (mfu - row.measured_mfu) / row.measured_mfu
+    else:
+        row.skip = "no measured time or MFU"
+
+
+def _fp8_step(spec: Spec, p: Plan) -> float:
+    """The planned layout re-timed with its linear layers at the GPU's FP8 peak (the planner's
+    precisions are bf16/fp16/fp32; FP8 training keeps attention and the rest in bf16)."""
+    gpu = get_gpu(spec.hardware.gpu)
+    precision = p.recommended.precision
+    hw = replace(hardware(spec, gpu, precision), linear_peak_flops=gpu.fp8_tflops * 1e12)
+    lay = p.recommended
+    draft = LayoutDraft(
+        **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)}
+    )
+    dims = resolve_model(spec.model)
+    return estimate_time(dims, draft, hw, seq_len=spec.training.seq_len).step_time_s
+
+
+def load_rows(path: Path = DATA) -> list[Row]:
+    out = []
+    for raw in json.loads(path.read_text())["runs"]:
+        spec, why = build_spec(raw)
+        step, mfu = measured(raw)
+        out.append(
+            Row(raw["id"], source_of(raw["id"]), raw, spec, why, measured_s=step, measured_mfu=mfu)
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Figures
+
+
+def mape(errors: list[float]) -> float:
+    return statistics.fmean(abs(e) for e in errors) if errors else math.nan
+
+
+def ranks(xs: list[float]) -> list[float]:
+    """Ranks (1-based), ties given their average rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = math.sqrt(sum((x - ma) ** 2 for x in ra))
+    vb = math.sqrt(sum((y - mb) ** 2 for y in rb))
+    return cov / (va * vb) if va and vb else math.nan
+
+
+@dataclass
+class Sweep:
+    key: str
+    rows: list[Row]
+
+    def figures(self) -> tuple[float, bool]:
+        """(Spearman of per-GPU throughput, predicted-fastest measures within 5 % of the best)."""
+        meas = [r.measured_tps for r in self.rows]
+        pred = [r.measured_tps / (1 + r.error) for r in self.rows]
+        rho = spearman(pred, meas) if len(self.rows) >= 3 else math.nan
+        pick = max(range(len(pred)), key=lambda i: pred[i])
+        return rho, meas[pick] >= (1 - BEST_WITHIN) * max(meas)
+
+
+def sweeps(rows: list[Row]) -> list[Sweep]:
+    """Rows of one source, model, GPU type, sequence length and precision with at least two
+    distinct forced layouts (a row whose spec repeats another's, e.g. the same layout with
+    torch.compile, is left out: the model cannot tell them apart)."""
+    groups: dict[str, list[Row]] = defaultdict(list)
+    seen: set[str] = set()
+    for r in rows:
+        if r.spec is None or not r.measured_s or math.isnan(r.error):
+            continue
+        sig = r.spec.model_dump_json() + str(is_fp8(r.raw))
+        if sig in seen:
+            continue
+        seen.add(sig)
+        t = r.spec.training
+        prec = "fp8" if is_fp8(r.raw) else t.precision
+        key = f"{r.source}|{r.raw['model']['name']}|{r.spec.hardware.gpu}|{t.seq_len}|{prec}"
+        groups[key].append(r)
+    return [Sweep(k, v) for k, v in groups.items() if len(v) >= 2]
+
+
+def memory_check(rows: list[Row]) -> list[Row]:
+    """Rows that really trained on an 80 GB GPU but are judged not to fit."""
+    bad = []
+    for r in rows:
+        p = r.predicted
+        if p is None or "80" not in r.raw["hardware"]["gpu"]:
+            continue
+        if not p.fits:
+            bad.append(r)
+    return bad
+
+
+def _line(r: Row) -> str:
+    p = r.predicted
+    if p is None:
+        return f"  {r.id:56s} skipped: {r.skip}"
+    what = "step" if r.measured_s else "mfu "
+    meas = r.measured_s if r.measured_s else r.measured_mfu
+    pred = meas * (1 + r.error)
+    mem = p.memory_per_gpu.total / GIB
+    return (
+        f"  {r.id:56s} {what} meas {meas:9.3f} pred {pred:9.3f} err {r.error:+7.1%} "
+        f"mem {mem:6.1f} GiB{'' if p.fits else ' (does not fit)'}"
+    )
+
+
+def report(rows: list[Row], verbose: bool) -> dict[str, float]:
+    """Print the figures; return the key=value summary."""
+    ok = [r for r in rows if not math.isnan(r.error)]
+    if verbose:
+        for r in rows:
+            print(_line(r))
+    print("\nMAPE by source (step time; MFU for rows reporting MFU only):")
+    by_src: dict[str, list[float]] = defaultdict(list)
+    for r in ok:
+        by_src[r.source].append(r.error)
+    for src, errs in sorted(by_src.items()):
+        bias = statistics.fmean(errs)
+        held = "held-out" if not src.startswith(CALIBRATION) else "calibration"
+        print(f"  {src:16s} {held:11s} n={len(errs):3d} MAPE {mape(errs):6.1%} bias {bias:+6.1%}")
+    out: dict[str, float] = {}
+    for name, subset in (
+        ("cal", [r for r in ok if not r.held_out]),
+        ("held", [r for r in ok if r.held_out]),
+        ("all", ok),
+    ):
+        out[f"{name}_n"] = len(subset)
+        out[f"{name}_mape"] = mape([r.error for r in subset])
+    print("\nSweeps (Spearman of tokens/s per GPU; predicted fastest within 5 % of measured best):")
+    for tag in ("cal", "held"):
+        rhos, hits = [], []
+        for sw in sweeps([r for r in ok if r.held_out == (tag == "held")]):
+            rho, hit = sw.figures()
+            print(f"  {tag:4s} {sw.key:70s} n={len(sw.rows)} rho={rho:+.2f} best_ok={hit}")
+            if not math.isnan(rho):
+                rhos.append(rho)
+            hits.append(hit)
+        out[f"{tag}_spearman"] = statistics.fmean(rhos) if rhos else math.nan
+        out[f"{tag}_best_ok"] = sum(hits) / len(hits) if hits else math.nan
+    bad = memory_check(ok)
+    print(f"\nLayouts that trained on 80 GB GPUs judged not to fit: {len(bad)}")
+    for r in bad:
+        assert r.predicted is not None
+        print(f"  {r.id}: {r.predicted.memory_per_gpu.total / GIB:.1f} GiB")
+    out["mem_unfit"] = len(bad)
+    out["skipped"] = len(rows) - len(ok)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per row")
+    args = ap.parse_args(argv)
+    rows = load_rows()
+    for r in rows:
+        evaluate(r)
+    out = report(rows, args.verbose)
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in out.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

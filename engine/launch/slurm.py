@@ -1,0 +1,382 @@
+"""Slurm backend: submit the bundle's ``slurm.sbatch`` (:mod:`engine.write.slurm`) with
+``sbatch`` on this machine (a login node), follow the job with ``scontrol show job``, stream each
+task's output file into the run directory and the events, and stop it with ``scancel``.
+
+Called through :func:`engine.launch.make_backend` (``launch --backend slurm``, the wizard).
+The job runs from the run directory's copy of the bundle (``sbatch --chdir``); the submitting
+environment goes with it (sbatch's ``--export=ALL``): ``DTRAIN_RUN_ID`` tags every process of
+the run, this Python's ``bin`` comes first on ``PATH`` (a login node shares its file system with
+the compute nodes), and the ``SLURM_*`` variables of an allocation dtrain-tui may run in are
+dropped. ``srun`` writes task *t*'s stdout and stderr to ``logs/slurm-<job>_<t>.out`` / ``.err``:
+task *t* is node *t*, and torchrun's ``[default<local_rank>]:`` prefix gives the global rank. The
+batch script's own output (``slurm-<job>.out``) is node 0's own lines; srun's ``srun: error: n2:
+task 1: Killed`` lines there give each node's exit.
+
+Job states become run.json: ``PENDING`` keeps the run ``starting`` with Slurm's reason (a reason
+Slurm never gets past by waiting, :data:`~engine.launch.slurm_cli.NEVER_REASONS`, fails the run
+and cancels the job); ``RUNNING`` is ``running`` on the allocated nodes (their names replace the
+placeholders in run.json); ``COMPLETED`` / ``FAILED`` end through each node's exit (torchrun's
+failure table names the rank); ``TIMEOUT``, ``NODE_FAIL``, ``OUT_OF_MEMORY``, ``PREEMPTED`` …
+fail the run naming the state; ``CANCELLED`` by someone else is a user's stop. A requeue is a
+line and ``slurm.json``'s ``restarts``. Stop = ``scancel`` (``--signal=KILL`` first after
+``kill()``), then waiting until Slurm reports the job ended: nothing of it is left on any node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.fsio import atomic_write_text
+from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.guard import ReaperGuard
+from engine.launch.local import find_torchrun
+from engine.launch.slurm_cli import (
+    NEVER_REASONS,
+    JobInfo,
+    field_of,
+    hostnames,
+    partitions,
+    run_slurm,
+    show_job,
+    slurm_env,
+    slurm_message,
+    task_exits,
+)
+from engine.monitor.events import STDERR, STDOUT, RunStateChanged
+from engine.rundir.record import RunState
+from engine.write.slurm import SBATCH_NAME, batch_log_name, task_log_name
+
+POLL_S = 1.0
+"""How often the job's state is asked of slurmctld (``scontrol show job``) and the output files
+are read when nothing new was there."""
+CANCEL_WAIT_S = 60.0
+"""After ``scancel``, how long to wait for Slurm to report the job ended (its KillWait, 30 s by
+default, lies between SIGTERM and SIGKILL)."""
+READ_BYTES = 256 << 10
+SLURM_JSON = "slurm.json"
+"""The job's id, state, reason, restart count and nodes, next to run.json."""
+_FAIL_STATES = {
+    "TIMEOUT": "reached its time limit{limit} and was ended by Slurm",
+    "NODE_FAIL": "lost a node (NODE_FAIL)",
+    "OUT_OF_MEMORY": "ran out of memory (OUT_OF_MEMORY)",
+    "PREEMPTED": "was preempted by Slurm",
+    "BOOT_FAIL": "could not boot its nodes (BOOT_FAIL)",
+    "DEADLINE": "missed its deadline (DEADLINE)",
+}
+
+
+class _Follower:
+    """Reads a file srun writes while the job runs: returns new bytes as they come, b"" once the
+    job ended and the file is drained."""
+
+    def __init__(self, path: Path, ended: threading.Event) -> None:
+        self.path = path
+        self.ended = ended
+        self._f: Any = None
+        self._last = False
+        self.on_data: Any = None
+
+    def read(self) -> bytes:
+        while True:
+            if self._f is None:
+                with contextlib.suppress(FileNotFoundError):
+                    self._f = self.path.open("rb")
+            data = self._f.read(READ_BYTES) if self._f is not None else b""
+            if data:
+                if self.on_data is not None:
+                    self.on_data(data)
+                return data
+            if self._last:
+                if self._f is not None:
+                    self._f.close()
+                return b""
+            if self.ended.is_set():
+                self._last = True  # one more read after the end: the file's last bytes
+                continue
+            self.ended.wait(POLL_S)
+
+
+class SlurmBackend(LaunchBackend):
+    """The whole run is one Slurm batch job, one task per node."""
+
+    name = "slurm"
+
+    def __init__(self, *args: Any, sbatch_args: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sbatch_args = list(sbatch_args)
+        """Options put before the script on sbatch's command line (they win over #SBATCH)."""
+        self.job_id: str | None = None
+        self.job: JobInfo | None = None
+        """The job as last seen."""
+        self.restarts = 0
+        self._job_ended = threading.Event()
+        """Set once the job is over and its final state was acted on: the output files are
+        then read to their end and every node counts as finished."""
+        self._job_over = False
+        """Slurm reported a final state: nothing of the job runs, no scancel is needed."""
+        self._batch_tail = b""
+        self._hosts_set = False
+        self._task_codes: dict[int, int] = {}
+        self._srun_rc: int | None = None
+        self._cancelled = False
+        self._watcher: threading.Thread | None = None
+        self._env: dict[str, str] = {}
+        self._reaper = ReaperGuard()
+
+    @property
+    def hosts(self) -> list[str]:
+        """Placeholders until Slurm allocates the nodes (then their names, in run.json too)."""
+        return [f"slurm-node{i}" for i in range(self.manifest.nodes)]
+
+    # ------------------------------------------------------------------ start
+
+    def _job_env(self) -> dict[str, str]:
+        env = slurm_env(self.node_env())
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        env.setdefault("TORCHRUN", find_torchrun())
+        return env
+
+    def _sbatch(self, *extra: str) -> Any:
+        where = self.run.bundle.resolve()  # the job's working directory: never relative
+        argv = ["sbatch", *extra, f"--chdir={where}", *self.sbatch_args, SBATCH_NAME]
+        return run_slurm(argv, env=self._env, cwd=str(where))
+
+    def _refused(self, stderr: str) -> LaunchError:
+        msg = slurm_message(stderr)
+        fld = field_of(msg)
+        if fld == "launch.slurm_partition":
+            known = partitions(self._env)
+            if known:
+                msg += f" (sinfo lists: {', '.join(known)})"
+        return LaunchError(f"Slurm refused the job: {msg}", field=fld)
+
+    def _start(self) -> None:
+        if not (self.run.bundle / SBATCH_NAME).is_file():
+            raise LaunchError(
+                f"{SBATCH_NAME} is missing from the bundle; write it again with dtrain-tui write",
+                field="bundle",
+            )
+        self._env = self._job_env()
+        # Killed outright after sbatch, this launcher leaves the job to the reaper's scancel.
+        self._reaper.start(self.run_id, self.run.path)
+        # Ask Slurm first: an unknown partition or a bad time limit is one line naming the field.
+        test = self._sbatch("--test-only")
+        if test.returncode != 0:
+            raise self._refused(test.stderr)
+        r = self._sbatch("--parsable")
+        if r.returncode != 0:
+            raise self._refused(r.stderr)
+        self.job_id = r.stdout.strip().split(";")[0]
+        if not self.job_id.isdigit():
+            raise LaunchError(f"sbatch said {r.stdout.strip()!r}, not a job id")
+        cmd = f"cd {self.run.bundle} && sbatch {' '.join([*self.sbatch_args, SBATCH_NAME])}"
+        for i in range(self.manifest.nodes):
+            self.run.write_command(i, f"{cmd}  # job {self.job_id}, task {i} is node {i}")
+        self._write_slurm_json()
+        batch = _Follower(self.run.bundle.resolve() / batch_log_name(self.job_id), self._job_ended)
+        batch.on_data = self._scan_batch
+        self._add_stream(0, STDOUT, batch.read)
+        for i in range(self.manifest.nodes):
+            for stream in (STDOUT, STDERR):
+                f = _Follower(
+                    self.run.bundle / task_log_name(self.job_id, i, stream), self._job_ended
+                )
+                self._add_stream(i, stream, f.read)
+
+    def start(self) -> None:
+        super().start()
+        self._watcher = threading.Thread(target=self._watch, name="dtrain-slurm", daemon=True)
+        self._watcher.start()
+
+    def _scan_batch(self, data: bytes) -> None:
+        """srun's per-task exits and the script's end line, from the batch output."""
+        data, self._batch_tail = self._batch_tail + data, b""
+        cut = data.rfind(b"\n") + 1
+        data, self._batch_tail = data[:cut], data[cut:]
+        for raw in data.decode("utf-8", "replace").splitlines():
+            self._task_codes.update(task_exits(raw))
+            if raw.startswith("[dtrain-tui] srun exit code "):
+                with contextlib.suppress(ValueError):
+                    self._srun_rc = int(raw.rsplit(" ", 1)[1])
+
+    # ------------------------------------------------------------------ following the job
+
+    def _watch(self) -> None:
+        assert self.job_id is not None
+        errors = 0
+        while not self._final.is_set():
+            try:
+                job = show_job(self.job_id, self._env)
+                errors = 0
+            except LaunchError as e:
+                errors += 1
+                if errors == 3:
+                    self._say(0, f"cannot read slurm job {self.job_id}: {e} (retrying)")
+                self._final.wait(POLL_S)
+                continue
+            if job is None:  # forgotten by slurmctld (MinJobAge): ended long ago
+                self._job_over = True
+                self._job_ended.set()
+                return
+            self._seen(job)
+            if job.final:
+                self._ended(job)
+                return
+            self._final.wait(POLL_S)
+
+    def _seen(self, job: JobInfo) -> None:
+        old, self.job = self.job, job
+        if job.state == "PENDING":
+            self._last_activity = time.monotonic()  # waiting in the queue is not a hang
+        if job.restarts > self.restarts:
+            self.restarts = job.restarts
+            self._say(0, f"slurm job {job.job_id} was requeued (restart {job.restarts})")
+        if not self._hosts_set and job.nodelist not in ("", "(null)", "None"):
+            self._hosts_set = self._allocated(job)
+        if old is not None and (old.state, old.reason, old.nodelist) == (
+            job.state,
+            job.reason,
+            job.nodelist,
+        ):
+            return
+        self._write_slurm_json()
+        if job.state == "PENDING":
+            self._pending(job)
+        elif job.state == "RUNNING" and (old is None or old.state != "RUNNING"):
+            self._running(job)
+
+    def _pending(self, job: JobInfo) -> None:
+        why = NEVER_REASONS.get(job.reason)
+        text = f"slurm job {job.job_id} pending" + (
+            f" ({job.reason})" if job.reason != "None" else ""
+        )
+        if why is not None:
+            # On a thread of its own: failing cancels the job and waits for this watcher to
+            # see it end.
+            threading.Thread(
+                target=self._fail,
+                args=(None, None, f"slurm job {job.job_id} can never start: {job.reason}: {why}"),
+                daemon=True,
+            ).start()
+            return
+        self._record(state=RunState.STARTING, reason=text)
+        self._emit(RunStateChanged(RunState.STARTING, text, time.time()))
+        self._say(0, text)
+
+    def _allocated(self, job: JobInfo) -> bool:
+        """Put the allocated nodes' names in place of the placeholders; True when done."""
+        try:
+            names = hostnames(job.nodelist, self._env)
+        except LaunchError:
+            return False
+        if len(names) != len(self._nodes):
+            return False
+        self._set_hosts(names)
+        return True
+
+    def _running(self, job: JobInfo) -> None:
+        restart = f" (restart {job.restarts})" if job.restarts else ""
+        text = f"slurm job {job.job_id} running on {job.nodelist}{restart}"
+        self._record(state=RunState.RUNNING, reason="")
+        self._emit(RunStateChanged(RunState.RUNNING, text, time.time()))
+        self._say(0, text)
+
+    def _set_hosts(self, names: list[str]) -> None:
+        """The allocated node names in place of the placeholders (events and run.json)."""
+        for st, name in zip(self._nodes, names, strict=True):
+            st.host = name
+        self.run.set_hosts(names)
+
+    def _ended(self, job: JobInfo) -> None:
+        """The job reached a final state: blame what Slurm did before the nodes' exits count."""
+        self._job_over = True
+        if job.state == "CANCELLED" and not self._cancelled and not self._stop_requested:
+            self.request_stop(f"slurm job {job.job_id} was cancelled outside dtrain-tui (scancel)")
+        elif job.state in _FAIL_STATES:
+            limit = f" ({job.time_limit})" if job.time_limit else ""
+            what = _FAIL_STATES[job.state].format(limit=limit)
+            self._fail(None, None, f"slurm job {job.job_id} {what}")
+        elif job.state == "FAILED" and job.reason not in ("NonZeroExitCode", "None"):
+            # Slurm could not start the batch script or srun's tasks (no output of ours).
+            self._fail(
+                None, None, f"slurm job {job.job_id} failed: {job.reason} (see slurmd's log)"
+            )
+        self._job_ended.set()
+
+    def _write_slurm_json(self) -> None:
+        job = self.job
+        data = {
+            "job_id": self.job_id,
+            "state": job.state if job else "SUBMITTED",
+            "reason": job.reason if job else "",
+            "restarts": self.restarts,
+            "nodelist": job.nodelist if job else "",
+            "hosts": [st.host for st in self._nodes],
+        }
+        try:
+            atomic_write_text(self.run.path / SLURM_JSON, json.dumps(data, indent=2) + "\n")
+        except OSError as e:
+            self._dir_failed(e)
+
+    # ------------------------------------------------------------------ supervision hooks
+
+    def _node_exit(self, node: int) -> tuple[bool, int | None]:
+        if not self._job_ended.is_set():
+            return False, None
+        job = self.job
+        if job is not None and job.state == "COMPLETED":
+            return True, 0
+        if node in self._task_codes:
+            return True, self._task_codes[node]
+        if self._cancelled or self._stop_requested:
+            return True, -15
+        if self._task_codes:  # another task failed; srun named no failure of this one
+            return True, 0 if self._srun_rc is None else -15
+        code = self._srun_rc if self._srun_rc is not None else (job.exit_code if job else None)
+        return True, code or 1
+
+    def _cancel(self, *, now: bool) -> None:
+        if self.job_id is None or self._job_over:
+            return
+        self._cancelled = True
+        if now:
+            run_slurm(["scancel", "--full", "--signal=KILL", self.job_id], env=self._env)
+        r = run_slurm(["scancel", self.job_id], env=self._env)
+        if r.returncode != 0 and "already completing or completed" not in r.stderr:
+            raise LaunchError(f"scancel {self.job_id}: {slurm_message(r.stderr)}")
+
+    def _kill_node(self, node: int, reason: str) -> None:
+        if node != 0:
+            return  # one job: cancelling it (node 0's turn) stops every node
+        killed = self.force.is_set()
+        self._cancel(now=killed)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while not self._job_over and time.monotonic() < deadline:
+            if self.force.wait(0.2) and not killed:  # kill(): SIGKILL now, once
+                killed = True
+                self._cancel(now=True)
+
+    def _kill_node_now(self, node: int) -> None:
+        if node == 0:
+            self._cancel(now=True)
+
+    def _teardown_after_failed_start(self) -> None:
+        with contextlib.suppress(Exception):
+            self._cancel(now=True)
+        self._job_ended.set()
+        self._reaper.done()
+
+    def _close(self) -> None:
+        if not self._job_over:
+            # The run ended on our side first (a hang, a full disk): the job must not outlive it.
+            with contextlib.suppress(Exception):
+                self._cancel(now=True)
+        self._write_slurm_json()
+        self._reaper.done()

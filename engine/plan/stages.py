@@ -1,0 +1,99 @@
+"""Pipeline stage splits: how many transformer layers each pipeline stage holds, and which splits
+the search tries. Read by the candidate search (:mod:`engine.plan.search`) and, for the heaviest
+stage's memory and time, by the cost model (:mod:`engine.plan.memory`, :mod:`engine.plan.perf`).
+
+Megatron-LM splits ``L`` layers evenly over ``p`` stages and refuses a ``p`` that does not divide
+``L``, unless ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
+give the end stages their own counts; the remaining layers then split evenly over the other
+stages. The end stages are the ones to lighten: the first holds the embedding and, under 1F1B,
+the most micro-batches' activations; the last runs the LM head and the loss (for a 128K vocabulary
+about one more layer's compute). Llama 3 405B trained with one layer fewer on each end
+(126 = 7 + 14 x 8 + 7 over 16 stages; Llama 3 paper, §3.3.2). Interleaving (virtual stages) needs
+``L`` divisible by ``p x v`` and, in Megatron, a number of micro-batches divisible by ``p``.
+Pure arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+MIN_CHUNK_LAYERS = 2
+"""Fewest layers per interleaved model chunk the search tries: one-layer chunks double the
+point-to-point sends of two-layer ones for a bubble only a little smaller."""
+MAX_VIRTUAL_OPTIONS = 4
+"""Virtual-stage counts tried per pipeline depth (a bound on the search, the largest kept)."""
+
+
+def stage_layers(layers: int, pp: int, first: int = 0, last: int = 0) -> list[int]:
+    """Layers per stage, first to last. ``first`` / ``last`` 0: that end takes the even share;
+    an even split of layers that ``pp`` does not divide gives the first stages one more."""
+    if pp <= 1:
+        return [layers]
+    ends = [first, last]
+    fixed = sum(ends)
+    free = pp - sum(1 for e in ends if e)
+    if free == 0:
+        return [first, *([0] * (pp - 2)), last]
+    base, rem = divmod(max(0, layers - fixed), free)
+    shares = [base + (1 if i < rem else 0) for i in range(free)]
+    out: list[int] = []
+    if first:
+        out.append(first)
+    out += shares
+    if last:
+        out.append(last)
+    return out
+
+
+def uneven_splits(layers: int, pp: int) -> list[tuple[int, int]]:
+    """The (first, last) splits worth trying for ``pp`` stages, most balanced first: the even
+    split when ``pp`` divides ``layers`` (``(0, 0)``); one or two lighter end stages that
+    Megatron can express (the others' share a whole number, the ends one layer or more lighter,
+    the lightest such gap). Empty when Megatron cannot split ``layers`` over ``pp`` stages
+    without making an end stage heavier."""
+    if pp <= 1:
+        return [(0, 0)]
+    out: list[tuple[int, int]] = []
+    if layers % pp == 0:
+        out.append((0, 0))
+    both = _lighter_ends(layers, pp, ends=2)
+    if both:
+        out.append((both, both))
+    last = _lighter_ends(layers, pp, ends=1)
+    if last:
+        out += [(0, last), (last, 0)]
+    return out
+
+
+def _lighter_ends(layers: int, pp: int, ends: int) -> int:
+    """The layer count ``e`` for ``ends`` end stages such that the other ``pp - ends`` stages
+    share the rest evenly with ``k > e`` layers each, ``e`` as large as possible (closest to
+    balanced); 0 when none exists or when it would be lopsided: the others more than one layer
+    above the even share, or the ends lighter by more than half a stage (and three layers)."""
+    rest = pp - ends
+    if rest <= 0:
+        return 0
+    even = math.ceil(layers / pp)
+    for e in range(even, 0, -1):
+        middle, rem = divmod(layers - ends * e, rest)
+        if rem == 0 and middle > e:
+            ok = middle <= even + 1 and middle - e <= max(3, math.ceil(middle / 2))
+            return e if ok else 0
+    return 0
+
+
+def virtual_options(layers: int, pp: int) -> list[int]:
+    """Virtual stages (model chunks per stage) to try for ``pp`` even stages: 1, and each ``v``
+    that splits a stage's layers into chunks of at least :data:`MIN_CHUNK_LAYERS` (at most
+    :data:`MAX_VIRTUAL_OPTIONS` of them, the largest kept: they shrink the bubble most)."""
+    if pp <= 1 or layers % pp:
+        return [1]
+    per_stage = layers // pp
+    vs = [v for v in range(2, per_stage + 1) if per_stage % v == 0]
+    vs = [v for v in vs if per_stage // v >= MIN_CHUNK_LAYERS]
+    return [1, *vs[-MAX_VIRTUAL_OPTIONS:]]
+
+
+def heaviest_stage_layers(layers: int, pp: int, first: int = 0, last: int = 0) -> int:
+    """Layers on the stage that holds the most."""
+    return max(stage_layers(layers, pp, first, last))

@@ -1,0 +1,255 @@
+"""A real two-node Slurm on this host for the Slurm backend's tests (and by hand:
+``python -m tests.e2e.slurm_cluster`` starts one and prints its ``SLURM_CONF``).
+
+:class:`SlurmCluster` writes a ``slurm.conf`` in a temporary directory, starts munge (unless one
+already answers), ``slurmctld`` and two ``slurmd -N n1`` / ``-N n2`` on 127.0.0.1, each on a port
+of its own (Debian's Slurm is built with ``MULTIPLE_SLURMD``), and waits with a deadline until
+``sinfo`` shows both nodes idle. :meth:`SlurmCluster.stop` cancels every job and stops every
+daemon it started: nothing is left running. No cgroups and no accounting (``proctrack/linuxproc``,
+``task/none``): jobs are read with ``squeue`` / ``scontrol``. ``make system-deps`` installs the
+packages; :func:`slurm_missing` says why the tests must be skipped when they are absent.
+
+Partitions: ``debug`` (default, both nodes, no time limit) and ``short`` (MaxTime 1 minute), on
+which a job asking for more time pends forever with reason ``PartitionTimeLimit``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "sinfo")
+START_TIMEOUT_S = 60.0
+
+
+def _exe(name: str) -> str | None:
+    for d in ("/usr/sbin", "/usr/bin", "/sbin"):
+        if os.access(f"{d}/{name}", os.X_OK):
+            return f"{d}/{name}"
+    return shutil.which(name)
+
+
+def slurm_missing() -> str | None:
+    """Why a local Slurm cannot be started here, or None when it can."""
+    missing = [d for d in DAEMONS if _exe(d) is None]
+    if missing:
+        return (
+            f"Slurm is not installed ({', '.join(missing)} missing); "
+            "run `make system-deps` as root (apt-get install slurmctld slurmd slurm-client munge)"
+        )
+    if os.geteuid() != 0:
+        return "a local Slurm needs root (slurmd runs jobs as their user); run the tests as root"
+    return None
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class SlurmCluster:
+    """slurmctld + slurmd n1, n2 on 127.0.0.1, configured in ``workdir``."""
+
+    def __init__(self, workdir: Path, cpus: int = 2) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.conf = self.dir / "slurm.conf"
+        self.cpus = cpus
+        self.host = socket.gethostname().split(".")[0]
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._munged: subprocess.Popen[bytes] | None = None
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    # ------------------------------------------------------------------ config
+
+    def _write_conf(self) -> None:
+        ctld, n1, n2 = _free_ports(3)
+        d = self.dir
+        (d / "state").mkdir(exist_ok=True)
+        (d / "spool").mkdir(exist_ok=True)
+        nodes = "".join(
+            f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={p} "
+            f"CPUs={self.cpus} RealMemory=8000\n"
+            for n, p in (("n1", n1), ("n2", n2))
+        )
+        self.conf.write_text(
+            f"ClusterName=dtraintest\nSlurmctldHost={self.host}\nSlurmctldPort={ctld}\n"
+            "SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+            "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\n"
+            "ReturnToService=2\nSchedulerType=sched/backfill\n"
+            # CPUs above the machine's own (2 here) without the node being drained as INVAL.
+            "SlurmdParameters=config_overrides\n"
+            # Short waits: a test cancels and requeues within seconds, not Slurm's minutes.
+            "KillWait=5\nMinJobAge=600\nInactiveLimit=0\nSlurmctldTimeout=30\nSlurmdTimeout=60\n"
+            f"StateSaveLocation={d / 'state'}\nSlurmdSpoolDir={d / 'spool'}/%n\n"
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}\nSlurmdPidFile={d / 'slurmd-%n.pid'}\n"
+            f"SlurmctldLogFile={d / 'slurmctld.log'}\nSlurmdLogFile={d / 'slurmd-%n.log'}\n"
+            + nodes
+            + "PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP "
+            "OverSubscribe=YES\n"
+            "PartitionName=short Nodes=n[1-2] Default=NO MaxTime=1 State=UP OverSubscribe=YES\n"
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A Slurm command against this cluster."""
+        return subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, check=check, timeout=30
+        )
+
+    def _munge_ok(self) -> bool:
+        try:
+            cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=5, check=True)
+            subprocess.run(
+                ["unmunge"], input=cred.stdout, capture_output=True, timeout=5, check=True
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return True
+
+    def _start_munge(self) -> None:
+        if self._munge_ok():
+            return
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        # -F: foreground, as the munge user, so this fixture owns the process and reaps it.
+        self._munged = subprocess.Popen(
+            [_exe("munged") or "munged", "-F"],
+            user="munge",
+            group="munge",
+            extra_groups=[],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._until(self._munge_ok, "munged did not answer")
+
+    def _until(self, ok: object, what: str, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():  # type: ignore[operator]
+                return
+            time.sleep(0.1)  # polling a daemon's state
+        raise RuntimeError(f"{what} within {timeout:.0f}s; see {self.dir}/*.log")
+
+    def _daemon(self, *argv: str) -> None:
+        log = open(self.dir / f"{argv[0].rsplit('/', 1)[-1]}-{len(self._procs)}.out", "ab")  # noqa: SIM115
+        self._procs.append(
+            subprocess.Popen(
+                list(argv), env=self.env, stdout=log, stderr=log, start_new_session=True
+            )
+        )
+
+    def _both_idle(self) -> bool:
+        r = self.run("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t", check=False)
+        states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
+        return states.get("n1") == "idle" and states.get("n2") == "idle"
+
+    def start(self) -> SlurmCluster:
+        self._write_conf()
+        self._start_munge()
+        self._daemon(_exe("slurmctld") or "slurmctld", "-D", "-i", "-f", str(self.conf))
+        for n in ("n1", "n2"):
+            self._daemon(_exe("slurmd") or "slurmd", "-D", "-N", n, "-f", str(self.conf))
+        try:
+            self._until(self._both_idle, "sinfo did not show n1 and n2 idle")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Cancel every job, stop every daemon started here; waits until they are gone."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            self.run("scancel", "--full", "-u", "root", check=False)
+        for p in reversed(self._procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self._procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+        self._procs.clear()
+        if self._munged is not None:
+            self._munged.terminate()
+            try:
+                self._munged.wait(10)
+            except subprocess.TimeoutExpired:
+                self._munged.kill()
+                self._munged.wait(5)
+            self._munged = None
+
+    def pids(self) -> list[int]:
+        """Pids of the daemons this cluster started that are still alive."""
+        return [p.pid for p in self._procs if p.poll() is None]
+
+
+_shared: SlurmCluster | None = None
+_users = 0
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One cluster for the whole session, whichever test modules import this fixture (each
+    import is a fixture of its own to pytest: a count keeps one cluster and stops it after the
+    last). ``SLURM_CONF`` points at it meanwhile, so the code under test finds it."""
+    global _shared, _users
+    why = slurm_missing()
+    if why:
+        pytest.skip(why)
+    if _shared is None:
+        _shared = SlurmCluster(tmp_path_factory.mktemp("slurm"), cpus=4).start()
+    _users += 1
+    saved = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(_shared.conf)
+    try:
+        yield _shared
+    finally:
+        _users -= 1
+        if _users == 0:
+            _shared.stop()
+            _shared = None
+            if saved is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = saved
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    why = slurm_missing()
+    if why:
+        raise SystemExit(why)
+    c = SlurmCluster(Path(tempfile.mkdtemp(prefix="slurm-")))
+    c.start()
+    print(f"export SLURM_CONF={c.conf}  # Ctrl-C stops the cluster", flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
+        c.stop()
