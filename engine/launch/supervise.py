@@ -94,8 +94,11 @@ class SupervisedRun(StreamingRun, ABC):
 
     def _check_nodes(self) -> None:
         all_done = True
-        # Nodes whose torchrun printed a failure table first: they name the rank that failed.
-        for st in sorted(self._nodes, key=lambda n: (not n.table.rank_exits, n.node)):
+        # Nodes whose torchrun printed a failure table first, the surest first failure first
+        # (FailureTable.blame_order): among nodes ending together, a rank killed by a signal is
+        # the cause, not the peer that then lost its connection.
+        order = sorted(self._nodes, key=lambda n: (n.table.blame_order(), n.node))
+        for st in order:
             if st.finished:
                 continue
             finished, code = self._node_exit(st.node)

@@ -119,6 +119,10 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+TERMINATED_CODES = frozenset({-15, 143})
+"""A rank's exit code when it was sent SIGTERM (torchrun's table: -15; a shell's 128 + 15)."""
+
+
 @dataclass
 class FailureTable:
     """One node's torchrun failure table, read line by line from the node's own lines."""
@@ -156,6 +160,22 @@ class FailureTable:
         if me and self._rank is not None:
             self.rank_exits[self._rank] = int(me.group(1))
             self._rank = None
+
+    def blame_order(self) -> int:
+        """How surely the rank this table blames is a run's first failure, when several nodes
+        end together (a scheduler's job ends all at once) and each table names a rank of its
+        own: 0, killed by a signal other than SIGTERM/SIGINT (the OOM killer, a crash, a
+        kill -9): nothing else ends a rank that way; 1, an exit code, what a peer's loss also
+        gives (a collective's "connection closed"); 2, terminated, most likely by whoever
+        stopped the run after the first failure (srun's --kill-on-bad-exit, a peer's torchrun);
+        3, no rank named."""
+        root = self.first_failed()
+        if root is None:
+            return 3
+        code = self.rank_exits.get(root, 1)
+        if code in TERMINATED_CODES or code == -2:
+            return 2
+        return 0 if code < 0 else 1
 
     def first_failed(self) -> int | None:
         """The rank to blame: the root cause, else the lowest rank listed with a non-zero code."""

@@ -221,6 +221,39 @@ def test_failed_job_names_rank_and_node_from_torchrun_table(
     assert {r["rank"]: r["exit_code"] for r in info["ranks"]}[3] == -9
 
 
+# The head's torchrun also failed, first in the output: its rank 1 lost its peer (exit code 1)
+# after the worker's rank 3 was killed. Both nodes end with the job, together.
+HEAD = "(head, rank=0, pid=2843) "
+PEER_LOST_LOG = [
+    FAIL_LOG[0],
+    HEAD + "[default1]:RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+    "Connection closed by peer [10.128.0.33]:41235",
+    HEAD + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    HEAD + "Failures:",
+    HEAD + "  <NO_OTHER_FAILURES>",
+    HEAD + "Root Cause (first observed failure):",
+    HEAD + "[0]:",
+    HEAD + "  host      : sky-head",
+    HEAD + "  rank      : 1 (local_rank: 1)",
+    HEAD + "  exitcode  : 1 (pid: 2900)",
+    *FAIL_LOG[1:],
+]
+
+
+def test_a_killed_rank_is_blamed_not_the_peer_that_lost_it(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes that end together each name a rank: the one killed by a signal is the cause."""
+    FakeSky(PEER_LOST_LOG, FAILED).install(monkeypatch)
+    b = _backend(bundle, tmp_path)
+    b.start()
+    collect(b, timeout=30)
+    info = read_run(tmp_path / "run")
+    assert info["state"] == "failed"
+    assert (info["failed_rank"], info["failed_node"]) == (3, 1), info["reason"]
+    assert "SIGKILL" in info["reason"]
+
+
 def test_stop_cancels_the_job_and_downs_only_on_request(
     bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
