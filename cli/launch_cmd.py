@@ -11,10 +11,14 @@ import contextlib
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.spec_options import add_spec_options, spec_from_args
 from engine.errors import DtrainError
+
+if TYPE_CHECKING:
+    from engine.launch.options import LaunchOptions
+    from engine.plan.specs import LaunchSpec
 
 
 def register(sub: Any) -> None:
@@ -40,6 +44,11 @@ def register(sub: Any) -> None:
         type=Path,
         metavar="FILE",
         help="OpenSSH client config (default ~/.ssh/config)",
+    )
+    p.add_argument(
+        "--login-host",
+        metavar="[USER@]HOST[:PORT]",
+        help="Slurm: submit on this login node over SSH (default: sbatch on this machine)",
     )
     p.add_argument(
         "--sky-down", action="store_true", help="SkyPilot: tear the cluster down when the run ends"
@@ -180,8 +189,6 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
     from cli.spec_options import check_launch_args
     from engine.launch import make_backend
-    from engine.rundir.files import new_run_dir
-    from engine.write.manifest import read_manifest
 
     if getattr(args, "launch__hosts", None) == "slurm":
         from engine.launch.slurm_cli import allocation_hosts
@@ -189,65 +196,15 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
         # Inside an allocation (salloc, a batch script): its nodes, in Slurm's order.
         args.launch__hosts = ",".join(allocation_hosts())
     check_launch_args(args)  # --hang-timeout, --hosts, --run-dir…, also for a written bundle
-    spec_launch = None
-    run_dir: Path | None = args.run_dir
-    if args.bundle is not None:
-        if _spec_given(args):
-            raise DtrainError(
-                "pass either BUNDLE_DIR or --spec/--profile/model options, not both "
-                "(a bundle already holds its plan)",
-                field="launch",
-            )
-        bundle_dir = args.bundle
-        manifest = read_manifest(bundle_dir)
-    else:
-        if not _spec_given(args):
-            raise DtrainError(
-                "nothing to launch; pass a BUNDLE_DIR (dtrain-tui write --out DIR) or --profile NAME or --spec FILE",
-                field="launch",
-            )
-        spec = spec_from_args(args)
-        spec_launch = spec.launch
-        if args.profile:
-            from profiles.store import ProfileStore
+    bundle_dir, run_dir, spec_launch = _bundle(args)
+    from engine.write.manifest import read_manifest
 
-            # "Rerun last week's job": the profile list sorts and shows by last use.
-            ProfileStore(getattr(args, "config_dir", None)).mark_used(args.profile)
-        from engine.plan.planner import plan as make_plan
-        from engine.write import write_bundle
-
-        p = make_plan(spec)
-        from engine.write.common import check_spec_batch
-
-        check_spec_batch(p)  # the bundle must train the global batch asked for
-        from engine.write.common import run_name
-
-        run_dir = run_dir or new_run_dir(run_name(p))
-        # The bundle is written inside the run directory, then started from there.
-        bundle_dir = Path(run_dir) / "bundle"
-        write_bundle(p, bundle_dir)
-        manifest = read_manifest(bundle_dir)
+    manifest = read_manifest(bundle_dir)
     kind = getattr(args, "launch__backend", None) or (
         spec_launch.backend.value if spec_launch else manifest.backend
     )
     options = _options(args, manifest.hosts, spec_launch)
-    if kind == "local":
-        options.hosts = []
-    elif kind == "ssh" and not options.hosts:
-        raise DtrainError("pass one host per node (--backend ssh needs them)", field="--hosts")
-    extra: dict[str, Any] = {}
-    if kind == "slurm":
-        from engine.plan.specs import LaunchSpec
-        from engine.write.slurm import sbatch_options
-
-        options.hosts = []  # Slurm picks the nodes
-        given = {
-            k.removeprefix("launch__"): v
-            for k, v in vars(args).items()
-            if k.startswith("launch__slurm_") and v is not None
-        }
-        # Given on the command line: they win over the bundle's #SBATCH lines.
-        extra["sbatch_args"] = sbatch_options(LaunchSpec.model_validate(given))
+    extra = _backend_options(args, str(kind), options)
     backend = make_backend(str(kind), bundle_dir, run_dir, options, **extra)
     _say(f"dtrain-tui: run directory {backend.run.path}")
     try:
@@ -260,6 +217,76 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
         # It came just after the start: the run is going, and stops in _drive.
     stop.live = True
     return _drive(backend, stop, quiet=bool(args.quiet))
+
+
+def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | None]:
+    """(bundle directory, run directory or None for the default, the spec's launch section):
+    the BUNDLE_DIR given, or a bundle planned from --spec/--profile/model options and written
+    inside the run directory."""
+    run_dir: Path | None = args.run_dir
+    if args.bundle is not None:
+        if _spec_given(args):
+            raise DtrainError(
+                "pass either BUNDLE_DIR or --spec/--profile/model options, not both "
+                "(a bundle already holds its plan)",
+                field="launch",
+            )
+        return Path(args.bundle), run_dir, None
+    if not _spec_given(args):
+        raise DtrainError(
+            "nothing to launch; pass a BUNDLE_DIR (dtrain-tui write --out DIR) or --profile NAME or --spec FILE",
+            field="launch",
+        )
+    spec = spec_from_args(args)
+    if args.profile:
+        from profiles.store import ProfileStore
+
+        # "Rerun last week's job": the profile list sorts and shows by last use.
+        ProfileStore(getattr(args, "config_dir", None)).mark_used(args.profile)
+    from engine.plan.planner import plan as make_plan
+    from engine.rundir.files import new_run_dir
+    from engine.write import write_bundle
+    from engine.write.common import check_spec_batch, run_name
+
+    p = make_plan(spec)
+    check_spec_batch(p)  # the bundle must train the global batch asked for
+    run_dir = run_dir or new_run_dir(run_name(p))
+    # The bundle is written inside the run directory, then started from there.
+    bundle_dir = Path(run_dir) / "bundle"
+    write_bundle(p, bundle_dir)
+    return bundle_dir, run_dir, spec.launch
+
+
+def _backend_options(args: argparse.Namespace, kind: str, options: LaunchOptions) -> dict[str, Any]:
+    """Check and adjust ``options`` for the backend ``kind``; the backend's own extra
+    arguments (Slurm: the sbatch options given on the command line)."""
+    if kind == "local":
+        options.hosts = []
+    elif kind == "ssh" and not options.hosts:
+        raise DtrainError("pass one host per node (--backend ssh needs them)", field="--hosts")
+    login = getattr(args, "login_host", None)
+    if login and kind != "slurm":
+        raise DtrainError(
+            f"--login-host is for --backend slurm, not {kind}; drop it or pass --backend slurm",
+            field="--login-host",
+        )
+    if kind != "slurm":
+        return {}
+    from engine.plan.specs import Host, LaunchSpec
+    from engine.write.slurm import sbatch_options
+
+    options.hosts = []  # Slurm picks the nodes
+    try:
+        options.login_host = Host.parse(login) if login else None
+    except ValueError as e:
+        raise DtrainError(f"--login-host: {e}", field="--login-host") from None
+    given = {
+        k.removeprefix("launch__"): v
+        for k, v in vars(args).items()
+        if k.startswith("launch__slurm_") and v is not None
+    }
+    # Given on the command line: they win over the bundle's #SBATCH lines.
+    return {"sbatch_args": sbatch_options(LaunchSpec.model_validate(given))}
 
 
 # Signal names as the user knows them.

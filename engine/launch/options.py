@@ -33,6 +33,8 @@ class LaunchOptions:
     """SSH user for hosts without ``user@`` (the profile's ``launch.ssh_user``); None: ssh
     config's, else the local user."""
     connect_timeout_s: float = 15.0
+    login_host: Host | None = None
+    """Slurm: the login node to submit on over SSH (``--login-host``); None: this machine."""
     sky_cluster: str | None = None
     sky_down: bool = False
     sky_autostop_min: int | None = None

@@ -1,6 +1,8 @@
 """Slurm backend: submit the bundle's ``slurm.sbatch`` (:mod:`engine.write.slurm`) with
-``sbatch`` on this machine (a login node), follow the job with ``scontrol show job``, stream each
-task's output file into the run directory and the events, and stop it with ``scancel``.
+``sbatch`` on this machine (a login node) or, with ``--login-host``, on a login node over SSH
+(:mod:`engine.launch.slurm_runner`: the same logic, the commands and file reads go there), follow
+the job with ``scontrol show job``, stream each task's output file into the run directory and the
+events, and stop it with ``scancel``.
 
 Called through :func:`engine.launch.make_backend` (``launch --backend slurm``, the wizard).
 The job runs from the run directory's copy of the bundle (``sbatch --chdir``); the submitting
@@ -26,29 +28,26 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
+import shlex
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from engine.fsio import atomic_write_text
 from engine.launch.base import LaunchBackend, LaunchError
 from engine.launch.guard import ReaperGuard
-from engine.launch.local import find_torchrun
 from engine.launch.slurm_cli import (
     NEVER_REASONS,
     JobInfo,
     field_of,
     hostnames,
     partitions,
-    run_slurm,
     show_job,
-    slurm_env,
     slurm_message,
     task_exits,
 )
+from engine.launch.slurm_runner import LocalRunner, SlurmRunner, SshRunner
 from engine.monitor.events import STDERR, STDOUT, RunStateChanged
 from engine.rundir.record import RunState
 from engine.write.slurm import SBATCH_NAME, batch_log_name, task_log_name
@@ -59,7 +58,6 @@ are read when nothing new was there."""
 CANCEL_WAIT_S = 60.0
 """After ``scancel``, how long to wait for Slurm to report the job ended (its KillWait, 30 s by
 default, lies between SIGTERM and SIGKILL)."""
-READ_BYTES = 256 << 10
 SLURM_JSON = "slurm.json"
 """The job's id, state, reason, restart count and nodes, next to run.json."""
 _FAIL_STATES = {
@@ -70,37 +68,6 @@ _FAIL_STATES = {
     "BOOT_FAIL": "could not boot its nodes (BOOT_FAIL)",
     "DEADLINE": "missed its deadline (DEADLINE)",
 }
-
-
-class _Follower:
-    """Reads a file srun writes while the job runs: returns new bytes as they come, b"" once the
-    job ended and the file is drained."""
-
-    def __init__(self, path: Path, ended: threading.Event) -> None:
-        self.path = path
-        self.ended = ended
-        self._f: Any = None
-        self._last = False
-        self.on_data: Any = None
-
-    def read(self) -> bytes:
-        while True:
-            if self._f is None:
-                with contextlib.suppress(FileNotFoundError):
-                    self._f = self.path.open("rb")
-            data = self._f.read(READ_BYTES) if self._f is not None else b""
-            if data:
-                if self.on_data is not None:
-                    self.on_data(data)
-                return data
-            if self._last:
-                if self._f is not None:
-                    self._f.close()
-                return b""
-            if self.ended.is_set():
-                self._last = True  # one more read after the end: the file's last bytes
-                continue
-            self.ended.wait(POLL_S)
 
 
 class SlurmBackend(LaunchBackend):
@@ -129,6 +96,12 @@ class SlurmBackend(LaunchBackend):
         self._watcher: threading.Thread | None = None
         self._env: dict[str, str] = {}
         self._reaper = ReaperGuard()
+        login = self.options.login_host
+        self._runner: SlurmRunner = (
+            LocalRunner() if login is None else SshRunner(self.options, login)
+        )
+        self._workdir = ""
+        """The bundle's directory where the job runs (on the login node with --login-host)."""
 
     @property
     def hosts(self) -> list[str]:
@@ -137,22 +110,16 @@ class SlurmBackend(LaunchBackend):
 
     # ------------------------------------------------------------------ start
 
-    def _job_env(self) -> dict[str, str]:
-        env = slurm_env(self.node_env())
-        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-        env.setdefault("TORCHRUN", find_torchrun())
-        return env
-
     def _sbatch(self, *extra: str) -> Any:
-        where = self.run.bundle.resolve()  # the job's working directory: never relative
+        where = self._workdir  # the job's working directory: never relative
         argv = ["sbatch", *extra, f"--chdir={where}", *self.sbatch_args, SBATCH_NAME]
-        return run_slurm(argv, env=self._env, cwd=str(where))
+        return self._runner.run(argv, env=self._env, cwd=where)
 
     def _refused(self, stderr: str) -> LaunchError:
         msg = slurm_message(stderr)
         fld = field_of(msg)
         if fld == "launch.slurm_partition":
-            known = partitions(self._env)
+            known = partitions(self._env, self._runner.run)
             if known:
                 msg += f" (sinfo lists: {', '.join(known)})"
         return LaunchError(f"Slurm refused the job: {msg}", field=fld)
@@ -163,9 +130,15 @@ class SlurmBackend(LaunchBackend):
                 f"{SBATCH_NAME} is missing from the bundle; write it again with dtrain-tui write",
                 field="bundle",
             )
-        self._env = self._job_env()
-        # Killed outright after sbatch, this launcher leaves the job to the reaper's scancel.
-        self._reaper.start(self.run_id, self.run.path)
+        self._env = self._runner.job_env(self.node_env())
+        if isinstance(self._runner, LocalRunner):
+            # Killed outright after sbatch, this launcher leaves the job to the reaper's
+            # scancel (over SSH, the runner's guard channel does it on the login node).
+            self._reaper.start(self.run_id, self.run.path)
+        self._runner.connect()
+        for note in getattr(self._runner, "notes", []):
+            self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
+        self._workdir = self._runner.put_bundle(self.run.bundle, self.run_id)
         # Ask Slurm first: an unknown partition or a bad time limit is one line naming the field.
         test = self._sbatch("--test-only")
         if test.returncode != 0:
@@ -176,18 +149,24 @@ class SlurmBackend(LaunchBackend):
         self.job_id = r.stdout.strip().split(";")[0]
         if not self.job_id.isdigit():
             raise LaunchError(f"sbatch said {r.stdout.strip()!r}, not a job id")
-        cmd = f"cd {self.run.bundle} && sbatch {' '.join([*self.sbatch_args, SBATCH_NAME])}"
+        self._runner.guard(self.job_id, self._env)
+        cmd = f"cd {self._workdir} && sbatch {' '.join([*self.sbatch_args, SBATCH_NAME])}"
+        login = self.options.login_host
+        if login is not None:  # as a user would type it on this machine
+            port = f" -p {login.port}" if login.port else ""
+            dest = f"{login.user}@{login.host}" if login.user else login.host
+            cmd = f"ssh{port} {dest} {shlex.quote(cmd)}"
         for i in range(self.manifest.nodes):
             self.run.write_command(i, f"{cmd}  # job {self.job_id}, task {i} is node {i}")
         self._write_slurm_json()
-        batch = _Follower(self.run.bundle.resolve() / batch_log_name(self.job_id), self._job_ended)
+        follow = self._runner.follow
+        batch = follow(f"{self._workdir}/{batch_log_name(self.job_id)}", self._job_ended)
         batch.on_data = self._scan_batch
         self._add_stream(0, STDOUT, batch.read)
         for i in range(self.manifest.nodes):
             for stream in (STDOUT, STDERR):
-                f = _Follower(
-                    self.run.bundle / task_log_name(self.job_id, i, stream), self._job_ended
-                )
+                name = task_log_name(self.job_id, i, stream)
+                f = follow(f"{self._workdir}/{name}", self._job_ended)
                 self._add_stream(i, stream, f.read)
 
     def start(self) -> None:
@@ -213,7 +192,7 @@ class SlurmBackend(LaunchBackend):
         errors = 0
         while not self._final.is_set():
             try:
-                job = show_job(self.job_id, self._env)
+                job = show_job(self.job_id, self._env, self._runner.run)
                 errors = 0
             except LaunchError as e:
                 errors += 1
@@ -273,7 +252,7 @@ class SlurmBackend(LaunchBackend):
     def _allocated(self, job: JobInfo) -> bool:
         """Put the allocated nodes' names in place of the placeholders; True when done."""
         try:
-            names = hostnames(job.nodelist, self._env)
+            names = hostnames(job.nodelist, self._env, self._runner.run)
         except LaunchError:
             return False
         if len(names) != len(self._nodes):
@@ -346,9 +325,10 @@ class SlurmBackend(LaunchBackend):
         if self.job_id is None or self._job_over:
             return
         self._cancelled = True
+        run = self._runner.run
         if now:
-            run_slurm(["scancel", "--full", "--signal=KILL", self.job_id], env=self._env)
-        r = run_slurm(["scancel", self.job_id], env=self._env)
+            run(["scancel", "--full", "--signal=KILL", self.job_id], env=self._env)
+        r = run(["scancel", self.job_id], env=self._env)
         if r.returncode != 0 and "already completing or completed" not in r.stderr:
             raise LaunchError(f"scancel {self.job_id}: {slurm_message(r.stderr)}")
 
@@ -372,6 +352,7 @@ class SlurmBackend(LaunchBackend):
             self._cancel(now=True)
         self._job_ended.set()
         self._reaper.done()
+        self._runner.close()
 
     def _close(self) -> None:
         if not self._job_over:
@@ -380,3 +361,4 @@ class SlurmBackend(LaunchBackend):
                 self._cancel(now=True)
         self._write_slurm_json()
         self._reaper.done()
+        self._runner.close()

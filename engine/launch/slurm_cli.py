@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.launch.streams import LaunchError
@@ -102,6 +102,11 @@ def run_slurm(
         ) from None
 
 
+RunSlurm = Callable[..., "subprocess.CompletedProcess[str]"]
+"""How a Slurm command is run: :func:`run_slurm` here, or a runner's ``run`` on a login node
+over SSH (:mod:`engine.launch.slurm_runner`); called as ``run(argv, env=…, cwd=…)``."""
+
+
 def slurm_message(stderr: str) -> str:
     """Slurm's error lines as one line (``sbatch: error: `` prefixes dropped)."""
     parts = []
@@ -121,9 +126,9 @@ def field_of(message: str) -> str:
     return "--backend"
 
 
-def partitions(env: Mapping[str, str] | None = None) -> list[str]:
+def partitions(env: Mapping[str, str] | None = None, run: RunSlurm = run_slurm) -> list[str]:
     """The partitions ``sinfo`` lists (the default one marked ``*`` by sinfo is unmarked)."""
-    r = run_slurm(["sinfo", "-h", "-o", "%R"], env=env)
+    r = run(["sinfo", "-h", "-o", "%R"], env=env)
     if r.returncode != 0:
         return []
     return sorted({p.strip() for p in r.stdout.split() if p.strip()})
@@ -175,10 +180,12 @@ class JobInfo:
         )
 
 
-def show_job(job_id: str, env: Mapping[str, str] | None = None) -> JobInfo | None:
+def show_job(
+    job_id: str, env: Mapping[str, str] | None = None, run: RunSlurm = run_slurm
+) -> JobInfo | None:
     """The job as slurmctld knows it; None once it forgot it (``MinJobAge`` after its end).
     A slurmctld that does not answer is a :class:`LaunchError`."""
-    r = run_slurm(["scontrol", "show", "job", "-o", job_id], env=env)
+    r = run(["scontrol", "show", "job", "-o", job_id], env=env)
     if r.returncode != 0:
         if "Invalid job id" in r.stderr:
             return None
@@ -186,11 +193,13 @@ def show_job(job_id: str, env: Mapping[str, str] | None = None) -> JobInfo | Non
     return JobInfo.parse(r.stdout)
 
 
-def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
+def hostnames(
+    nodelist: str, env: Mapping[str, str] | None = None, run: RunSlurm = run_slurm
+) -> list[str]:
     """``n[1-2]`` → ``["n1", "n2"]`` (``scontrol show hostnames``)."""
     if not nodelist or nodelist in ("(null)", "None"):
         return []
-    r = run_slurm(["scontrol", "show", "hostnames", nodelist], env=env)
+    r = run(["scontrol", "show", "hostnames", nodelist], env=env)
     if r.returncode != 0:
         raise LaunchError(f"scontrol show hostnames {nodelist}: {slurm_message(r.stderr)}")
     return r.stdout.split()

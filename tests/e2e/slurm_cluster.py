@@ -1,8 +1,8 @@
 """A real two-node Slurm on this host for the Slurm backend's tests (and by hand:
 ``python -m tests.e2e.slurm_cluster`` starts one and prints its ``SLURM_CONF``).
 
-:class:`SlurmCluster` writes a ``slurm.conf`` in a temporary directory, starts munge (unless one
-already answers), ``slurmctld`` and two ``slurmd -N n1`` / ``-N n2`` on 127.0.0.1, each on a port
+:class:`SlurmCluster` writes a ``slurm.conf`` in a temporary directory, starts a munged of its own
+(its socket in that directory, ``AuthInfo=socket=``), ``slurmctld`` and two ``slurmd -N n1`` / ``-N n2`` on 127.0.0.1, each on a port
 of its own (Debian's Slurm is built with ``MULTIPLE_SLURMD``), and waits with a deadline until
 ``sinfo`` shows both nodes idle. :meth:`SlurmCluster.stop` cancels every job and stops every
 daemon it started: nothing is left running. No cgroups and no accounting (``proctrack/linuxproc``,
@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,7 @@ class SlurmCluster:
         self.host = socket.gethostname().split(".")[0]
         self._procs: list[subprocess.Popen[bytes]] = []
         self._munged: subprocess.Popen[bytes] | None = None
+        self._munge_dir = Path(tempfile.mkdtemp(prefix="dtrain-munge-"))
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
 
     # ------------------------------------------------------------------ config
@@ -92,6 +94,7 @@ class SlurmCluster:
         self.conf.write_text(
             f"ClusterName=dtraintest\nSlurmctldHost={self.host}\nSlurmctldPort={ctld}\n"
             "SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
+            f"AuthInfo=socket={self.munge_socket}\n"
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\n"
@@ -117,24 +120,40 @@ class SlurmCluster:
             list(argv), env=self.env, capture_output=True, text=True, check=check, timeout=30
         )
 
+    @property
+    def munge_socket(self) -> Path:
+        """This cluster's own munged: two clusters on one machine (two checkouts running their
+        tests at once) never share, or stop, each other's. In a directory of its own under /tmp:
+        the munge user must reach it (pytest's directories are root's, 0700), and a socket's
+        path must stay short."""
+        return self._munge_dir / "munge.sock"
+
     def _munge_ok(self) -> bool:
+        sock = f"--socket={self.munge_socket}"
         try:
-            cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=5, check=True)
+            cred = subprocess.run(["munge", "-n", sock], capture_output=True, timeout=5, check=True)
             subprocess.run(
-                ["unmunge"], input=cred.stdout, capture_output=True, timeout=5, check=True
+                ["unmunge", sock], input=cred.stdout, capture_output=True, timeout=5, check=True
             )
         except (OSError, subprocess.SubprocessError):
             return False
         return True
 
     def _start_munge(self) -> None:
-        if self._munge_ok():
-            return
-        Path("/run/munge").mkdir(parents=True, exist_ok=True)
-        shutil.chown("/run/munge", "munge", "munge")
+        d = self._munge_dir
+        shutil.chown(d, "munge", "munge")
         # -F: foreground, as the munge user, so this fixture owns the process and reaps it.
+        # --force: the socket's directory sits under /tmp, which munged would call insecure.
         self._munged = subprocess.Popen(
-            [_exe("munged") or "munged", "-F"],
+            [
+                _exe("munged") or "munged",
+                "-F",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={d / 'munged.pid'}",
+                f"--seed-file={d / 'munged.seed'}",
+                f"--log-file={d / 'munged.log'}",
+            ],
             user="munge",
             group="munge",
             extra_groups=[],
@@ -200,6 +219,7 @@ class SlurmCluster:
                 self._munged.kill()
                 self._munged.wait(5)
             self._munged = None
+        shutil.rmtree(self._munge_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
         """Pids of the daemons this cluster started that are still alive."""
@@ -238,8 +258,6 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
 
 
 if __name__ == "__main__":
-    import tempfile
-
     why = slurm_missing()
     if why:
         raise SystemExit(why)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from engine.launch import LaunchError, LaunchOptions, make_backend
 from engine.launch.slurm import SlurmBackend
 from engine.launch.slurm_cli import allocation_hosts, show_job
 from engine.monitor.events import LineEvent, per_line
+from engine.plan.specs import Host
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import (
     collect,
@@ -32,6 +34,7 @@ from tests.e2e.launch_util import (
     write_bundle,
 )
 from tests.e2e.slurm_cluster import SlurmCluster, slurm_cluster
+from tests.e2e.sshd import Sshd, keygen, sshd_path
 
 pytestmark = pytest.mark.slow
 __all__ = ["slurm_cluster"]  # the fixture, used by name
@@ -276,3 +279,155 @@ def test_hosts_slurm_takes_the_allocations_nodes(slurm_cluster: SlurmCluster) ->
     with pytest.raises(LaunchError) as err:
         allocation_hosts({"PATH": os.environ["PATH"]})
     assert err.value.field == "--hosts" and "SLURM_JOB_NODELIST" in err.value.message
+
+
+# ---------------------------------------------------------------------- over SSH to a login node
+
+
+@pytest.fixture
+def login_node(tmp_path: Path) -> Iterator[Sshd]:
+    """A login "node": a real sshd on 127.0.0.1 in front of the real local Slurm."""
+    if sshd_path() is None:
+        pytest.skip("sshd is not installed (make system-deps)")
+    sshd = Sshd(tmp_path / "login", keygen(tmp_path / "client_ed25519")).start()
+    try:
+        yield sshd
+    finally:
+        sshd.stop()
+
+
+def _login_backend(
+    cluster: SlurmCluster, login: Sshd, tmp: Path, bundle: Path, **kw: object
+) -> SlurmBackend:
+    kh = tmp / "known_hosts"
+    kh.write_text(login.known_hosts_line())
+    opts = LaunchOptions(
+        master_port=free_port(),
+        hang_timeout_s=240,
+        login_host=Host(host="127.0.0.1", port=login.port),
+        identity_file=login.client_key,
+        known_hosts=kh,
+        ssh_config=tmp / "no-ssh-config",
+        remote_workdir=str(tmp / "login-runs"),
+        # sshd hands its sessions none of this process's environment: name what sbatch needs.
+        env={
+            "SLURM_CONF": str(cluster.conf),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        },
+    )
+    b = make_backend("slurm", bundle, tmp / "run", opts, **kw)  # type: ignore[arg-type]
+    assert isinstance(b, SlurmBackend)
+    return b
+
+
+def test_submitted_over_ssh_to_a_login_node_two_nodes_four_ranks(
+    slurm_cluster: SlurmCluster, login_node: Sshd, tmp_path: Path
+) -> None:
+    bundle = write_bundle(tmp_path / "b", nodes=2, steps=3)
+    backend = _login_backend(slurm_cluster, login_node, tmp_path, bundle)
+    backend.start()
+    try:
+        events = collect(backend, 240)
+    finally:
+        backend.stop()
+    rec = read_run(backend.run.path)
+    assert rec["state"] == "succeeded", rec
+    assert [(r["rank"], r["host"], r["exit_code"]) for r in rec["ranks"]] == [
+        (0, "n1", 0), (1, "n1", 0), (2, "n2", 0), (3, "n2", 0)
+    ]  # fmt: skip
+    steps = {
+        (e.node, e.rank, m.group(1))
+        for e in events
+        if isinstance(e, LineEvent) and (m := STEP_RE.match(e.line))
+    }
+    assert {(r // 2, r, s) for r in range(4) for s in "123"} <= steps
+    for rank in range(4):
+        log = (backend.run.path / "logs" / f"rank{rank}.stdout.log").read_text().splitlines()
+        assert [int(m.group(1)) for x in log if (m := STEP_RE.match(x))] == [1, 2, 3]
+    # The job ran from the copy on the login node; its files came back over SSH only.
+    remote = tmp_path / "login-runs" / backend.run_id / "bundle"
+    assert backend.job_id is not None
+    assert (remote / f"slurm-{backend.job_id}.out").is_file()
+    assert not (backend.run.bundle / f"slurm-{backend.job_id}.out").exists()
+    cmd = (backend.run.path / "commands" / "node0.txt").read_text()
+    assert cmd.startswith(f"ssh -p {login_node.port} 127.0.0.1 'cd {remote} && sbatch"), cmd
+
+
+def test_stop_over_ssh_cancels_the_job_and_leaves_no_process(
+    slurm_cluster: SlurmCluster, login_node: Sshd, tmp_path: Path
+) -> None:
+    bundle = write_bundle(tmp_path / "b", nodes=2, steps=100_000)
+    backend = _login_backend(slurm_cluster, login_node, tmp_path, bundle)
+    backend.start()
+    _wait_for(backend, _stepping({0, 2}), "steps on both nodes")
+    assert run_pids(backend.run_id)
+    backend.stop()
+    assert backend.state == "stopped", read_run(backend.run.path)
+    assert backend.job_id is not None
+    assert _job_gone(slurm_cluster, backend.job_id) == "CANCELLED"
+    assert wait_no_pids(backend.run_id, 30) == []
+
+
+def test_a_login_node_refusing_the_key_or_a_misused_option_is_one_line(
+    slurm_cluster: SlurmCluster, login_node: Sshd, tmp_path: Path
+) -> None:
+    bundle = write_bundle(tmp_path / "b", nodes=2, steps=2)
+    backend = _login_backend(slurm_cluster, login_node, tmp_path, bundle)
+    (tmp_path / "known_hosts").write_text("")  # the login node's key is unknown: refused
+    with pytest.raises(LaunchError) as err:
+        backend.start()
+    assert "login node 127.0.0.1" in err.value.message
+    assert "unknown host key" in err.value.message
+    assert read_run(backend.run.path)["state"] == "failed"
+    r = subprocess.run(
+        [sys.executable, "-m", "cli", "launch", str(bundle), "--backend", "local",
+         "--login-host", "login1"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "--login-host is for --backend slurm, not local" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_launcher_killed_outright_has_its_job_cancelled_on_the_login_node(
+    slurm_cluster: SlurmCluster, login_node: Sshd, tmp_path: Path
+) -> None:
+    """SIGKILL of the launcher drops its SSH connection: the login node cancels the job."""
+    bundle = write_bundle(tmp_path / "b", nodes=2, steps=100_000)
+    (tmp_path / "known_hosts").write_text(login_node.known_hosts_line())
+    run = tmp_path / "run"
+    code = f"""
+import os, sys, threading
+sys.path.insert(0, {str(REPO)!r})
+from pathlib import Path
+from engine.launch import LaunchOptions, make_backend
+from engine.plan.specs import Host
+opts = LaunchOptions(
+    master_port={free_port()}, hang_timeout_s=240,
+    login_host=Host(host="127.0.0.1", port={login_node.port}),
+    identity_file=Path({str(login_node.client_key)!r}),
+    known_hosts=Path({str(tmp_path / "known_hosts")!r}),
+    ssh_config=Path({str(tmp_path / "no-ssh-config")!r}),
+    remote_workdir={str(tmp_path / "login-runs")!r},
+    env={{"SLURM_CONF": {str(slurm_cluster.conf)!r},
+         "PATH": {f"{Path(sys.executable).parent}:{os.environ['PATH']}"!r}}},
+)
+b = make_backend("slurm", Path({str(bundle)!r}), Path({str(run)!r}), opts)
+b.start()
+while True:
+    b.poll(1.0)
+"""
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _logged_steps(run, range(4))
+        job = json.loads((run / "slurm.json").read_text())["job_id"]
+        run_id = read_run(run)["run_id"]
+        launcher.kill()
+        launcher.wait(10)
+        assert _job_gone(slurm_cluster, job) == "CANCELLED"
+        assert wait_no_pids(run_id, 30) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
