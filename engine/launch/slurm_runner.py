@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from engine.launch.local import find_torchrun
 from engine.launch.options import LaunchOptions
 from engine.launch.slurm_cli import CMD_TIMEOUT_S, run_slurm, slurm_env
+from engine.launch.ssh_remote import remote_path_expr
 from engine.launch.streams import LaunchError
 from engine.plan.specs import Host
 
@@ -139,15 +140,8 @@ class LocalRunner:
 
 def remote_bundle_expr(workdir: str, run_id: str) -> str:
     """Shell expression of the run's bundle directory on the login node, under
-    ``--remote-workdir`` (``~`` is the remote $HOME; a relative path is under the login
-    directory). Always quoted."""
-    rel = str(PurePosixPath(run_id) / "bundle")
-    if workdir == "~" or workdir.startswith("~/"):
-        rest = workdir[2:].strip("/")
-        return '"$HOME"/' + shlex.quote(str(PurePosixPath(rest) / rel) if rest else rel)
-    if not workdir.startswith("/"):
-        return '"$PWD"/' + shlex.quote(str(PurePosixPath(workdir) / rel))
-    return shlex.quote(str(PurePosixPath(workdir) / rel))
+    ``--remote-workdir``."""
+    return remote_path_expr(workdir, str(PurePosixPath(run_id) / "bundle"))
 
 
 def env_command(argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> str:

@@ -50,18 +50,21 @@ GRACE_FN = (
 )
 
 
+def remote_path_expr(workdir: str, rel: str) -> str:
+    """Shell expression of ``rel`` under --remote-workdir: ``~`` is the remote $HOME; a relative
+    path is under the login directory. Always absolute, always quoted."""
+    if workdir == "~" or workdir.startswith("~/"):
+        rest = workdir[2:].strip("/")
+        return '"$HOME"/' + shlex.quote(str(PurePosixPath(rest) / rel) if rest else rel)
+    if not workdir.startswith("/"):
+        return '"$PWD"/' + shlex.quote(str(PurePosixPath(workdir) / rel))
+    return shlex.quote(str(PurePosixPath(workdir) / rel))
+
+
 def remote_dir_expr(workdir: str, run_id: str, node: int) -> str:
     """Shell expression of the node's fresh directory under --remote-workdir (one per node:
-    on a shared filesystem, an NFS home, nodes must not race). ``~`` is the remote $HOME; a
-    relative path is under the login directory. Always absolute, always quoted."""
-    wd = workdir
-    rel = str(PurePosixPath(run_id) / f"node{node}")
-    if wd == "~" or wd.startswith("~/"):
-        rest = wd[2:].strip("/")
-        return '"$HOME"/' + shlex.quote(str(PurePosixPath(rest) / rel) if rest else rel)
-    if not wd.startswith("/"):
-        return '"$PWD"/' + shlex.quote(str(PurePosixPath(wd) / rel))
-    return shlex.quote(str(PurePosixPath(wd) / rel))
+    on a shared filesystem, an NFS home, nodes must not race)."""
+    return remote_path_expr(workdir, str(PurePosixPath(run_id) / f"node{node}"))
 
 
 def node_wrapper(

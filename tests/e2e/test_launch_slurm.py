@@ -207,6 +207,20 @@ def _logged_steps(run: Path, ranks: range, timeout: float = 180.0) -> None:
         time.sleep(0.2)  # polling the run directory
 
 
+def _kill_once_stepping(
+    launcher: subprocess.Popen[bytes], run: Path, cluster: SlurmCluster
+) -> None:
+    """SIGKILL the launcher once every rank steps; its job must end CANCELLED and no process of
+    the run be left."""
+    _logged_steps(run, range(4))
+    job = json.loads((run / "slurm.json").read_text())["job_id"]
+    run_id = read_run(run)["run_id"]
+    launcher.kill()
+    launcher.wait(10)
+    assert _job_gone(cluster, job) == "CANCELLED"
+    assert wait_no_pids(run_id, 30) == []
+
+
 def test_sigkill_of_the_launcher_cancels_the_job(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -221,13 +235,7 @@ def test_sigkill_of_the_launcher_cancels_the_job(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _logged_steps(run, range(4))
-        job = json.loads((run / "slurm.json").read_text())["job_id"]
-        run_id = read_run(run)["run_id"]
-        launcher.kill()
-        launcher.wait(10)
-        assert _job_gone(slurm_cluster, job) == "CANCELLED"
-        assert wait_no_pids(run_id, 30) == []
+        _kill_once_stepping(launcher, run, slurm_cluster)
         deadline = time.monotonic() + 30
         while read_run(run)["state"] != "failed":
             assert time.monotonic() < deadline, read_run(run)
@@ -421,13 +429,7 @@ while True:
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        _logged_steps(run, range(4))
-        job = json.loads((run / "slurm.json").read_text())["job_id"]
-        run_id = read_run(run)["run_id"]
-        launcher.kill()
-        launcher.wait(10)
-        assert _job_gone(slurm_cluster, job) == "CANCELLED"
-        assert wait_no_pids(run_id, 30) == []
+        _kill_once_stepping(launcher, run, slurm_cluster)
     finally:
         if launcher.poll() is None:
             launcher.kill()
