@@ -26,6 +26,8 @@ _COMMANDS = (
     "cli.write_cmd",
     "cli.launch_cmd",
     "cli.monitor_cmd",
+    "cli.preflight_cmd",
+    "cli.calibrate_cmd",
     "cli.profiles_cmd",
 )
 
@@ -39,6 +41,8 @@ _MODULE_OF = {
     "write": "cli.write_cmd",
     "launch": "cli.launch_cmd",
     "monitor": "cli.monitor_cmd",
+    "preflight": "cli.preflight_cmd",
+    "calibrate": "cli.calibrate_cmd",
     "profiles": "cli.profiles_cmd",
 }
 _NONE = ""

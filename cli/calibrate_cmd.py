@@ -1,0 +1,16 @@
+"""``dtrain-tui calibrate``: being built."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="(being built)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    print("dtrain-tui: calibrate is being built")
+    return 2
