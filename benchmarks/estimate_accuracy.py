@@ -9,6 +9,14 @@ Megatron-Bridge does not) has its step time derived with that same convention (`
 no FLOP convention leaks into the comparison. Rows that report MFU only (the Llama 3 paper) are
 compared on MFU in the PaLM convention (``6N + 12·L·h·s``).
 
+Settings the planner cannot state as published are mapped to its nearest ones, each explained
+where it is done: "mixed precision" of 2021 is fp16, torchtitan's "selective" AC is MLP-only
+recompute, FSDP2 under TP/EP/PP is a 3D layout with ZeRO-3 (parameters sharded too), a
+torchtitan TP/PP layout is timed as the PyTorch-native stack it is (SDPA attention, eager
+kernels), an FP8 Megatron row keeps its linear inputs in FP8 when sizing its recompute, and a
+row stating plain 1F1B is not interleaved. torchtitan's Grand Teton H100s are the catalog's
+``h100-sxm-500w`` (96 GB HBM2e, 500 W), as its benchmark page describes them.
+
 The rows are split by SOURCE into a calibration set (Narayanan 2021, Korthikanti 2022,
 torchtitan), on which the model's few global efficiency parameters were chosen, and a held-out
 set (NeMo, Megatron-Bridge, AutoModel, Llama 3, BLOOM) that was never used to tune it.
@@ -43,12 +51,13 @@ sys.path.insert(0, str(ROOT))
 from engine.errors import SpecError  # noqa: E402
 from engine.plan.catalog import get_gpu, list_gpus  # noqa: E402
 from engine.plan.context import hardware  # noqa: E402
-from engine.plan.memory import LayoutDraft  # noqa: E402
+from engine.plan.memory import LayoutDraft, estimate_memory, gpu_usable_bytes  # noqa: E402
 from engine.plan.models import resolve_model  # noqa: E402
 from engine.plan.perf import estimate_time  # noqa: E402
 from engine.plan.planner import plan  # noqa: E402
-from engine.plan.result import Layout, Plan  # noqa: E402
+from engine.plan.result import Layout  # noqa: E402
 from engine.plan.specs import (  # noqa: E402
+    Framework,
     HardwareSpec,
     LayoutSpec,
     ModelSpec,
@@ -69,11 +78,13 @@ out."""
 BEST_WITHIN = 0.05
 GIB = 1024**3
 
-# GPU strings as the sources print them -> catalog key. B300 / GB300 are not in the catalog.
+# GPU strings as the sources print them -> catalog key (first match). B300 / GB300 are not in
+# the catalog.
 _GPU_KEYS = (
     ("gb200", "gb200"),
     ("h800", "h800"),
     ("h200", "h200"),
+    ("hbm2e", "h100-sxm-500w"),  # torchtitan's Grand Teton H100s: 96GB HBM2e, 500 W
     ("h100", "h100-sxm"),
     ("a100", "a100-80gb"),
     ("b200", "b200"),
@@ -143,6 +154,10 @@ def _precision(row: dict[str, Any]) -> Precision | None:
         return None
     if is_fp8(row):
         return Precision.BF16
+    if "not stated" in text:
+        # "mixed precision (fp16/bf16 not stated)": Megatron-LM's 2021 GPT recipes train in
+        # fp16 with dynamic loss scaling (``--fp16``), as its A100 runs of that year did.
+        return Precision.FP16
     if "bf16" in text:
         return Precision.BF16
     if "mixed precision" in text or "fp16" in text:
@@ -200,12 +215,25 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
     vs = lay.get("virtual_stages")
     if vs and row["model"]["layers"] % (pp * vs):
         vs = None  # an uneven interleaved split the planner cannot express: plain 1F1B
+    schedule = (lay.get("pipeline_schedule") or "").lower()
+    if pp > 1 and schedule and "interleav" not in schedule and "dualpipe" not in schedule:
+        vs = 1  # stated plain 1F1B: not left to the search, which may interleave
     rc = lay.get("recompute")
     recompute = Recompute(rc.split()[0]) if rc else None
+    if recompute == Recompute.SELECTIVE and row["id"].startswith("torchtitan"):
+        # torchtitan's "selective" AC is not Korthikanti's (which FlashAttention makes free):
+        # per-op SAC keeps every other matmul output and recomputes the rest, per-layer SAC
+        # checkpoints every second block; both keep about a third of the activations and redo
+        # about half a forward, as the planner's MLP-only recompute does.
+        recompute = Recompute.MLP
     zero = None
     if strategy == Strategy.THREE_D:
         z = lay.get("zero_stage")
-        zero = 1 if z is None else min(2, z)
+        if z is None and lay.get("fsdp"):
+            z = 3  # FSDP2 under EP / PP (NeMo AutoModel): parameters, grads and states sharded
+        # 3D with ZeRO-3: FSDP2 under TP/PP/EP, non-expert weights sharded over DP x CP, the
+        # experts over their EP x FSDP mesh (DP x CP / EP).
+        zero = 1 if z is None else z
     sp = lay.get("sequence_parallel")
     return LayoutSpec(
         strategy=strategy,
@@ -217,7 +245,7 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
         zero_stage=zero,
         micro_batch=mb,
         recompute=recompute,
-        virtual_stages=vs if vs and vs > 1 else None,
+        virtual_stages=vs or None,
         sequence_parallel=(tp > 1) if sp is None else (bool(sp) and tp > 1),
         # No published run offloaded: left free, the planner would offload a layout that does
         # not fit its (80 GB) memory model and time the offload instead of the run.
@@ -317,8 +345,11 @@ def evaluate(row: Row) -> None:
         return
     row.predicted = p.recommended
     step = p.recommended.step_time_s
-    if is_fp8(row.raw):
-        step = _fp8_step(row.spec, p)
+    eager = row.id.startswith("torchtitan") and p.recommended.framework == Framework.MEGATRON
+    if is_fp8(row.raw) and p.recommended.framework == Framework.MEGATRON and not eager:
+        row.predicted = _fp8_refit(row.spec, p.recommended)
+    if is_fp8(row.raw) or eager:
+        step = _retimed(row.spec, row.predicted, fp8=is_fp8(row.raw), eager=eager)
     if row.measured_s:
         row.error = (step - row.measured_s) / row.measured_s
     elif row.measured_mfu:
@@ -328,16 +359,51 @@ def evaluate(row: Row) -> None:
         row.skip = "no measured time or MFU"
 
 
-def _fp8_step(spec: Spec, p: Plan) -> float:
-    """The planned layout re-timed with its linear layers at the GPU's FP8 peak (the planner's
-    precisions are bf16/fp16/fp32; FP8 training keeps attention and the rest in bf16)."""
-    gpu = get_gpu(spec.hardware.gpu)
-    precision = p.recommended.precision
-    hw = replace(hardware(spec, gpu, precision), linear_peak_flops=gpu.fp8_tflops * 1e12)
-    lay = p.recommended
-    draft = LayoutDraft(
+def _draft(lay: Layout) -> LayoutDraft:
+    return LayoutDraft(
         **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)}
     )
+
+
+def _fp8_refit(spec: Spec, lay: Layout) -> Layout:
+    """An FP8 (Transformer Engine) row's layout with the least recompute that fits when its
+    linear layers save their inputs in FP8 (:attr:`LayoutDraft.fp8_linears`): the planner has
+    no FP8 precision, so its search sized the activations at 16 bits. A recompute the row
+    states is kept."""
+    if spec.layout.recompute is not None or spec.training.recompute is not None:
+        return lay
+    gpu = get_gpu(spec.hardware.gpu)
+    dims = resolve_model(spec.model)
+    usable = gpu_usable_bytes(gpu.memory_bytes)
+    order = [Recompute.NONE, Recompute.SELECTIVE, Recompute.MLP, Recompute.FULL]
+    for rc in order[: order.index(lay.recompute) + 1]:
+        d = replace(_draft(lay), recompute=rc, fp8_linears=True)
+        mem = estimate_memory(
+            dims,
+            d,
+            seq_len=spec.training.seq_len,
+            optimizer=spec.training.optimizer,
+            flash=True,
+            gpus_per_node=spec.hardware.gpus_per_node,
+        )
+        if mem.total <= usable:
+            return lay.model_copy(update={"recompute": rc, "memory_per_gpu": mem, "fits": True})
+    return lay
+
+
+def _retimed(spec: Spec, lay: Layout, *, fp8: bool, eager: bool) -> float:
+    """The planned layout re-timed as the row ran it. ``fp8``: its linear layers at the GPU's
+    FP8 peak (the planner's precisions are bf16/fp16/fp32; FP8 training keeps attention and the
+    rest in bf16). ``eager``: a torchtitan TP/PP layout, which the planner can only state as a
+    Megatron one, timed as the PyTorch-native (FSDP2) stack it is: SDPA attention, eager
+    element-wise kernels, no Megatron overlap of the backward TP all-reduce."""
+    gpu = get_gpu(spec.hardware.gpu)
+    hw = hardware(spec, gpu, lay.precision)
+    if fp8:
+        hw = replace(hw, linear_peak_flops=gpu.fp8_tflops * 1e12)
+    draft = _draft(lay)
+    if eager:
+        draft = replace(draft, framework=Framework.FSDP)
     dims = resolve_model(spec.model)
     return estimate_time(dims, draft, hw, seq_len=spec.training.seq_len).step_time_s
 

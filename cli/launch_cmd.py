@@ -27,6 +27,13 @@ def register(sub: Any) -> None:
         help="start a bundle locally, over SSH, with SkyPilot or Slurm and stream every rank",
         description=__doc__,
     )
+    add_launch_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    """BUNDLE_DIR, --run-dir, the SSH, Slurm and SkyPilot options, -q and the spec and launch
+    options: what ``launch`` takes, and ``preflight`` with it (the same world)."""
     p.add_argument("bundle", nargs="?", type=Path, metavar="BUNDLE_DIR", help="a written bundle")
     p.add_argument(
         "--run-dir",
@@ -58,7 +65,6 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final state")
     add_spec_options(p, launch=True)
-    p.set_defaults(func=run)
 
 
 def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: Any) -> Any:

@@ -58,6 +58,9 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
 
     source = RunDirSource(run_dir)
     source.start()
+    from engine.monitor.transport_feed import TransportNotes
+
+    transport = TransportNotes(source_dir=run_dir)  # the NCCL transport check, told once
     state: str = ""
     try:
         while not source.done:
@@ -65,19 +68,30 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
                 if isinstance(ev, LineBatch | LineEvent):
                     tag = f"[rank {ev.rank}]" if ev.rank is not None else f"[node {ev.node}]"
                     lines = ev.lines if isinstance(ev, LineBatch) else (ev.line,)
+                    transport.feed(ev.node, ev.host, lines)
                     if errors_only:
-                        lines = tuple(x for x in lines if classify_error(x) is not None)
+                        lines = tuple(
+                            x
+                            for x in lines
+                            # the stuck rank named (engine.launch.frdump) is kept too
+                            if classify_error(x) is not None
+                            or x.startswith("[dtrain-tui] diagnosis: ")
+                        )
                     if lines:
                         # Escape sequences in rank output never reach the terminal.
                         out.write(safe_text("".join(f"{tag} {x}\n" for x in lines)))
                 elif isinstance(ev, RankExit):
                     how = "exited 0" if ev.exit_code == 0 else f"failed {exit_text(ev.exit_code)}"
                     reason = f" ({safe_line(ev.reason)})" if ev.reason else ""
+                    if ev.exit_code is None and ev.reason == "stopped":  # the user's stop
+                        how, reason = "stopped", ""
                     out.write(f"[rank {ev.rank}] {how}{reason}\n")
                 elif isinstance(ev, RunStateChanged):
                     state = ev.state
                     msg = f": {safe_line(ev.message)}" if ev.message else ""
                     out.write(f"[run] {ev.state}{msg}\n")
+            for finding in transport.fresh():
+                out.write(safe_text("".join(f"[transport] {x}\n" for x in finding.lines())))
             out.flush()
     finally:
         source.stop()

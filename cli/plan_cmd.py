@@ -83,7 +83,9 @@ def render(p: Plan, out: TextIO) -> None:
     )
     t = p.spec.training
     w(
-        f"Training  seq {t.seq_len}, global batch {t.global_batch}, {r.precision.value}, {t.optimizer.value}\n\n"
+        f"Training  seq {t.seq_len}, global batch {t.global_batch}, {r.precision.value}, {t.optimizer.value}\n"
+        + (f"Estimates {p.calibration.label()}\n" if p.calibration is not None else "")
+        + "\n"
     )
     status = "fits" if r.fits else "DOES NOT FIT"
     label = "Forced" if p.forced else "Plan"

@@ -174,6 +174,13 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         help="saved profile or built-in preset",
     )
     add_config_dir_option(src, "profiles directory root")
+    src.add_argument(
+        "--calibration",
+        metavar="NAME",
+        default=None,
+        help="estimate with a saved calibration (dtrain-tui calibrate) or a calibration .json "
+        "file; default: the one the --profile names",
+    )
     g = parser.add_argument_group("model")
     for opt, fld, kw in _MODEL_OPTS:
         g.add_argument(opt, dest=f"model__{fld}", default=None, **_metavar(kw))
@@ -390,4 +397,19 @@ def spec_from_args(args: argparse.Namespace) -> Spec:
             "or --layers/--hidden/--heads/--vocab",
             field="model",
         )
-    return spec
+    return with_calibration(spec, args)
+
+
+def with_calibration(spec: Spec, args: argparse.Namespace) -> Spec:
+    """``spec`` with ``--calibration NAME|FILE``, else the calibration ``--profile`` names."""
+    ref = getattr(args, "calibration", None)
+    config_dir = getattr(args, "config_dir", None)
+    if not ref and getattr(args, "profile", None):
+        from profiles.store import ProfileStore
+
+        ref = ProfileStore(config_dir).load(args.profile).profile.calibration or None
+    if not ref:
+        return spec
+    from profiles.calibrations import resolve
+
+    return spec.model_copy(update={"calibration": resolve(ref, config_dir)})

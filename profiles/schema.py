@@ -82,6 +82,9 @@ class ProfileMeta(BaseModel):
     """When the profile was first saved (UTC)."""
     last_used: datetime | None = None
     """When the profile was last loaded into the wizard or launched (UTC)."""
+    calibration: str = ""
+    """Name of a saved calibration (``<config dir>/calibrations/NAME.json``, written by
+    ``dtrain-tui calibrate --profile``) that plans from this profile use; empty: none."""
 
     @field_validator("description")
     @classmethod

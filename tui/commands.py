@@ -34,6 +34,17 @@ class WizardCommands(Provider):
                 app.action_write_bundle,
             ),
             ("Start run", "Write the bundle, launch it and open the monitor", app.action_launch),
+            (
+                "Edit a bundle file in $EDITOR",
+                "Open the highlighted file of the configs step (as written) in your editor",
+                app.action_edit_file,
+            ),
+            (
+                "Copy the launch command",
+                "Copy the command that starts the highlighted script (or the run)",
+                app.action_copy_command,
+            ),
+            ("Open run…", "Watch a past or running run (ctrl+g)", app.action_open_run),
             ("Re-plan", "Run the planner again on the current spec", app.action_replan),
             (
                 "Profiles: save or load",

@@ -122,6 +122,18 @@ class RankLinesReceived(Message):
 
 
 @dataclass
+class BundleWriteNeedsConfirm(Message):
+    """Writing into ``out`` would replace, back up or delete files already there: ``lines``
+    say what (one per kind); ``conflicts`` some are the user's edits; ``token`` is what a
+    second write must match to go ahead (the plan generation and the directory)."""
+
+    out: Path
+    lines: list[str]
+    conflicts: bool
+    token: tuple[int, str]
+
+
+@dataclass
 class RunFinished(Message):
     """The watched source will send nothing more (``state``: succeeded, failed, stopped…)."""
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from engine.plan.catalog import GpuType, NetworkType
     from engine.plan.result import Plan
     from engine.write import WriteReport
+    from engine.write.bundle import WritePreview
 
 
 def presets() -> list[tuple[str, str]]:
@@ -72,6 +73,14 @@ def write_bundle(plan: Plan, out: Path, *, force: bool = False) -> WriteReport:
     from engine.write import write_bundle
 
     return write_bundle(plan, out, force=force)
+
+
+def preview_write(files: dict[str, str], out: Path) -> WritePreview:
+    """What writing ``files`` (name -> text, without bundle.json) into ``out`` would create,
+    replace, back up and remove; reads the directory, writes nothing."""
+    from engine.write.bundle import preview_write
+
+    return preview_write(files, out)
 
 
 def load_profile_spec(name: str, config_dir: Path | None) -> Spec:

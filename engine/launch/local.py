@@ -143,6 +143,13 @@ class LocalBackend(LaunchBackend):
         # Ranks live in sessions of their own: catch anything of this run still alive.
         self._sweep_node(node)
 
+    def _ask_dumps(self, node: int) -> int:
+        """SIGUSR1 to the node's ranks: each prints its Flight Recorder dump
+        (:mod:`engine.launch.frdump`); how many were asked."""
+        from engine.launch.frdump import signal_local
+
+        return signal_local(self.run_id, node)
+
     def _kill_node_now(self, node: int) -> None:
         proc = self._procs[node]
         if proc.poll() is None:

@@ -22,6 +22,9 @@ failure table names the rank); ``TIMEOUT``, ``NODE_FAIL``, ``OUT_OF_MEMORY``, ``
 fail the run naming the state; ``CANCELLED`` by someone else is a user's stop. A requeue is a
 line and ``slurm.json``'s ``restarts``. Stop = ``scancel`` (``--signal=KILL`` first after
 ``kill()``), then waiting until Slurm reports the job ended: nothing of it is left on any node.
+A hang (or a diagnose request, or a rank's collective-timeout line) first asks the ranks for
+their Flight Recorder dumps (:mod:`engine.launch.frdump`) with one ``srun --overlap`` step in
+the job, one task per node (:func:`dump_srun`), through the same runner as every other command.
 """
 
 from __future__ import annotations
@@ -68,6 +71,24 @@ _FAIL_STATES = {
     "BOOT_FAIL": "could not boot its nodes (BOOT_FAIL)",
     "DEADLINE": "missed its deadline (DEADLINE)",
 }
+
+
+def dump_srun(job_id: str, nodes: int, run_id: str) -> list[str]:
+    """``srun`` that runs the dump request on each of the job's ``nodes``, one task per node,
+    beside the job's own step (``--overlap``: it takes none of the job's resources away)."""
+    from engine.launch.frdump import dump_script
+
+    return [
+        "srun",
+        "--overlap",
+        f"--jobid={job_id}",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        "--quiet",
+        "bash",
+        "-c",
+        dump_script(run_id, None, node_var="SLURM_NODEID"),
+    ]
 
 
 class SlurmBackend(LaunchBackend):
@@ -346,6 +367,21 @@ class SlurmBackend(LaunchBackend):
     def _kill_node_now(self, node: int) -> None:
         if node == 0:
             self._cancel(now=True)
+
+    def _ask_all_dumps(self) -> int:
+        """SIGUSR1 to the ranks on every node of the running job, for their Flight Recorder
+        dumps (:mod:`engine.launch.frdump`): one ``srun --overlap`` step inside the job (here or
+        on the login node) runs :func:`~engine.launch.frdump.dump_script` once per node; each
+        task prints how many it signalled. The answers come through the task output files."""
+        job = self.job
+        if self.job_id is None or self._job_over or job is None or job.state != "RUNNING":
+            return 0
+        r = self._runner.run(
+            dump_srun(self.job_id, self.manifest.nodes, self.run_id), env=self._env
+        )
+        if r.returncode != 0 and not r.stdout.strip():
+            raise LaunchError(f"srun into job {self.job_id}: {slurm_message(r.stderr)}")
+        return sum(int(w) for w in r.stdout.split() if w.isdigit())
 
     def _teardown_after_failed_start(self) -> None:
         with contextlib.suppress(Exception):

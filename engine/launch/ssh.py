@@ -296,6 +296,24 @@ class SshBackend(LaunchBackend):
         if chan is not None:
             chan.status_event.wait(5)
 
+    def _ask_dumps(self, node: int) -> int:
+        """SIGUSR1 to the node's ranks over a fresh channel: each prints its Flight Recorder
+        dump (:mod:`engine.launch.frdump`); how many were asked."""
+        from engine.launch.frdump import remote_dump_command
+
+        client = self._node_clients[node] if node < len(self._node_clients) else None
+        transport = client.get_transport() if client is not None else None
+        if transport is None or not transport.is_active():
+            return 0
+        chan = transport.open_session()
+        try:
+            chan.exec_command(remote_dump_command(self.run_id, node))
+            chan.status_event.wait(10)  # set by paramiko when the exit status came
+            out = chan.recv(64) if chan.recv_ready() else b""
+        finally:
+            chan.close()
+        return int(out.strip() or 0)
+
     def _kill_node_now(self, node: int) -> None:
         """SIGKILL, at once, everything of the run on ``node`` (:meth:`kill`, a second Ctrl-C):
         the group and every process tagged with the run id, over a fresh channel. Unlike

@@ -20,6 +20,7 @@ from engine.errors import DtrainError
 from engine.launch.options import LaunchOptions
 from engine.launch.policy import NodeState
 from engine.launch.torchrun_output import Groups, group_runs, shown, split_tee
+from engine.launch.transport_watch import TransportWatch
 from engine.monitor.events import Event, LineBatch
 from engine.rundir.files import RunDir, new_run_dir
 from engine.rundir.record import RunState
@@ -76,6 +77,8 @@ class StreamingRun:
         self._failure: tuple[int | None, int | None, str] | None = None  # (rank, node, reason)
         self._last_activity = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._transport = TransportWatch(self.run, self.bundle_dir, self.name)
+        """The NCCL transport check; run.json's ``transport`` entry."""
 
     # ------------------------------------------------------------------ hooks
 
@@ -153,6 +156,12 @@ class StreamingRun:
             text = text.replace("\r\n", "\n")  # a CR before the newline is not part of a line
         groups = self._group(node, stream, text)
         hosts = [st.host for st in self._nodes]
+        if "NCCL" in text or "AF_INET" in text:
+            self._transport.feed(groups, hosts)
+        if "Watchdog caught" in text or "Timed out waiting" in text:  # frdump.TIMEOUT_GATE
+            from engine.launch.frdump import note_timeout
+
+            note_timeout(self, groups)  # a collective timed out: the supervisor diagnoses it
         events: list[Event] = []
         for (n, rank), lines in groups.items():
             if self._dir_error is None:

@@ -67,6 +67,10 @@ class SupervisedRun(StreamingRun, ABC):
                     self.request_stop("stopped from the monitor")
                 if self._dir_error is not None and self._failure is None:
                     self._fail(None, None, dir_error_text(self._dir_error))
+                if getattr(self, "_timeout_line", None) is not None:  # a rank's timeout line
+                    from engine.launch.frdump import diagnose_timeout
+
+                    diagnose_timeout(self)  # once, before that rank's exit stops the others
                 self._check_nodes()
                 self._final.wait(SUPERVISE_INTERVAL_S)
         except Exception as e:  # noqa: BLE001 - never leave a run without a final state
@@ -121,10 +125,20 @@ class SupervisedRun(StreamingRun, ABC):
             st.finished, st.exit_code = True, code
             self._node_finished(st)
         if not all_done and self._failure is None and not self._stop_requested:
+            from engine.diagnose.request import take_diagnose_request
+            from engine.launch.frdump import diagnose_safely
+
+            if take_diagnose_request(self.run.path):  # a monitor's "diagnose"
+                diagnose_safely(self, "asked from the monitor")
             hang = hang_reason(time.monotonic() - self._last_activity, self.options.hang_timeout_s)
             if hang is not None:
+                diagnose_safely(self, hang)  # name the stuck rank before the ranks are stopped
                 self._fail(None, None, hang)
         if all_done:
+            if self._failure is not None:
+                from engine.launch.frdump import diagnose_failed_run
+
+                diagnose_failed_run(self)  # NCCL's own dumps after a collective timed out
             self._all_done()
 
     def _all_done(self) -> None:

@@ -15,9 +15,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 
+from engine.diagnose.transport import TransportReport
 from engine.monitor.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.logparse import BatchFacts, ErrorKind, scan_batch
+from engine.monitor.transport_feed import TransportNotes
 from engine.rundir.record import FINAL_STATES, RunState
 
 HISTORY = 120
@@ -131,6 +134,9 @@ class Snapshot:
     errors: tuple[ErrorRecord, ...]
     total_lines: int
     now: float
+    transport: TransportReport | None = None
+    """The NCCL transport check (:mod:`engine.diagnose.transport`); None before NCCL said
+    anything about its transport."""
 
 
 class MonitorState:
@@ -188,6 +194,8 @@ class MonitorState:
             return []
         if facts is None:
             facts = scan_batch(lines)
+        if facts.nccl or facts.errors:  # nccl#1837's AF_INET line follows an error line
+            self.transport.feed(node, host, lines, len(facts.nccl))
         self.total_lines += len(lines)
         found = facts.errors
         if rank is None:
@@ -234,9 +242,15 @@ class MonitorState:
             st.status = RankStatus.FAILED
         st.hung = False
 
+    root_cause: int | None = None
+    """The rank the run's end is blamed on (the launcher's failed rank: its FailureTable's
+    blame order), None while nothing is blamed. An int read by the UI thread as is."""
+
     def ingest_run_state(self, ev: RunStateChanged) -> None:
         self.run_state = ev.state
         self.run_message = ev.message
+        if ev.failed_ranks:
+            self.root_cause = ev.failed_ranks[0]
         for r in ev.failed_ranks:
             st = self.rank(r)
             if st.status not in (RankStatus.EXITED, RankStatus.FAILED, RankStatus.STOPPED):
@@ -286,6 +300,10 @@ class MonitorState:
             silent = st.last_line_ts is not None and now - st.last_line_ts >= self.hang_after_s
             st.hung = silent and bool(recent - {st.rank}) and not st.finished
         times = {st.rank: t for st in live if (t := st.typical_step_time) is not None}
+        if not live:
+            # A finished run (or one replayed from its directory, whose exits come with its
+            # lines): judge the step times every rank reported, so SLOW flags stay.
+            times = {r: t for r, st in self.ranks.items() if (t := st.typical_step_time)}
         for st in self.ranks.values():
             st.straggler = False
             own = times.get(st.rank)
@@ -295,6 +313,20 @@ class MonitorState:
             med = statistics.median(others)
             st.straggler = med > 0 and own > self.straggler_factor * med
 
+    # ---- the NCCL transport check -------------------------------------------------------
+
+    transport_dir: Path | None = None
+    """A run or bundle directory whose plan.json / nccl.env the transport is judged against
+    (read when NCCL first says something about its transport); None: judged without a plan."""
+    _transport: TransportNotes | None = None
+
+    @property
+    def transport(self) -> TransportNotes:
+        """The NCCL transport check, fed by :meth:`ingest_lines`."""
+        if self._transport is None:
+            self._transport = TransportNotes(source_dir=self.transport_dir)
+        return self._transport
+
     def snapshot(self, now: float) -> Snapshot:
         self.evaluate(now)
         return Snapshot(
@@ -302,6 +334,7 @@ class MonitorState:
             run_state=self.run_state,
             run_message=self.run_message,
             errors=tuple(self.errors),
+            transport=self._transport.report() if self._transport is not None else None,
             total_lines=self.total_lines,
             now=now,
         )

@@ -124,6 +124,7 @@ def alternatives(
     for c in cands:
         groups.setdefault((c.draft.strategy, c.draft.offload), []).append(c)
     out: list[tuple[float, Layout]] = []
+    flow_layout: Layout | None = None
     for key, group in groups.items():
         if key == kind:
             group = [c for c in group if _shape(c) != _shape(chosen)]
@@ -136,9 +137,15 @@ def alternatives(
             picks.append(winner)
     for c in picks:
         why = _why_lost(ctx, chosen, c, is_flow=c is flow)
-        out.append((c.time_per_sequence, c.to_layout(rejected=why)))
+        lay = c.to_layout(rejected=why)
+        if c is flow:
+            flow_layout = lay
+        out.append((c.time_per_sequence, lay))
     out.sort(key=lambda t: t[0])
-    return [lay for _, lay in out[:MAX_ALTERNATIVES]]
+    kept = [lay for _, lay in out[:MAX_ALTERNATIVES]]
+    if flow_layout is not None and all(lay is not flow_layout for lay in kept):
+        kept[-1] = flow_layout  # the flowchart's own pick is always listed, however slow
+    return kept
 
 
 def _shape(c: Candidate) -> tuple[int, ...]:

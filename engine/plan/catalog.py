@@ -62,6 +62,15 @@ class GpuType:
     """Dense FP8 tensor-core peak (0 where the hardware has no FP8)."""
     scaleup_gpus: int = 0
     """GPUs one NVLink / xGMI domain joins when it spans nodes (72 for GB200 NVL72); 0: the node."""
+    flash_attention_vs_gemm: float = 0.5
+    """A causal FlashAttention-2 kernel's rate (forward and backward averaged, as PyTorch SDPA
+    runs it under FSDP / DeepSpeed / torchtitan) relative to a large GEMM on this GPU. FA2 was
+    written for Ampere (about half a large GEMM's rate there, Dao 2023); on Hopper it uses none
+    of the new tensor-core instructions (see :data:`HOPPER_FA2`)."""
+    fused_attention_vs_gemm: float = 0.0
+    """The same for the attention kernel Megatron-Core runs through Transformer Engine (cuDNN
+    fused attention, FlashAttention-3 class on Hopper, see :data:`HOPPER_FA3`); 0: as
+    ``flash_attention_vs_gemm``."""
 
     @property
     def is_cpu(self) -> bool:
@@ -91,6 +100,15 @@ class GpuType:
             return Precision.FP32
         return Precision.BF16 if self.has_bf16 else Precision.FP16
 
+
+HOPPER_FA2 = 0.38
+"""FlashAttention-2 on H100/H200: "only 35% utilization" of the dense peak in the forward
+(Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, §1), the backward and causal masking
+lower (~27 %): about 0.28 of peak forward and backward together, 0.38 of a large GEMM (0.74)."""
+HOPPER_FA3 = 0.62
+"""FlashAttention-3 class kernels (cuDNN fused attention in Transformer Engine) on H100/H200:
+up to 75 % of peak forward (740 TFLOP/s bf16), the backward 1.5-1.75x FA2's (Shah et al. 2024):
+about 0.46 of peak forward and backward together for a causal kernel, 0.62 of a large GEMM."""
 
 _GPUS: tuple[GpuType, ...] = (
     GpuType(
@@ -126,7 +144,7 @@ _GPUS: tuple[GpuType, ...] = (
         0.50,
         1.29,
         "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
-        gemm_efficiency=0.70,
+        gemm_efficiency=0.80,
         hbm_gbps=1555.0,
     ),
     GpuType(
@@ -144,7 +162,7 @@ _GPUS: tuple[GpuType, ...] = (
         0.50,
         1.79,
         "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
-        gemm_efficiency=0.70,
+        gemm_efficiency=0.80,
         hbm_gbps=2039.0,
     ),
     GpuType(
@@ -165,6 +183,8 @@ _GPUS: tuple[GpuType, ...] = (
         gemm_efficiency=0.74,
         hbm_gbps=3350.0,
         fp8_tflops=1979.0,
+        flash_attention_vs_gemm=HOPPER_FA2,
+        fused_attention_vs_gemm=HOPPER_FA3,
     ),
     GpuType(
         "h100-pcie",
@@ -184,6 +204,33 @@ _GPUS: tuple[GpuType, ...] = (
         gemm_efficiency=0.68,
         hbm_gbps=2000.0,
         fp8_tflops=1513.0,
+        flash_attention_vs_gemm=HOPPER_FA2,
+        fused_attention_vs_gemm=HOPPER_FA3,
+    ),
+    GpuType(
+        "h100-sxm-500w",
+        "NVIDIA H100 SXM 96GB HBM2e, 500 W",
+        Vendor.NVIDIA,
+        96 * GB,
+        # Between the SXM part (989) and the NVL part (835 dense bf16): the torchtitan team's
+        # own footnote ("the actual peak TFLOPs number is between SXM and NVL, and we don't know
+        # its exact value"); the midpoint.
+        912.0,
+        912.0,
+        456.0,
+        True,
+        IntraNodeLink.NVLINK,
+        450.0,
+        64.0,
+        0.45,
+        2.99,
+        "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Meta Grand Teton): H100 SXM "
+        "with 96GB HBM2e at 2.4 TB/s, default 500 W power limit, peak between SXM and NVL",
+        gemm_efficiency=0.74,
+        hbm_gbps=2400.0,
+        fp8_tflops=1824.0,
+        flash_attention_vs_gemm=HOPPER_FA2,
+        fused_attention_vs_gemm=HOPPER_FA3,
     ),
     GpuType(
         "h200",
@@ -203,6 +250,8 @@ _GPUS: tuple[GpuType, ...] = (
         gemm_efficiency=0.76,
         hbm_gbps=4800.0,
         fp8_tflops=1979.0,
+        flash_attention_vs_gemm=HOPPER_FA2,
+        fused_attention_vs_gemm=HOPPER_FA3,
     ),
     GpuType(
         "b200",
@@ -261,6 +310,8 @@ _GPUS: tuple[GpuType, ...] = (
         gemm_efficiency=0.74,
         hbm_gbps=3350.0,
         fp8_tflops=1979.0,
+        flash_attention_vs_gemm=HOPPER_FA2,
+        fused_attention_vs_gemm=HOPPER_FA3,
     ),
     GpuType(
         "gb200",
@@ -388,6 +439,8 @@ _ALIASES = {
     "h100sxm5": "h100-sxm",
     "h100sxm80gb": "h100-sxm",
     "h100pcie80gb": "h100-pcie",
+    "h10096gbhbm2e": "h100-sxm-500w",
+    "h100500w": "h100-sxm-500w",
     "a100": "a100-80gb",
     "a10080gbsxm": "a100-80gb",
     "a100sxm480gb": "a100-80gb",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.plan.calibration import apply_network, calibrated_usable
 from engine.plan.catalog import GpuType, get_network
 from engine.plan.memory import gpu_usable_bytes, usable_bytes
 from engine.plan.perf import Hardware
@@ -48,9 +49,13 @@ class PlanContext:
             gpu=gpu,
             hw=hardware(spec, gpu, precision),
             precision=precision,
-            usable=usable_bytes(gpu.memory_bytes)
-            if gpu.is_cpu
-            else gpu_usable_bytes(gpu.memory_bytes),
+            usable=calibrated_usable(
+                spec.calibration,
+                gpu,
+                usable_bytes(gpu.memory_bytes)
+                if gpu.is_cpu
+                else gpu_usable_bytes(gpu.memory_bytes),
+            ),
             cpu_usable=usable_bytes(
                 int(spec.hardware.cpu_ram_gb * 1e9)
                 if spec.hardware.cpu_ram_gb
@@ -101,6 +106,9 @@ def resolve_precision(
 def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
     """The machines as the time model sees them: peak FLOP/s, link bandwidths, price."""
     net = get_network(spec.network.tier)
+    cal = spec.calibration
+    if cal is not None and cal.applies_to(gpu.key) and cal.network_applies(net.tier.value):
+        net = apply_network(net, cal)
     inter = net.bytes_per_s
     if spec.network.bandwidth_gbps:
         inter = spec.network.bandwidth_gbps * 1e9 / 8 * net.efficiency
@@ -122,4 +130,6 @@ def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
         gemm_efficiency=gpu.gemm_efficiency,
         hbm_bytes_per_s=(gpu.hbm_gbps or 2000.0) * 1e9,
         scaleup_gpus=gpu.scaleup_gpus,
+        attention_eager=gpu.flash_attention_vs_gemm,
+        attention_fused=gpu.fused_attention_vs_gemm,
     )

@@ -13,6 +13,7 @@ from engine.plan.context import PlanContext
 from engine.plan.result import PathStep
 from engine.plan.search import Candidate, divisors
 from engine.plan.specs import Framework, Offload, Strategy
+from engine.plan.stages import stage_layers, uneven_splits
 from engine.plan.strategies import STRATEGIES_OF, ZERO_STAGE_OF
 
 
@@ -183,13 +184,17 @@ def _check_runs_under(ctx: PlanContext) -> None:
 
 
 def _check_virtual_stages(ctx: PlanContext) -> None:
+    """Megatron-Core's rule: every stage's layer count divisible by the virtual stages, the
+    stages split evenly or with lighter end stages (``--decoder-first/last-pipeline-num-layers``)."""
     lay = ctx.spec.layout
     if lay.virtual_stages is not None and lay.virtual_stages > 1:
-        stages = (lay.pp or 1) * lay.virtual_stages
-        if (lay.pp or 1) == 1 or ctx.dims.layers % stages:
+        pp, v, layers = lay.pp or 1, lay.virtual_stages, ctx.dims.layers
+        splits = [stage_layers(layers, pp, f, la) for f, la in uneven_splits(layers, pp)]
+        if pp == 1 or not any(all(n % v == 0 for n in split) for split in splits):
             raise SpecError(
-                f"virtual_stages={lay.virtual_stages} needs pp > 1 and layers ({ctx.dims.layers}) "
-                f"divisible by pp * virtual_stages ({stages})",
+                f"virtual_stages={v} needs pp > 1 and a split of the {layers} layers over "
+                f"{pp} stage(s) (even, or lighter first/last stages) where every stage's layer "
+                f"count divides by {v}; pick another virtual_stages or pp",
                 field="layout.virtual_stages",
             )
 

@@ -45,7 +45,7 @@ from engine.plan.specs import (
     Recompute,
     Strategy,
 )
-from engine.plan.stages import stage_layers
+from engine.plan.stages import in_flight, stage_layers
 
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and
 # allgather_bucket_size are 5e8 elements.
@@ -93,6 +93,9 @@ class LayoutDraft:
     :func:`engine.plan.stages.stage_layers`."""
     last_stage_layers: int = 0
     """The same for the last stage (``--decoder-last-pipeline-num-layers``)."""
+    fp8_linears: bool = False
+    """FP8 linear layers (Transformer Engine): each saves its input for the backward as the
+    FP8 copy it made for the forward GEMM (1 byte, not 2); see :func:`layer_activation_bytes`."""
 
     @property
     def world_size(self) -> int:
@@ -288,8 +291,16 @@ def _megatron_states(
 ) -> States:
     """Megatron (3D): 16-bit params, fp32 main grads, fp32 master + states (18 B/param for
     Adam); the distributed optimizer (``zero_stage=1``) shards master and states over DP;
-    ``zero_stage=2`` (Megatron-FSDP, or FSDP under TP/PP as Llama 3 trained) the grads too."""
+    ``zero_stage=2`` (Megatron-FSDP, or FSDP under TP/PP as Llama 3 trained) the grads too;
+    ``zero_stage=3`` the parameters as well: FSDP2 under TP/PP/EP, as torchtitan and NeMo
+    AutoModel run it, whose sharded fp32 parameters are the optimizer's master copy (no separate
+    16-bit copy, ``MixedPrecisionPolicy`` casts each gathered unit): ``(4 + 4 + K - 4)Ψ/N``,
+    experts sharded over their own EP x FSDP mesh (``nd`` is the caller's), plus the gathered
+    units (:func:`estimate_memory`)."""
     k = zero_k(precision, optimizer)
+    if zero_stage >= 3:
+        master = 4 if is_mixed(precision) else 0
+        return States(4 * psi / nd, 4 * psi / nd, (k - master) * psi / nd)
     opt = k * psi / nd if zero_stage >= 1 else k * psi
     grads = 4 * psi / nd if zero_stage >= 2 else 4 * psi
     return States(_param_bytes(precision) * psi, grads, opt)
@@ -331,6 +342,7 @@ def layer_activation_bytes(
     flash: bool = False,
     dropout: bool = True,
     bytes_per_value: int = 2,
+    fp8_linears: bool = False,
 ) -> float:
     """One layer's saved activations, Korthikanti's accounting generalised to the model's shape.
 
@@ -339,9 +351,12 @@ def layer_activation_bytes(
     ``10``. Split by ``t``: Q and K (2sbh + 2sbh_kv), V (2sbh_kv), the output projection's input
     (2sbh), and the MLP's intermediates (non-gated: 2sbf twice; gated: the fused gate-and-up
     output and the product, 6sbf, as Megatron's fused SwiGLU keeps them; MoE: times top-k) --
-    Korthikanti's ``24`` for MHA and f = 4h. The attention score term ``5as²b`` (softmax output, dropout mask and output) is what selective recompute drops;
+    Korthikanti's ``24`` for MHA and f = 4h. MLP-only recompute (``Recompute.MLP``) drops the
+    MLP's intermediates. The attention score term ``5as²b`` (softmax output, dropout mask and output) is what selective recompute drops;
     FlashAttention never stores it either (``flash=True``). ``bytes_per_value`` 4 doubles all
-    for fp32 training."""
+    for fp32 training. ``fp8_linears``: Transformer Engine's FP8 linears keep the FP8 cast of
+    their inputs for the weight gradient, so the four GEMM inputs (QKV's and the MLP's inputs,
+    the output projection's, the second MLP matrix's: sbh, sbh, q·sbh, k·sbf) take 1 byte."""
     h = dims.hidden
     r = dims.kv_heads * dims.head_dim / h
     q = dims.heads * dims.head_dim / h
@@ -353,9 +368,14 @@ def layer_activation_bytes(
         return 2 * sbh / (t if sp else 1) * scale
     replicated = 4 + 2 + 2 + (2 if dropout else 0)
     mlp = (6 * f if dims.gated_mlp else 4 * f) * k
-    split = 2 * q + 2 * r + 2 * r + 2 * q + mlp
+    if recompute == Recompute.MLP:
+        mlp = 0.0  # only the MLP's input (in ``replicated``) is kept; the rest is recomputed
+    if fp8_linears and bytes_per_value == 2:
+        replicated -= 2  # the attention and MLP inputs (LN outputs) in FP8
+        mlp -= f * k if mlp else 0.0  # the second MLP matrix's input
+    split = 2 * q + 2 * r + 2 * r + (q if fp8_linears and bytes_per_value == 2 else 2 * q) + mlp
     score = 0.0
-    if recompute == Recompute.NONE and not flash:
+    if recompute in (Recompute.NONE, Recompute.MLP) and not flash:
         score = (5 if dropout else 2) * dims.heads * s / h
     if sp:
         return sbh / t * (replicated + split + score) * scale
@@ -365,13 +385,10 @@ def layer_activation_bytes(
 def pipeline_in_flight(pp: int, grad_accum: int, schedule: PPSchedule, v: int) -> float:
     """Micro-batches whose activations the first stage holds at its peak, as a multiple of one
     micro-batch's activations for ``L/p`` layers: ``min(p, m)`` under 1F1B; interleaving
-    multiplies by ``1 + (p-1)/(p·v)`` (Korthikanti et al. 2022, §4.2.3)."""
-    if pp <= 1:
-        return 1.0
-    held = float(min(pp, max(1, grad_accum)))
-    if schedule == PPSchedule.INTERLEAVED and v > 1:
-        held *= 1 + (pp - 1) / (pp * v)
-    return held
+    multiplies by ``1 + (p-1)/(p·v)`` (Korthikanti et al. 2022, §4.2.3), at most all ``m``
+    (see :func:`engine.plan.stages.in_flight`)."""
+    interleaved = schedule == PPSchedule.INTERLEAVED and v > 1
+    return in_flight(pp, grad_accum, v if interleaved else 1, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,11 +450,16 @@ def estimate_memory(
     acts = _activations(dims, d, s_local, flash)
     buffers = st_dense.buffers + st_exp.buffers
     if d.pp == 1:
-        # fp32 logits and their gradient for the cross-entropy (the last stage's peak).
-        buffers += 2 * 4 * s_local * d.micro_batch * dims.vocab / d.tp
+        buffers += logits_bytes(dims, d, s_local)
     if d.framework == Framework.FSDP:
         # Current + prefetched unit gathered in 16-bit, and the unit's unsharded 16-bit grads.
         buffers += 3 * block_params(dims, d.tp) * (2 if is_mixed(d.precision) else 4)
+    elif d.framework == Framework.MEGATRON and d.zero_stage >= 3 and d.dp * d.cp > 1:
+        # The same for fully sharded 3D: one block's dense part, and this rank's experts where
+        # FSDP shards them further (DP x CP > EP; with EP = DP x CP they stay whole).
+        dense_l, expert_l = per_layer_params(dims)
+        unit = (dense_l + (expert_l / d.ep if d.dp * d.cp > d.ep else 0.0)) / d.tp
+        buffers += 3 * unit * (2 if is_mixed(d.precision) else 4)
     parts = [
         int(st_dense.params + st_exp.params),
         int(st_dense.grads + st_exp.grads),
@@ -455,6 +477,16 @@ def estimate_memory(
         total=sum(parts),
         cpu_bytes=int(st_dense.cpu + st_exp.cpu),
     )
+
+
+def logits_bytes(dims: ModelDims, d: LayoutDraft, s_local: int) -> float:
+    """The cross-entropy's peak (the last stage's): eager PyTorch upcasts the logits to fp32 and
+    keeps their fp32 gradient (8 bytes a logit); Megatron's fused vocab-parallel cross-entropy
+    (``--cross-entropy-loss-fusion``) works on the 16-bit logits and writes the gradient in their
+    place, with one 16-bit working copy (4 bytes). At a 152K vocabulary and 16K tokens a micro-batch
+    that is 9 GiB against 18."""
+    per_logit = 4 if d.framework == Framework.MEGATRON else 8
+    return per_logit * s_local * d.micro_batch * dims.vocab / d.tp
 
 
 def _layout_states(
@@ -497,10 +529,27 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
         flash=flash,
         dropout=dropout,
         bytes_per_value=bpv,
+        fp8_linears=d.fp8_linears,
     )
-    layers = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)[0]
-    held = pipeline_in_flight(d.pp, d.grad_accum, d.pp_schedule, d.virtual_stages)
-    acts = per_layer * layers * held
+    # The stage holding the most: the first under an even split; a lighter first stage can
+    # leave the peak to the second, which holds one micro-batch fewer of more layers.
+    split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
+    v = d.virtual_stages if d.pp_schedule == PPSchedule.INTERLEAVED else 1
+    acts = per_layer * max(n * in_flight(d.pp, d.grad_accum, v, i) for i, n in enumerate(split))
+    if d.recompute == Recompute.MLP:
+        # Recomputing one layer's MLP in backward materialises its intermediates again.
+        full = layer_activation_bytes(
+            dims,
+            s_local,
+            d.micro_batch,
+            t=d.tp,
+            sp=d.sequence_parallel,
+            flash=flash,
+            dropout=dropout,
+            bytes_per_value=bpv,
+            fp8_linears=d.fp8_linears,
+        )
+        acts += full - per_layer
     if d.recompute == Recompute.FULL:
         # Recomputing one layer in backward materialises that layer's full activations again.
         acts += layer_activation_bytes(

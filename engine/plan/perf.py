@@ -16,8 +16,10 @@ spanning nodes gets its share of each node's NICs; a latency per ring step. Mega
 the backward tensor-parallel all-reduce with the weight-gradient GEMM (its
 ``LinearWithGradAccumulationAndAsyncCommunication``), reduces bf16 gradients in fp32
 (``accumulate_allreduce_grads_in_fp32``), and can only hide the data-parallel reduction behind
-the last micro-batch's backward. The 1F1B bubble is ``(p-1)/v`` micro-batch times on the
-heaviest stage (Narayanan et al. 2021, §2.2); the last stage also runs the LM head.
+the last micro-batch's backward (the classic fp16 stack, see :func:`fused_attention`, overlaps
+neither: its TP all-reduces and its gradient reduction are all exposed). Collectives reach their
+bus bandwidth only for large buffers (:data:`NCCL_HALF_BANDWIDTH_BYTES`). The 1F1B bubble is
+``(p-1)/v`` micro-batch times on the heaviest stage (Narayanan et al. 2021, §2.2); the last stage also runs the LM head.
 
 The few efficiency constants below are global and physical (not one per case); they were chosen
 on the calibration sources of ``tests/data/published_runs.json`` and checked on the held-out
@@ -55,16 +57,32 @@ class Overlap:
     cp: Final = 0.7
 
 
-GEMM_HALF_DIM: Final = 64
+GEMM_HALF_DIM: Final = 128
 """A per-GPU GEMM dimension of this many elements runs at half the large-GEMM efficiency
-(``x / (x + 64)`` per dimension: 384 -> 0.86, 3072 -> 0.98)."""
+(``x / (x + 128)`` per dimension: 96 -> 0.43, 384 -> 0.75, 3072 -> 0.96). Chosen with the
+A100 large-GEMM efficiency (0.80, cuBLAS's ~250 TFLOP/s) on Korthikanti et al. 2022's per-layer
+timings (Table 4) and Narayanan et al. 2021's weak-scaling sweep (1.7B at TP1 to 1T at TP8)."""
 ATTENTION_EFFICIENCY: Final = 0.5
-"""Attention kernels (FlashAttention 2/3 forward and backward averaged) relative to a large GEMM."""
+"""Attention kernels (FlashAttention 2/3 forward and backward averaged) relative to a large GEMM,
+where the catalog gives no figure for the GPU (FlashAttention-2 on Ampere: Dao 2023)."""
+SCORE_BYTES: Final = 13.0
+"""HBM bytes per attention score and forward on the classic (unfused) path, 16-bit: the
+``QK^T`` GEMM writes it (2), the fused scale-mask-softmax reads and writes it (4), dropout reads
+it and writes it and its mask (5), the context GEMM reads it (2). Backward moves twice that."""
+SCORE_BYTES_NO_DROPOUT: Final = 8.0
+"""The same without attention dropout (Llama-family models)."""
 FLASH_BACKWARD: Final = 2.5
 """FlashAttention's backward runs 5 matmuls to the forward's 2."""
 ELEMENTWISE_BYTES: Final = 34.0
 """HBM bytes per token per hidden unit one layer's forward moves outside GEMMs (norms, residual
 adds, dropout, activation, rotary, bias: reads and writes in 16 bit); backward moves twice."""
+EAGER_PASSES: Final = 2.0
+"""How many times more HBM traffic the element-wise work of a model written in plain PyTorch
+(Hugging Face / torchtitan modules under DDP, FSDP or DeepSpeed, run eagerly) moves than
+Megatron's fused kernels. At least twice: an eager RMSNorm is five or six kernels (square,
+mean, add, rsqrt, two multiplies), SwiGLU three, rotary embeddings several, each reading and
+writing the whole activation; torchtitan measured ``torch.compile``, which fuses them, 14 %
+faster on Llama 3 8B."""
 LAYER_OVERHEAD_S: Final = 60e-6
 """Fixed cost per layer and pass (kernel launches and small kernels that do not scale)."""
 MOE_DISPATCH_S: Final = 1.0e-3
@@ -75,8 +93,18 @@ top-k, permute, token-count exchange, unpermute; ~10 us each). Backward pays it 
 other per-layer work."""
 INTRA_EFFICIENCY: Final = 0.8
 """Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate."""
-RING_STEP_LATENCY_S: Final = 6e-6
-"""Per ring step of a collective across nodes (NIC + NCCL proxy); inside a node a fifth of it."""
+RING_STEP_LATENCY_S: Final = 12e-6
+"""Per ring step of a collective across nodes: NCCL's own tuning model (``src/graph/tuning.cc``,
+``hwLat``) puts a Simple-protocol ring step over the network at 6.6-9.6 us, before the proxy
+thread's and the NIC's share at thousands of ranks; Narayanan et al. 2021's ZeRO-3 runs (Table
+2, 384 to 2240 ranks) fit about 12 us."""
+RING_STEP_LATENCY_INTRA_S: Final = 4e-6
+"""The same over NVLink (NCCL's ``hwLat``: 3.4-5.7 us a Simple ring step)."""
+NCCL_HALF_BANDWIDTH_BYTES: Final = 8e6
+"""A collective whose ranks each send this many bytes reaches half its bus bandwidth: NCCL
+pipelines a buffer through its channels in fixed-size chunks, so small and mid-size buffers
+leave the links partly idle (nccl-tests' all_reduce on 8 x A100 NVLink reaches about half its
+peak bus bandwidth near 8 MB and 90 % only at a few hundred MB)."""
 COLLECTIVE_LAUNCH_S: Final = 12e-6
 """Fixed cost of launching one NCCL collective."""
 FP8_GEMM_EFFICIENCY: Final = 0.8
@@ -120,6 +148,17 @@ class Hardware:
     """Peak of the linear layers' GEMMs when they run in a lower precision than the rest (FP8
     training: Transformer Engine / torchao float8 linears, attention and the rest in bf16);
     0: ``peak_flops``."""
+    attention_eager: float = 0.0
+    """A fused causal attention kernel's rate relative to a large GEMM as PyTorch SDPA runs it
+    (FlashAttention-2; the catalog's ``flash_attention_vs_gemm``); 0: :data:`ATTENTION_EFFICIENCY`."""
+    attention_fused: float = 0.0
+    """The same for Megatron-Core's Transformer Engine kernel (cuDNN, FlashAttention-3 class on
+    Hopper); 0: ``attention_eager``."""
+
+    def attention(self, framework: Framework) -> float:
+        """The attention kernel's rate relative to a large GEMM under ``framework``."""
+        eager = self.attention_eager or ATTENTION_EFFICIENCY
+        return (self.attention_fused or eager) if framework == Framework.MEGATRON else eager
 
     @property
     def gemm(self) -> float:
@@ -173,7 +212,7 @@ def flops_per_token(
     """Training FLOPs executed per token: ``6·N_active`` for the weights, attention ``12·L·d·s``
     (``d`` = heads x head_dim) halved for a causal kernel, and for a full recompute one more
     forward (``2·N_active`` and a third of the attention); selective recompute redoes only the
-    attention."""
+    attention, MLP-only recompute the MLP's ``2·N_mlp``."""
     n = dims.params_active
     attn = 12 * dims.layers * _attention_dim(dims) * seq_len if attention else 0.0
     if causal:
@@ -183,6 +222,10 @@ def flops_per_token(
         f += 2 * n + attn / 3
     elif recompute == Recompute.SELECTIVE:
         f += attn / 3
+    elif recompute == Recompute.MLP:
+        mats = 3 if dims.gated_mlp else 2
+        k = dims.experts_per_token if dims.is_moe else 1
+        f += 2 * dims.layers * mats * dims.ffn * dims.hidden * k
     return float(f)
 
 
@@ -241,11 +284,14 @@ def group_bandwidth(hw: Hardware, ranks: int, stride: int) -> float:
 
 
 def collective_time(hw: Hardware, nbytes: float, ranks: int, stride: int, steps: int) -> float:
-    """Seconds of one collective moving ``nbytes`` per rank in ``steps`` ring steps."""
+    """Seconds of one collective moving ``nbytes`` per rank in ``steps`` ring steps. A ring step
+    ends when its slowest hop does: a ring through several nodes pays the network's latency at
+    every step, even where most hops are NVLink."""
     if ranks <= 1:
         return 0.0
-    hop = RING_STEP_LATENCY_S if _spans_nodes(hw, ranks, stride) else RING_STEP_LATENCY_S / 5
-    return COLLECTIVE_LAUNCH_S + steps * hop + nbytes / group_bandwidth(hw, ranks, stride)
+    hop = RING_STEP_LATENCY_S if _spans_nodes(hw, ranks, stride) else RING_STEP_LATENCY_INTRA_S
+    bandwidth = group_bandwidth(hw, ranks, stride) * nbytes / (nbytes + NCCL_HALF_BANDWIDTH_BYTES)
+    return COLLECTIVE_LAUNCH_S + steps * hop + nbytes / bandwidth
 
 
 def allreduce_time(hw: Hardware, size: float, ranks: int, stride: int) -> float:
@@ -284,6 +330,8 @@ class LayerForward(NamedTuple):
     gemm: float
     attention: float
     elementwise: float
+    mlp: float = 0.0
+    """The MLP's share of ``gemm`` (what an MLP-only recompute runs again)."""
 
 
 def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> LayerForward:
@@ -305,15 +353,48 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
     if dims.is_moe:
         per_expert = t * k_active * d.ep / dims.num_experts
         mlp = gemm(per_expert, mats * dims.ffn / tp, h) + gemm(per_expert, h, dims.ffn / tp)
-        sec += mlp * dims.num_experts / d.ep + gemm(t, dims.num_experts, h)
+        mlp = mlp * dims.num_experts / d.ep
+        sec += mlp + gemm(t, dims.num_experts, h)
     else:
-        sec += gemm(t, mats * dims.ffn / tp, h) + gemm(t, h, dims.ffn / tp)
-    # Scores and context of a causal kernel: each query attends to half the keys on average.
-    attn = 4 * t * seq_len * q / tp / 2 / (hw.peak_flops * hw.gemm * ATTENTION_EFFICIENCY)
+        mlp = gemm(t, mats * dims.ffn / tp, h) + gemm(t, h, dims.ffn / tp)
+        sec += mlp
+    attn = _attention_forward(dims, d, hw, seq_len, t)
     width = h / (tp if d.sequence_parallel else 1) + dims.ffn * k_active / tp / 4
-    elem = ELEMENTWISE_BYTES * t * width * _act_bytes(d) / 2 / hw.hbm_bytes_per_s
+    elem_bytes = ELEMENTWISE_BYTES * (1.0 if d.framework == Framework.MEGATRON else EAGER_PASSES)
+    elem = elem_bytes * t * width * _act_bytes(d) / 2 / hw.hbm_bytes_per_s
     fixed = LAYER_OVERHEAD_S + (MOE_DISPATCH_S if dims.is_moe else 0.0)
-    return LayerForward(sec, attn, elem + fixed)
+    return LayerForward(sec, attn, elem + fixed, mlp)
+
+
+def fused_attention(d: LayoutDraft) -> bool:
+    """Whether the attention runs as one fused (FlashAttention / cuDNN / SDPA) kernel. Training
+    stacks that do (Megatron-Core with Transformer Engine, torchtitan, FSDP with SDPA) train in
+    bf16 (or FP8 linears around bf16 attention); fp16 and fp32 training runs the classic path
+    (Megatron-LM's fused scale-mask-softmax between two batched GEMMs, as in Narayanan et al.
+    2021, Korthikanti et al. 2022 and BLOOM), and V100s, which only have fp16, have no
+    FlashAttention 2 at all."""
+    return d.precision == Precision.BF16
+
+
+def _attention_forward(
+    dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, t: float
+) -> float:
+    """Seconds of one layer's attention core (scores, softmax, context), forward, one
+    micro-batch of ``t`` local tokens. A fused causal kernel computes half the scores (each
+    query attends to half the keys) at the GPU's attention rate for the framework's kernel
+    (:meth:`Hardware.attention`: FlashAttention-2 under SDPA, cuDNN / FA3 under Megatron) and never
+    writes them to memory. The classic path computes every score (the causal mask is applied
+    after the ``QK^T`` GEMM) in two batched GEMMs whose inner or outer dimension is the head
+    dimension, and moves the ``heads/TP x s x s`` score matrix through HBM
+    (:data:`SCORE_BYTES`: written, softmaxed, dropped out, read by the context GEMM)."""
+    q = _attention_dim(dims) / d.tp
+    flops = 4 * t * seq_len * q
+    if fused_attention(d):
+        return flops / 2 / (hw.peak_flops * hw.gemm * hw.attention(d.framework))
+    shape = gemm_shape_efficiency(seq_len / d.cp, seq_len, dims.head_dim)
+    scores = t * seq_len * dims.heads / d.tp
+    score_bytes = SCORE_BYTES if not dims.gated_mlp else SCORE_BYTES_NO_DROPOUT
+    return flops / (hw.peak_flops * hw.gemm * shape) + scores * score_bytes / hw.hbm_bytes_per_s
 
 
 def _head_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
@@ -336,9 +417,10 @@ def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad:
     one = allreduce_time(hw, size, d.tp, 1)
     if d.sequence_parallel:
         one = 2 * gather_time(hw, size, d.tp, 1)
-    forward = 2 * one * (2 if d.recompute == Recompute.FULL else 1)
+    again = {Recompute.FULL: 2.0, Recompute.MLP: 1.5}.get(d.recompute, 1.0)
+    forward = 2 * one * again  # a recomputed forward repeats its all-reduces (the MLP's one)
     backward = 2 * one
-    if d.framework == Framework.MEGATRON:
+    if d.framework == Framework.MEGATRON and fused_attention(d):
         backward = max(0.0, backward - wgrad)
     return forward + backward
 
@@ -355,7 +437,7 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
         out += vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
     if dims.is_moe and d.ep > 1:
         routed = s_local * d.micro_batch * dims.hidden * act_b * dims.experts_per_token / d.tp
-        passes = 4 if d.recompute != Recompute.FULL else 6
+        passes = 6 if d.recompute in (Recompute.FULL, Recompute.MLP) else 4
         one = collective_time(hw, gather_bytes(routed, d.ep), d.ep, d.tp * d.cp, d.ep - 1)
         out += passes * one * (1 - Overlap.ep)
     return out
@@ -368,11 +450,14 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
     f = _layer_forward(dims, d, hw, seq_len)
     layer_fwd = f.gemm + f.attention + f.elementwise
-    layer_bwd = 2 * f.gemm + FLASH_BACKWARD * f.attention + 2 * f.elementwise
+    attn_bwd = FLASH_BACKWARD if fused_attention(d) else 2.0
+    layer_bwd = 2 * f.gemm + attn_bwd * f.attention + 2 * f.elementwise
     if d.recompute == Recompute.FULL:
         layer_bwd += layer_fwd
     elif d.recompute == Recompute.SELECTIVE:
         layer_bwd += f.attention
+    elif d.recompute == Recompute.MLP:
+        layer_bwd += f.mlp
     per_layer = layer_fwd + layer_bwd
     head = 3 * _head_forward(dims, d, hw, seq_len)
     compute = max(max(split) * per_layer, split[-1] * per_layer + head)
@@ -452,7 +537,7 @@ def _step_comm(
     if expert:
         ep_dp = max(1, d.dp * d.cp // d.ep)
         comm = allreduce_time(hw, expert * _grad_reduce_bytes(d), ep_dp, d.tp * d.ep)
-        exposed += max(0.0, comm - Overlap.megatron * mb.backward)
+        exposed += max(0.0, comm - _megatron_overlap(d) * mb.backward)
     local = dense + expert
     if d.zero_stage >= 1 or d.framework == Framework.FSDP:
         local /= max(1, d.dp * d.cp)
@@ -494,7 +579,9 @@ def _data_parallel_exposed(
         if d.strategy == Strategy.ZERO2:
             return m * max(0.0, rs - Overlap.zero * mb.backward) + ag
         return max(0.0, rs - Overlap.zero * mb.backward) + ag
-    if d.strategy in (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID):
+    if d.strategy in (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID) or (
+        d.zero_stage >= 3
+    ):
         return _sharded_exposed(d, hw, dense, mb, units, gated)
     if d.strategy == Strategy.FSDP_GRAD_OP:
         comm = gather_time(hw, dense * 2, n, stride) + gather_time(hw, dense * g, n, stride)
@@ -502,8 +589,16 @@ def _data_parallel_exposed(
     # 3D: Megatron's all-reduce, or reduce-scatter + all-gather with the distributed optimizer.
     if d.zero_stage >= 1:
         rs = gather_time(hw, dense * g, n, stride)
-        return max(0.0, rs - Overlap.megatron * mb.backward) + gather_time(hw, dense * 2, n, stride)
-    return max(0.0, allreduce_time(hw, dense * g, n, stride) - Overlap.megatron * mb.backward)
+        rs_exposed = max(0.0, rs - _megatron_overlap(d) * mb.backward)
+        return rs_exposed + gather_time(hw, dense * 2, n, stride)
+    return max(0.0, allreduce_time(hw, dense * g, n, stride) - _megatron_overlap(d) * mb.backward)
+
+
+def _megatron_overlap(d: LayoutDraft) -> float:
+    """Share of Megatron's data-parallel reduction hidden behind the last backward:
+    Megatron-Core's ``overlap_grad_reduce``; the classic fp16 stack (see
+    :func:`fused_attention`) reduces its contiguous gradient buffer after the backward."""
+    return Overlap.megatron if fused_attention(d) else 0.0
 
 
 def _sharded_exposed(
@@ -519,7 +614,8 @@ def _sharded_exposed(
     ranks and more these collectives are latency bound (a ring of ``n`` ranks takes ``n - 1``
     steps), which is why ZeRO-3 measured 2-5x slower than PTD-P in Narayanan et al. 2021
     (Table 2). HYBRID_SHARD shards inside a node and all-reduces the shards across nodes once
-    per step. ``units``: the blocks."""
+    per step. Fully sharded 3D (``zero_stage=3``: FSDP2 or Megatron-FSDP under TP/PP/EP) gathers
+    block by block as FSDP does. ``units``: the blocks."""
     n = d.dp * d.cp
     shard = n
     replicas = 1
@@ -527,7 +623,7 @@ def _sharded_exposed(
         shard = max(1, min(n, hw.gpus_per_node // max(1, d.tp)))
         replicas = max(1, n // shard)
     pieces, gathers, eff, overlap = 1, 2, 1.0, Overlap.fsdp
-    if d.framework != Framework.FSDP:
+    if d.framework == Framework.DEEPSPEED:
         pieces = 5 if gated else 4
         gathers = 3 if d.recompute == Recompute.FULL else 2
         eff, overlap = DS_GATHER_EFFICIENCY, Overlap.zero3

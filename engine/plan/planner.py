@@ -18,6 +18,7 @@ from engine.errors import SpecError
 from engine.plan import flowchart
 from engine.plan.annotate import MAX_ALTERNATIVES, alternatives, describe, mem_line, mistakes, notes
 from engine.plan.batch import faster_choices, settle
+from engine.plan.calibration import Calibration, apply_gpu
 from engine.plan.catalog import GpuType, get_gpu
 from engine.plan.context import PlanContext, resolve_precision
 from engine.plan.forced import check_forced, forced_fit_step
@@ -38,6 +39,7 @@ def plan(spec: Spec) -> Plan:
     warnings: list[str] = []
     path: list[PathStep] = []
     precision = resolve_precision(spec, gpu, warnings, path)
+    calibration = _calibration(spec, gpu, warnings, path)
     ctx = PlanContext.build(spec, dims, gpu, precision)
     check_forced(ctx)
     forced = spec.layout.is_forced
@@ -77,6 +79,7 @@ def plan(spec: Spec) -> Plan:
         warnings=warnings,
         forced=forced,
         batch_choices=choices,
+        calibration=calibration,
     )
 
 
@@ -90,10 +93,39 @@ def _offer(ctx: PlanContext, lay: Layout, choice: BatchChoice) -> str:
 
 
 def _gpu(spec: Spec) -> GpuType:
+    """The catalog's GPU, its GEMM efficiency scaled by the spec's calibration for it."""
     try:
-        return get_gpu(spec.hardware.gpu)
+        gpu = get_gpu(spec.hardware.gpu)
     except ValueError as e:
         raise SpecError(str(e), field="hardware.gpu") from None
+    cal = spec.calibration
+    return apply_gpu(gpu, cal) if cal is not None and cal.applies_to(gpu.key) else gpu
+
+
+def _calibration(
+    spec: Spec, gpu: GpuType, warnings: list[str], path: list[PathStep]
+) -> Calibration | None:
+    """The spec's calibration when it was measured on this GPU (its path step says so), else
+    None with a warning: factors measured on another GPU say nothing of this one."""
+    cal = spec.calibration
+    if cal is None:
+        return None
+    if not cal.applies_to(gpu.key):
+        warnings.append(
+            f"calibration: {cal.name!r} was measured on {cal.gpu}, not {gpu.key}; not applied "
+            f"(calibrate from a run on {gpu.key})"
+        )
+        return None
+    src = cal.source
+    why = (
+        f"{src.layout or 'the run'} measured {src.measured_step_time_s:.4g} s/step over "
+        f"{src.steps} steps ({src.date[:10]}), where the catalog's figures predicted "
+        f"{src.predicted_step_time_s:.4g} s"
+    )
+    if cal.network != 1.0 and not cal.network_applies(spec.network.tier.value):
+        why += f"; network factor not applied: measured on {cal.network_tier or 'one node'}"
+    path.append(PathStep(question="Which efficiency figures?", answer=cal.label(), reason=why))
+    return cal
 
 
 def _way_out(spec: Spec, alts: list[Layout], path: list[PathStep]) -> list[Layout]:

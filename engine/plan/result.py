@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.plan.calibration import Calibration
 from engine.plan.specs import (
     Framework,
     ModelDims,
@@ -154,6 +155,9 @@ class Plan(_Frozen):
     batch_choices: list[BatchChoice] = Field(default_factory=list)
     """Other global batches worth offering (see :class:`BatchChoice`); empty when the asked
     batch is as good as any nearby."""
+    calibration: Calibration | None = None
+    """The calibration the estimates use (``Spec.calibration`` when it was measured on this
+    plan's GPU); None: the catalog's figures."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``plan --json`` object (documented in the README)."""
@@ -172,6 +176,9 @@ class Plan(_Frozen):
             "batch_choices": [b.model_dump(mode="json") for b in self.batch_choices],
             "spec": self.spec.model_dump(mode="json", exclude_none=True),
         }
+        data["calibration"] = (
+            None if self.calibration is None else self.calibration.model_dump(mode="json")
+        )
         return data
 
 

@@ -157,9 +157,10 @@ def _cp_degrees(ctx: PlanContext) -> list[int]:
     if seq < LONG_SEQUENCE:
         return [1]
     cps = [c for c in (1, 2, 4, 8, 16, 32) if seq % c == 0 and seq // c >= MIN_CP_CHUNK]
-    # Keep the search bounded: no split, and the three smallest that bring a chunk to <= 32K.
+    # Keep the search bounded: every split up to the third that brings a chunk to <= 32K (a
+    # smaller one, e.g. cp=2 beside tp=4 at 128K, can be the fastest).
     enough = [c for c in cps if seq // c <= LONG_SEQUENCE]
-    return sorted({1, *enough[:3]} & set(cps)) if enough else cps
+    return [c for c in cps if c <= enough[:3][-1]] if enough else cps
 
 
 def _ep_degrees(ctx: PlanContext, dp: int, cp: int) -> list[int]:
@@ -269,8 +270,8 @@ def _recomputes(ctx: PlanContext) -> list[Recompute]:
         return [forced]
     if ctx.flash:
         # FlashAttention never stores the score matrix: selective equals none in memory.
-        return [Recompute.NONE, Recompute.FULL]
-    return [Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL]
+        return [Recompute.NONE, Recompute.MLP, Recompute.FULL]
+    return [Recompute.NONE, Recompute.SELECTIVE, Recompute.MLP, Recompute.FULL]
 
 
 MAX_MICRO_BATCH = 32
@@ -293,21 +294,23 @@ REFINED = 3
 
 def _pipeline_shapes(ctx: PlanContext, pp: int) -> list[Shape]:
     """The shapes to try for ``pp`` stages, the base one first: the even split (1F1B), else the
-    most balanced lighter-ends split; then each interleaving of the even split and the other
-    splits. A forced pp that no split fits keeps the even split (the plan warns that Megatron
-    refuses it); forced virtual stages are the only shape."""
+    most balanced lighter-ends split; then each interleaving of it and the other splits, each
+    with its own interleavings (lighter ends and virtual stages combine where every stage's
+    layers split into whole chunks). A forced pp that no split fits keeps the even split (the
+    plan warns that Megatron refuses it); forced virtual stages keep the splits they divide, or
+    the even one."""
     lay = ctx.spec.layout
     layers = ctx.dims.layers
     if pp <= 1:
         return [(0, 0, 1)]
+    splits = uneven_splits(layers, pp) or [(0, 0)]
     if lay.virtual_stages is not None:
-        return [(0, 0, lay.virtual_stages)]
+        v = lay.virtual_stages
+        forced = [(f, la, v) for f, la in splits if v in virtual_options(layers, pp, f, la)]
+        return forced or [(0, 0, v)]
     out: list[Shape] = []
-    for first, last in uneven_splits(layers, pp) or [(0, 0)]:
-        if (first, last) == (0, 0):
-            out += [(0, 0, v) for v in virtual_options(layers, pp)]
-        else:
-            out.append((first, last, 1))
+    for first, last in splits:
+        out += [(first, last, v) for v in virtual_options(layers, pp, first, last)]
     return out
 
 

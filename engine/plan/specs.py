@@ -47,6 +47,10 @@ class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    MLP = "mlp"
+    """Partial: only each layer's MLP is recomputed (its intermediates are not kept; one more
+    MLP forward in backward), as Megatron-Core's ``--recompute-granularity selective
+    --recompute-modules mlp`` or checkpointing the MLP submodule under FSDP/DeepSpeed."""
 
 
 class Framework(StrEnum):
@@ -606,6 +610,14 @@ class Spec(_Strict):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     layout: LayoutSpec = Field(default_factory=LayoutSpec)
     launch: LaunchSpec = Field(default_factory=LaunchSpec)
+    calibration: Calibration | None = None
+    """Efficiency factors measured on this cluster (``plan --calibration NAME``, ``dtrain-tui
+    calibrate``); None: the catalog's figures."""
+
+
+from engine.plan.calibration import Calibration  # noqa: E402 - after the models it sits beside
+
+Spec.model_rebuild()
 
 
 def demo_spec() -> Spec:

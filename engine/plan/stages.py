@@ -82,16 +82,42 @@ def _lighter_ends(layers: int, pp: int, ends: int) -> int:
     return 0
 
 
-def virtual_options(layers: int, pp: int) -> list[int]:
-    """Virtual stages (model chunks per stage) to try for ``pp`` even stages: 1, and each ``v``
-    that splits a stage's layers into chunks of at least :data:`MIN_CHUNK_LAYERS` (at most
-    :data:`MAX_VIRTUAL_OPTIONS` of them, the largest kept: they shrink the bubble most)."""
-    if pp <= 1 or layers % pp:
+def virtual_options(layers: int, pp: int, first: int = 0, last: int = 0) -> list[int]:
+    """Virtual stages (model chunks per stage) to try for ``pp`` stages split as
+    :func:`stage_layers` splits them: 1, and each ``v`` that divides every stage's layer count
+    (Megatron-Core's rule for ``--num-virtual-stages-per-pipeline-rank`` beside
+    ``--decoder-first/last-pipeline-num-layers``: "each stage's layer count must be divisible by
+    the VPP size") with chunks of at least :data:`MIN_CHUNK_LAYERS` on the heaviest stage (at
+    most :data:`MAX_VIRTUAL_OPTIONS` of them, the largest kept: they shrink the bubble most).
+    Lighter ends and interleaving combine, as Llama 3 405B trained (§3.3.2)."""
+    if pp <= 1:
         return [1]
-    per_stage = layers // pp
-    vs = [v for v in range(2, per_stage + 1) if per_stage % v == 0]
-    vs = [v for v in vs if per_stage // v >= MIN_CHUNK_LAYERS]
+    split = stage_layers(layers, pp, first, last)
+    if sum(split) != layers or min(split) < 1:
+        return [1]
+    heaviest = max(split)
+    vs = [
+        v
+        for v in range(2, min(split) + 1)
+        if all(n % v == 0 for n in split) and heaviest // v >= MIN_CHUNK_LAYERS
+    ]
     return [1, *vs[-MAX_VIRTUAL_OPTIONS:]]
+
+
+def in_flight(pp: int, grad_accum: int, v: int, stage: int) -> float:
+    """Micro-batches' worth of activations (of that stage's whole layer count) that pipeline
+    stage ``stage`` holds at its peak. 1F1B: stage ``i`` runs ``p - i`` forwards before its
+    first backward, at most the ``m`` there are. Interleaved (``v`` chunks of ``1/v`` of the
+    stage): Megatron's warm-up runs ``2(p - i - 1) + (v - 1)p`` chunk forwards and one more,
+    at most the ``m·v`` there are -- ``p + (p-1)/v`` micro-batches on the first stage
+    (Korthikanti et al. 2022, §4.2.3), but no more than all ``m`` when ``m = p``."""
+    m = max(1, grad_accum)
+    if pp <= 1:
+        return 1.0
+    if v <= 1:
+        return float(min(pp - stage, m))
+    chunks = min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)
+    return chunks / v
 
 
 def heaviest_stage_layers(layers: int, pp: int, first: int = 0, last: int = 0) -> int:

@@ -180,6 +180,18 @@ class RunDir:
                 r.host = names[r.node_rank]
             self._write()
 
+    def set_diagnosis(self, diagnosis: dict[str, Any]) -> None:
+        """run.json's ``diagnosis`` (who is stuck where), replacing an earlier one."""
+        with self._lock:
+            self._record.diagnosis = diagnosis
+            self._write()
+
+    def set_transport(self, transport: dict[str, Any]) -> None:
+        """run.json's ``transport`` (the NCCL transport check), replacing an earlier one."""
+        with self._lock:
+            self._record.transport = transport
+            self._write()
+
     def set_rank_exit(self, rank: int, exit_code: int | None, reason: str = "") -> None:
         with self._lock:
             for r in self._record.ranks:

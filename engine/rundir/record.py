@@ -88,6 +88,12 @@ class RunRecord(BaseModel):
     """The launcher process (:func:`engine.rundir.launcher.launcher_record`)."""
     launcher_died: bool = False
     """Set by the reaper or a reader when the launcher vanished; written only when true."""
+    diagnosis: dict[str, Any] | None = None
+    """Who is stuck where, when a hang was diagnosed (:class:`engine.diagnose.flight.Diagnosis`
+    as JSON values; ``summary`` is its one line); written only when set."""
+    transport: dict[str, Any] | None = None
+    """What NCCL chose against the plan (:meth:`engine.diagnose.transport.TransportReport.to_json`:
+    ``verdict``, ``expected``, ``chosen``, ``nodes``, ``findings``); written only when known."""
 
     # --- the writer's side
 
@@ -99,6 +105,10 @@ class RunRecord(BaseModel):
                 del rank["reason"]
         if not self.launcher_died:
             del data["launcher_died"]
+        if self.diagnosis is None:
+            del data["diagnosis"]
+        if self.transport is None:
+            del data["transport"]
         return data
 
     def to_json(self, *, compact: bool = False) -> str:
@@ -138,6 +148,8 @@ class RunRecord(BaseModel):
             reason=str(data.get("reason") or data.get("failed_reason") or ""),
             launcher=data["launcher"] if isinstance(data.get("launcher"), dict) else None,
             launcher_died=data.get("launcher_died") is True,
+            diagnosis=d if isinstance(d := data.get("diagnosis"), dict) else None,
+            transport=t if isinstance(t := data.get("transport"), dict) else None,
         )
         _bounded(rec.world_size, MAX_RANKS + 1, "world_size", path)
         _bounded(rec.nodes, MAX_NODES + 1, "nodes", path)

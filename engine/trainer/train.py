@@ -26,6 +26,14 @@ without CUDA it runs on CPU over gloo. Every rank prints one line per optimizer 
 
 (``tokens_per_s`` is this rank's tokens per second; ``mem_gb`` the peak GPU memory allocated, or
 the process's peak RSS on CPU) and at the end ``[dtrain] done steps=<n> time_s=<float>``.
+
+Flight Recorder on demand: ``kill -USR1 <rank pid>`` makes the rank print one line
+``[dtrain] fr {json}`` (its rank, node, host, the last collectives it entered per process group
+and the main thread's Python stack) and write the full dump to ``logs/fr_rank<R>.json`` in the
+bundle. It works while the training thread is blocked inside a collective: SIGUSR1 is blocked in
+every thread (before torch starts any) and a daemon thread takes it with ``sigwait``; torch's
+collectives wait with the GIL released. The launcher asks every rank this way when a run hangs
+(:mod:`engine.diagnose.flight` reads the lines).
 """
 
 from __future__ import annotations
@@ -36,17 +44,45 @@ import json
 import math
 import os
 import resource
+import signal
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F  # noqa: N812
-from torch import nn
+# Before torch starts any thread: every thread created from here on inherits this mask, so a
+# SIGUSR1 (a request for a Flight Recorder dump) stays pending until the dump thread takes it
+# with sigwait, instead of killing the process (SIGUSR1's default action) on some torch thread.
+if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402, N812
+from torch import nn  # noqa: E402
 
 PREFIX = "[dtrain]"
+FR_BUFFER = "2000"
+"""Flight Recorder entries kept per process (TORCH_FR_BUFFER_SIZE) when nccl.env sets none."""
+FR_LINE_ENTRIES = 8
+"""Entries (the newest) carried by the ``[dtrain] fr`` line; the file holds the whole buffer."""
+_FR_KEYS = (
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "is_p2p",
+    "profiling_name",
+    "input_sizes",
+    "input_dtypes",
+    "output_sizes",
+    "state",
+    "retired",
+    "time_created_ns",
+    "timeout_ms",
+)
 
 
 def log(msg: str) -> None:
@@ -91,6 +127,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--fail-at-step", type=int, help="raise at this step on --fail-rank (fault tests)"
     )
     p.add_argument("--fail-rank", type=int, default=0)
+    p.add_argument(
+        "--skip-collective-at-step",
+        type=int,
+        help="at this step every rank but --skip-rank enters an extra all-reduce that "
+        "--skip-rank never enters: it stalls outside any collective (stuck-rank tests)",
+    )
+    p.add_argument("--skip-rank", type=int, default=1)
     args, unknown = p.parse_known_args(argv)
     if unknown:
         # Launchers (deepspeed's) add their own flags, e.g. --local_rank; never die on them.
@@ -171,6 +214,8 @@ class Config:
         self.device_pref = args.device
         self.fail_at_step = args.fail_at_step
         self.fail_rank = int(args.fail_rank)
+        self.skip_at_step = args.skip_collective_at_step
+        self.skip_rank = int(args.skip_rank)
         self.ds_config = (
             _read_json(bundle / "ds_config.json") if self.framework == "deepspeed" else {}
         )
@@ -193,6 +238,7 @@ class Block(nn.Module):
         self.gated = c.gated
         self.up = nn.Linear(c.hidden, (2 if c.gated else 1) * c.ffn, bias=False)
         self.down = nn.Linear(c.ffn, c.hidden, bias=False)
+        self.recompute_mlp = c.recompute == "mlp"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -205,13 +251,22 @@ class Block(nn.Module):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
+        if self.recompute_mlp and self.training:
+            # Partial recompute (layout recompute = "mlp"): the MLP's intermediates are not kept;
+            # backward runs its forward again (Megatron-Core's --recompute-modules mlp).
+            from torch.utils.checkpoint import checkpoint
+
+            return x + checkpoint(self.mlp, x, use_reentrant=False)
+        return x + self.mlp(x)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(self.ln2(x))
         if self.gated:
             g, u = h.chunk(2, dim=-1)
             h = F.silu(g) * u
         else:
             h = F.gelu(h)
-        return x + self.down(h)
+        return self.down(h)
 
 
 class GPT(nn.Module):
@@ -309,8 +364,8 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
     if mp_dtype is torch.float16 and device.type != "cuda":
         mp_dtype = None
     strategy = str(cfg.get("sharding_strategy", "FULL_SHARD")).upper()
-    if cfg.get("activation_checkpointing"):
-        model.recompute = True
+    if cfg.get("activation_checkpointing") and c.recompute != "mlp":
+        model.recompute = True  # a whole block ("mlp": only its MLP, see Block.forward)
     if version == 1 and device.type != "cuda":
         # FSDP1 refuses to run without an accelerator; FSDP2 (fully_shard) shards the same way on CPU.
         if dist.get_rank() == 0:
@@ -405,6 +460,117 @@ def init_deepspeed(model: nn.Module, c: Config, device: torch.device, world: int
     return engine
 
 
+# --------------------------------------------------------------------------- flight recorder
+
+
+def _fr_dump() -> dict[str, Any] | None:
+    """This process's Flight Recorder buffer as JSON values, or None where torch has none."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        data = json.loads(_dump_fr_trace_json())
+    except Exception:  # noqa: BLE001 - an older torch, or no process group yet
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _main_stack(main_id: int | None, depth: int = 4) -> list[str]:
+    """The innermost frames of the training thread's own code (not the standard library's or
+    an installed package's), ``file:line function``."""
+    import sysconfig
+
+    libs = tuple(
+        str(Path(p).resolve())
+        for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}
+    )
+    frame = sys._current_frames().get(main_id) if main_id is not None else None
+    out: list[str] = []
+    while frame is not None and len(out) < depth:
+        code = frame.f_code
+        if not str(Path(code.co_filename).resolve()).startswith(libs):
+            out.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return out
+
+
+def fr_line(rank: int, main_id: int | None, dump: dict[str, Any] | None) -> str:
+    """The one line a rank prints when asked for its Flight Recorder dump (compact JSON)."""
+    dump = dump or {}
+    entries = dump.get("entries")
+    entries = entries if isinstance(entries, list) else []
+    body = {
+        "rank": rank,
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "node": int(os.environ.get("GROUP_RANK", "0")),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": round(time.time(), 3),
+        "recorder": dump is not None,
+        "pg_config": dump.get("pg_config") or {},
+        "pg_status": dump.get("pg_status") or {},
+        "entries": [
+            {k: e[k] for k in _FR_KEYS if k in e}
+            for e in entries[-FR_LINE_ENTRIES:]
+            if isinstance(e, dict)
+        ],
+        "stack": _main_stack(main_id),
+    }
+    return f"{PREFIX} fr " + json.dumps(body, separators=(",", ":"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def start_fr_dumper(rank: int, logs: Path) -> bool:
+    """Answer each SIGUSR1 with a Flight Recorder dump (one ``[dtrain] fr`` line on stdout, the
+    whole buffer in ``logs/fr_rank<R>.json``), from a daemon thread blocked in sigwait. Only
+    where SIGUSR1 was blocked before torch started its threads (this file run as a script)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return False
+    if signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, set()):
+        return False
+    main_id = threading.main_thread().ident
+
+    def serve() -> None:
+        while True:
+            signal.sigwait({signal.SIGUSR1})
+            dump = _fr_dump()
+            try:
+                print(fr_line(rank, main_id, dump), flush=True)
+            except Exception as e:  # noqa: BLE001 - a dump must never end the run
+                print(f"{PREFIX} warning: flight recorder dump failed: {e}", file=sys.stderr)
+            if dump is not None:
+                with contextlib.suppress(OSError):
+                    logs.mkdir(parents=True, exist_ok=True)
+                    _write_atomic(logs / f"fr_rank{rank}.json", json.dumps(dump).encode())
+
+    threading.Thread(target=serve, name="dtrain-fr-dump", daemon=True).start()
+    return True
+
+
+def skip_collective(c: Config, step: int, rank: int, device: torch.device) -> None:
+    """Test hook (--skip-collective-at-step): every rank but --skip-rank enters an extra
+    all-reduce of 1024 floats; --skip-rank never does and stalls outside any collective (as a
+    rank stuck in its data loader would), so the others wait in it until the run is stopped."""
+    if c.skip_at_step != step or not dist.is_initialized():
+        return
+    if rank == c.skip_rank:
+        print(
+            f"{PREFIX} test hook: rank {rank} skips the all-reduce of step {step} and stalls",
+            file=sys.stderr,
+            flush=True,
+        )
+        threading.Event().wait()
+    dist.all_reduce(torch.ones(1024, device=device))
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -417,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     device, backend = pick_device(c, local_rank)
     if c.framework == "deepspeed" and device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # Flight Recorder for every backend (gloo included): nccl.env sets it; older bundles not.
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
+    start_fr_dumper(rank, c.bundle / "logs")
     if world > 1 or "MASTER_ADDR" in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
@@ -453,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         if c.fail_at_step == step and rank == c.fail_rank:
             raise RuntimeError(f"injected failure at step {step} on rank {rank} (--fail-at-step)")
+        skip_collective(c, step, rank, device)
         total = 0.0
         for micro in range(c.grad_accum):
             x, y = batch(c, step * c.grad_accum + micro, rank, device)

@@ -40,9 +40,9 @@ from engine.write.common import (
 from engine.write.ds_config import Scheduler, ds_config
 from engine.write.fsdp import FSDP_VERSION, accelerate_config, fsdp_settings
 from engine.write.hostfile import hostfile
-from engine.write.launch_scripts import node_script_name, node_scripts
+from engine.write.launch_scripts import PREFLIGHT_SCRIPT, node_script_name, node_scripts
 from engine.write.manifest import MANIFEST, BundleManifest, plain_name
-from engine.write.megatron import megatron_args
+from engine.write.megatron import PRETRAIN_GPT, megatron_args, pretrain_gpt_script
 from engine.write.nccl_env import nccl_env
 from engine.write.plan_json import plan_json
 from engine.write.readme import bundle_readme
@@ -113,6 +113,19 @@ def example_trainer_text() -> str:
         ) from None
 
 
+def preflight_text() -> str:
+    """The shipped rank-side preflight, ``engine/trainer/preflight.py`` (in every bundle)."""
+    try:
+        return (
+            resources.files("engine").joinpath("trainer/preflight.py").read_text(encoding="utf-8")
+        )
+    except (FileNotFoundError, OSError):
+        raise DtrainError(
+            "the preflight engine/trainer/preflight.py is not installed; reinstall dtrain-tui",
+            field="bundle",
+        ) from None
+
+
 def _check(plan: Plan) -> None:
     check_world(plan)
     check_batch(plan.recommended)
@@ -149,8 +162,11 @@ def render_bundle(plan: Plan, options: WriteOptions | None = None) -> dict[str, 
         )
     if fw == Framework.MEGATRON:
         files["megatron_args.txt"] = BundleFile(megatron_args(plan))
+        files[PRETRAIN_GPT] = BundleFile(pretrain_gpt_script(plan), EXEC_MODE)
     if uses_example_trainer(plan):
         files["train.py"] = BundleFile(example_trainer_text())
+    # Every bundle, whatever its training script: `dtrain-tui preflight` runs it in this world.
+    files[PREFLIGHT_SCRIPT] = BundleFile(preflight_text())
     files["README.md"] = BundleFile(bundle_readme(plan, [*files, MANIFEST]))
     return {name: files[name] for name in sorted(files, key=natural_key)}
 
@@ -328,3 +344,88 @@ def _remove_stale(
             report.removed.append(name)
         else:
             report.kept.append(name)
+
+
+@dataclass
+class WritePreview:
+    """What :func:`write_bundle` would do in ``out_dir``, file by file, without touching it:
+    what a person confirms before anything is replaced or removed."""
+
+    out_dir: Path
+    new: list[str] = field(default_factory=list)
+    """Files not on disk yet: created."""
+    changed: list[str] = field(default_factory=list)
+    """Files dtrain-tui wrote, unedited, whose content changes: replaced."""
+    unchanged: list[str] = field(default_factory=list)
+    """Files already on disk with exactly the new content."""
+    conflicts: dict[str, str] = field(default_factory=dict)
+    """File -> why it is in the way (edited, not ours, not a regular file): the write refuses,
+    and under ``force`` renames each to ``NAME.bak-<UTC time>`` first."""
+    removed: list[str] = field(default_factory=list)
+    """Files of the previous bundle this plan no longer needs (unedited): deleted."""
+    kept: list[str] = field(default_factory=list)
+    """Files of the previous bundle this plan no longer needs, edited: left in place."""
+
+    @property
+    def touches_existing(self) -> bool:
+        """The write would replace, back up or delete something already on disk."""
+        return bool(self.changed or self.conflicts or self.removed)
+
+    def lines(self) -> list[str]:
+        """What the write would do to files already there, one line per kind (empty: it only
+        creates files or finds them unchanged)."""
+        out: list[str] = []
+        if self.removed:
+            out.append(f"remove {', '.join(self.removed)} (no longer used by this plan; unedited)")
+        if self.conflicts:
+            out.append(
+                "back up "
+                + ", ".join(f"{n} ({why})" for n, why in self.conflicts.items())
+                + " as NAME.bak-<time>, then write the new "
+                + ("files" if len(self.conflicts) > 1 else "file")
+            )
+        if self.changed:
+            out.append(f"replace {', '.join(self.changed)} (changed by this plan)")
+        if self.kept:
+            out.append(f"keep {', '.join(self.kept)} (edited; no longer used by this plan)")
+        return out
+
+
+def preview_write(files: dict[str, str], out_dir: Path) -> WritePreview:
+    """What writing a bundle of ``files`` (name -> text, as :func:`render_bundle` gives, without
+    ``bundle.json``) into ``out_dir`` would create, replace, back up and remove. Reads the
+    directory, writes nothing; raises DtrainError where :func:`write_bundle` would refuse the
+    directory itself (a file, a manifest naming paths outside it)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DtrainError(f"{out} exists and is not a directory; pass a directory", field="--out")
+    prev = WritePreview(out_dir=out)
+    if not out.is_dir():
+        prev.new = sorted(files, key=natural_key)
+        return prev
+    recorded, manifest_ours = _previous(out)
+    for name in sorted(files, key=natural_key):
+        path = out / name
+        if not path.exists() and not path.is_symlink():
+            prev.new.append(name)
+            continue
+        if path.is_symlink() or not path.is_file():
+            prev.conflicts[name] = "not a regular file"
+            continue
+        current = _sha_file(path)
+        if current == hashlib.sha256(files[name].encode("utf-8")).hexdigest():
+            prev.unchanged.append(name)
+        elif recorded.get(name) == current:
+            prev.changed.append(name)
+        elif name in recorded:
+            prev.conflicts[name] = "edited since dtrain-tui wrote it"
+        else:
+            prev.conflicts[name] = "not written by dtrain-tui"
+    if not manifest_ours:
+        prev.conflicts[MANIFEST] = "not a dtrain-tui manifest"
+    for name, old_hash in sorted(recorded.items()):
+        path = out / name
+        if name in files or name == MANIFEST or path.is_symlink() or not path.is_file():
+            continue
+        (prev.removed if _sha_file(path) == old_hash else prev.kept).append(name)
+    return prev

@@ -8,7 +8,8 @@ Rendezvous: one node uses c10d on 127.0.0.1; several nodes use torchrun's static
 ``MASTER_ADDR:MASTER_PORT`` with an explicit ``--node-rank``, because c10d hands out node ranks
 in join order, and the launch backends, the hostfile and the monitor all number ranks by node
 position. ``MASTER_ADDR`` and ``MASTER_PORT`` from the environment override the written values
-(the local backend picks a free port this way).
+(the local backend picks a free port this way). ``DTRAIN_PREFLIGHT=1`` runs the bundle's
+``preflight.py`` in place of the training script (``dtrain-tui preflight``), in the same world.
 
 Every spec value in a script is shell-quoted (:func:`engine.write.common.q`) or refused.
 """
@@ -31,6 +32,12 @@ from engine.write.common import (
 
 TEE_ALL = 3
 """torchrun ``--tee 3``: copy both stdout (1) and stderr (2) of every rank, prefixed."""
+
+
+PREFLIGHT_VAR = "DTRAIN_PREFLIGHT"
+"""Set to 1 in a node script's environment, it runs :data:`PREFLIGHT_SCRIPT` in the run's world."""
+PREFLIGHT_SCRIPT = "preflight.py"
+"""The rank-side preflight (``engine/trainer/preflight.py``), in every bundle."""
 
 
 def node_script_name(node: int) -> str:
@@ -138,7 +145,13 @@ def node_script(plan: Plan, node: int) -> str:
     # Options as "--flag value" per line, then the script and its arguments on the last line.
     split = argv.index("--tee") + 2
     body = [" ".join(_render_word(w) for w in argv[i : i + 2]) for i in range(0, split, 2)]
-    tail = " ".join(q(w) for w in argv[split:])  # literal: never a variable
+    lines += [
+        f"# {PREFLIGHT_VAR}=1 (set by `dtrain-tui preflight`): this same world runs the bundle's",
+        f"# {PREFLIGHT_SCRIPT} (all-reduce sweep, node pairs, GEMM) instead of the training script.",
+        f"ENTRY={q(argv[split])}",
+        f'if [[ "${{{PREFLIGHT_VAR}:-}}" == 1 ]]; then ENTRY={PREFLIGHT_SCRIPT}; fi',
+    ]
+    tail = " ".join(['"$ENTRY"', *(q(w) for w in argv[split + 1 :])])  # literal arguments
     if megatron:
         tail += ' "${MEGATRON_ARGS[@]}"'
     body.append(tail)

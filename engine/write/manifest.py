@@ -6,8 +6,8 @@ node i (run from the bundle directory, it sources ``nccl.env`` and starts torchr
 so each line carries torchrun's ``[default{local_rank}]:`` prefix; global rank =
 node_rank * gpus_per_node + local_rank); ``nccl.env``; ``hostfile``; ``sky.yaml``; the training
 script (``train.py``, the example trainer, unless the user names their own); and, depending on the
-plan, ``ds_config.json``, ``fsdp.json`` + ``accelerate_config.yaml``, ``megatron_args.txt``;
-and a ``README.md``.
+plan, ``ds_config.json``, ``fsdp.json`` + ``accelerate_config.yaml``, ``megatron_args.txt`` +
+``pretrain_gpt.sh`` (the Megatron-LM command); and a ``README.md``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,73 @@
-"""``megatron_args.txt`` for 3D plans: Megatron-LM's ``pretrain_gpt.py`` arguments for the
-parallel degrees, batch, recompute, precision and model shape. One flag (and its value) per
-line; ``#`` lines are comments. The node scripts read it into an array when the plan runs the
-user's Megatron script."""
+"""``megatron_args.txt`` and ``pretrain_gpt.sh`` for 3D plans.
+
+``megatron_args.txt``: Megatron-LM's ``pretrain_gpt.py`` arguments for the parallel degrees,
+batch, recompute, precision and the model's architecture (normalization, position embedding,
+gated MLP, grouped-query attention, biases, tied embeddings, shape). One flag (and its value)
+per line; ``#`` lines are comments. The node scripts read it into an array when the plan runs
+the user's Megatron script.
+
+``pretrain_gpt.sh``: the real run, one script for every node (``NODE_RANK`` picks the node):
+torchrun with the bundle's rendezvous starts ``$MEGATRON_LM/pretrain_gpt.py`` with those
+arguments, the tokenizer and the data (``DATA_PATH`` + ``TOKENIZER_MODEL``; without them,
+Megatron's mock data and its NullTokenizer at the model's vocabulary). The example trainer that
+the launch backends start for a 3D plan trains the data-parallel part only: a smoke test.
+
+Flag names follow Megatron-LM's ``megatron/training/arguments.py`` (NVIDIA/Megatron-LM:
+``_add_network_size_args``: ``--normalization {LayerNorm,RMSNorm}``,
+``--position-embedding-type {learned_absolute,rope,...}``, ``--swiglu``,
+``--group-query-attention``, ``--num-query-groups``, ``--kv-channels``,
+``--untie-embeddings-and-output-weights``; ``_add_training_args``: ``--disable-bias-linear``,
+``--add-qkv-bias``; ``_add_regularization_args``: ``--attention-dropout``, ``--hidden-dropout``;
+``_add_data_args``: ``--mock-data``, ``--vocab-size``, ``--data-path``; ``_add_tokenizer_args``:
+``--tokenizer-type {HuggingFaceTokenizer,NullTokenizer,...}``, ``--tokenizer-model``).
+"""
 
 from __future__ import annotations
 
 from engine.errors import DtrainError
 from engine.plan.result import Plan
-from engine.plan.specs import PPSchedule, Precision, Recompute
-from engine.write.common import check_batch, lr
+from engine.plan.specs import ModelDims, PPSchedule, Precision, Recompute
+from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
+
+PRETRAIN_GPT = "pretrain_gpt.sh"
+"""The bundle's Megatron-LM command for 3D plans, next to ``megatron_args.txt``."""
+
+_RMSNORM_ROPE = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"}
+)
+"""Hugging Face model types built like Llama: RMSNorm, rotary positions, no dropout."""
+_NO_LINEAR_BIAS = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "falcon"}
+)
+"""Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v)."""
+_ROPE_LAYERNORM = frozenset({"gpt_neox", "falcon"})
+"""LayerNorm models with rotary positions."""
+
+
+def _llama_like(m: ModelDims) -> bool:
+    """RMSNorm, RoPE, no biases, no dropout: the Llama family, and dimensions given by hand
+    with a gated MLP (the planner models those as Llama-style decoders)."""
+    return m.arch in _RMSNORM_ROPE or (m.arch == "generic" and m.gated_mlp)
+
+
+def architecture_args(m: ModelDims) -> list[str]:
+    """Megatron flags for what the model *is* beyond its shape: normalization, position
+    embedding, biases, dropout, q/k norm and head width."""
+    llama = _llama_like(m)
+    out = [f"--normalization {'RMSNorm' if llama else 'LayerNorm'}"]
+    rope = llama or m.arch in _ROPE_LAYERNORM
+    out.append(f"--position-embedding-type {'rope' if rope else 'learned_absolute'}")
+    if m.arch in _NO_LINEAR_BIAS or (m.arch == "generic" and m.gated_mlp):
+        out.append("--disable-bias-linear")
+        if m.arch == "qwen2":
+            out.append("--add-qkv-bias")
+    if m.arch == "qwen3":
+        out.append("--qk-layernorm")
+    if m.head_dim * m.heads != m.hidden:
+        out.append(f"--kv-channels {m.head_dim}")
+    if llama:
+        out += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    return out
 
 
 def megatron_args_list(plan: Plan) -> list[str]:
@@ -31,7 +90,12 @@ def megatron_args_list(plan: Plan) -> list[str]:
                 field="layout.sequence_parallel",
             )
         out.append("--sequence-parallel")
-    if lay.pp_schedule == PPSchedule.INTERLEAVED and lay.virtual_stages > 1:
+    uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
+    if lay.pp_schedule == PPSchedule.INTERLEAVED and lay.virtual_stages > 1 and uneven:
+        # Lighter ends with interleaving: Megatron-Core splits each stage's own layer count
+        # into this many chunks (the planner only picks counts every stage divides).
+        out.append(f"--num-virtual-stages-per-pipeline-rank {lay.virtual_stages}")
+    elif lay.pp_schedule == PPSchedule.INTERLEAVED and lay.virtual_stages > 1:
         per_chunk, rem = divmod(m.layers, lay.pp * lay.virtual_stages)
         if rem or per_chunk == 0:
             raise DtrainError(
@@ -51,6 +115,9 @@ def megatron_args_list(plan: Plan) -> list[str]:
     ]
     if lay.recompute == Recompute.SELECTIVE:
         out.append("--recompute-granularity selective")
+    elif lay.recompute == Recompute.MLP:
+        # Megatron-Core's selective recompute of named submodules (arguments.py --recompute-modules).
+        out += ["--recompute-granularity selective", "--recompute-modules mlp"]
     elif lay.recompute == Recompute.FULL:
         out += [
             "--recompute-granularity full",
@@ -77,6 +144,7 @@ def megatron_args_list(plan: Plan) -> list[str]:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}"]
     if not m.tie_embeddings:
         out.append("--untie-embeddings-and-output-weights")
+    out += architecture_args(m)
     out += [
         f"--seq-length {tr.seq_len}",
         f"--max-position-embeddings {max(tr.seq_len, m.max_position or 0)}",
@@ -94,6 +162,63 @@ def megatron_args(plan: Plan) -> str:
         "# Megatron-LM (pretrain_gpt.py) arguments for this plan, written by dtrain-tui.",
         f"# tp {lay.tp} x pp {lay.pp} x cp {lay.cp} x dp {lay.dp} = {lay.world_size} GPUs"
         + (f"; ep {lay.ep} inside dp" if lay.ep > 1 else ""),
-        "# Add your data, tokenizer and checkpoint flags; pass with: $(grep -v '^#' megatron_args.txt)",
+        "# pretrain_gpt.sh runs Megatron-LM with these, adding the data and tokenizer; add your",
+        "# checkpoint flags (--save, --load) here. By hand: $(grep -v '^#' megatron_args.txt)",
     ]
     return "\n".join(header + megatron_args_list(plan)) + "\n"
+
+
+def pretrain_gpt_script(plan: Plan) -> str:
+    """``pretrain_gpt.sh`` text: Megatron-LM's ``pretrain_gpt.py`` under torchrun for node
+    ``$NODE_RANK`` with ``megatron_args.txt``, the tokenizer and the data."""
+    m = plan.model
+    launch = plan.spec.launch
+    nodes, g = plan.nodes, plan.gpus_per_node
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Megatron-LM pretrain_gpt.py for run {run_name(plan)}, written by dtrain-tui: the real",
+        "# training run of this 3D plan (the example trainer the launch backends start is a smoke",
+        "# test that trains its data-parallel part only).",
+        f"# {nodes} node(s) x {g} GPU(s); on node i run: NODE_RANK=i ./{PRETRAIN_GPT}",
+        "# Environment:",
+        "#   MEGATRON_LM      your Megatron-LM checkout (required)",
+        "#   DATA_PATH        Megatron's --data-path (a preprocessed dataset prefix); unset: mock data",
+        f"#   TOKENIZER_MODEL  a Hugging Face tokenizer (name or directory) for {single_line(m.name)}",
+        "#   NODE_RANK        this node's rank (default 0)",
+        "#   MASTER_ADDR, MASTER_PORT, TORCHRUN as for launch_node*.sh",
+        "# Check --rotary-base against the model's rope_theta (Megatron's default is 10000).",
+        "set -euo pipefail",
+        'cd "$(dirname "${BASH_SOURCE[0]}")"',
+        ': "${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout (it holds pretrain_gpt.py)}"',
+        "set -a",
+        "# shellcheck source=nccl.env",
+        "source ./nccl.env",
+        "set +a",
+        'NODE_RANK="${NODE_RANK:-0}"',
+        f'if [[ -z "${{MASTER_PORT:-}}" ]]; then MASTER_PORT={launch.master_port}; fi',
+    ]
+    addr = master_addr(plan)
+    if addr is None:
+        lines.append(': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"')
+    else:
+        lines.append(f'if [[ -z "${{MASTER_ADDR:-}}" ]]; then MASTER_ADDR={q(addr)}; fi')
+    lines += [
+        "export MASTER_ADDR MASTER_PORT",
+        "MEGATRON_ARGS=()",
+        "while read -r -a words; do",
+        "  [[ ${#words[@]} -eq 0 || ${words[0]} == \\#* ]] && continue",
+        '  MEGATRON_ARGS+=("${words[@]}")',
+        "done < megatron_args.txt",
+        'if [[ -n "${DATA_PATH:-}" ]]; then',
+        '  : "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer of your data}"',
+        '  DATA_ARGS=(--data-path "$DATA_PATH" --tokenizer-type HuggingFaceTokenizer'
+        ' --tokenizer-model "$TOKENIZER_MODEL")',
+        "else",
+        f"  DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size {m.vocab})",
+        "fi",
+        "exec ${TORCHRUN:-torchrun} \\",
+        f'  --nnodes {nodes} --nproc-per-node {g} --node-rank "$NODE_RANK" \\',
+        '  --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
+        '  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}"',
+    ]
+    return "\n".join(lines) + "\n"

@@ -28,6 +28,15 @@ def nccl_env_entries(plan: Plan) -> list[Entry]:
     out.append(
         ("OMP_NUM_THREADS", "1", "one OpenMP thread per rank, so ranks do not oversubscribe cores")
     )
+    # The Flight Recorder: every rank keeps its last collectives, so a hang can be diagnosed
+    # (which rank never entered which collective). Gloo records too.
+    out.append(
+        (
+            "TORCH_FR_BUFFER_SIZE",
+            "2000",
+            "Flight Recorder: keep each rank's last 2000 collectives to name a stuck rank",
+        )
+    )
     if not gloo:
         level = launch.nccl_debug or "WARN"
         out.append(
@@ -53,6 +62,13 @@ def nccl_env_entries(plan: Plan) -> list[Entry]:
                 "TORCH_NCCL_DUMP_ON_TIMEOUT",
                 "1",
                 "on a collective timeout, dump the flight recorder so the stuck rank can be found",
+            )
+        )
+        out.append(
+            (
+                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+                "logs/nccl_trace_rank_",
+                "where those dumps go: one file per rank in the bundle's logs/",
             )
         )
     if not gloo:

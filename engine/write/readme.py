@@ -26,7 +26,12 @@ _WHAT = {
     "fsdp.json": "FSDP settings the training script reads (FSDP2 with FSDP1 equivalents)",
     "accelerate_config.yaml": "`accelerate launch --config_file accelerate_config.yaml script.py`",
     "megatron_args.txt": "Megatron-LM arguments for the 3D layout",
+    "pretrain_gpt.sh": "the real Megatron-LM run of the 3D layout: "
+    "`MEGATRON_LM=/path/to/Megatron-LM NODE_RANK=i ./pretrain_gpt.sh` on node i "
+    "(`dtrain-tui launch` starts the example trainer instead: a smoke test)",
     "train.py": "the example trainer (a small GPT on generated tokens; torch only)",
+    "preflight.py": "the preflight (`dtrain-tui preflight .`: all-reduce busbw, node pairs, GEMM "
+    "per GPU); node scripts run it instead of the training script when DTRAIN_PREFLIGHT=1",
 }
 
 

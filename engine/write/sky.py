@@ -27,7 +27,7 @@ from engine.write.common import (
     script_args,
     script_path,
 )
-from engine.write.launch_scripts import TEE_ALL
+from engine.write.launch_scripts import PREFLIGHT_SCRIPT, PREFLIGHT_VAR, TEE_ALL
 from engine.write.yamlio import dump_yaml
 
 # Catalog key -> SkyPilot accelerator name (`sky show-gpus`).
@@ -80,12 +80,16 @@ def _setup(plan: Plan) -> str:
 def _run(plan: Plan) -> str:
     gloo = plan.gpu.dist_backend == "gloo"
     nproc = str(plan.gpus_per_node) if gloo else '"$SKYPILOT_NUM_GPUS_PER_NODE"'
-    words = " ".join(q(w) for w in [script_path(plan), *script_args(plan)])
+    words = " ".join(['"$ENTRY"', *(q(w) for w in script_args(plan))])
     return (
         "\n".join(
             [
                 "set -euo pipefail",
                 "set -a; source ./nccl.env; set +a",
+                f"# {PREFLIGHT_VAR}=1 (set by `dtrain-tui preflight`): this same world runs the",
+                f"# bundle's {PREFLIGHT_SCRIPT} (all-reduce sweep, node pairs, GEMM) instead.",
+                f"ENTRY={q(script_path(plan))}",
+                f'if [[ "${{{PREFLIGHT_VAR}:-}}" == 1 ]]; then ENTRY={PREFLIGHT_SCRIPT}; fi',
                 'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
                 "export MASTER_ADDR",
                 "mkdir -p logs",

@@ -49,6 +49,21 @@ def test_the_model_is_within_its_recorded_accuracy(harness: ModuleType) -> None:
     assert _mape(harness, ("korthikanti2022",)) < 0.15
 
 
+def test_megatron_papers_within_ten_percent_without_a_size_trend(harness: ModuleType) -> None:
+    # Narayanan 2021 (fp16, full recompute, 1.7B at TP1 to 1T at TP8 x PP64, and PTD-P vs ZeRO-3)
+    # and Korthikanti 2022: under 10 % on average, and the weak-scaling sweep has no trend with
+    # model size (the model was once 25 % fast on the small ones and too slow on the largest).
+    assert _mape(harness, ("narayanan2021",)) < 0.10
+    assert _mape(harness, ("korthikanti2022",)) < 0.10
+    rows = [r for r in harness.load_rows() if r.id.startswith("narayanan2021_t1")]
+    for r in rows:
+        harness.evaluate(r)
+    errors = [r.error for r in rows]
+    assert len(errors) == 10
+    assert max(abs(e) for e in errors) < 0.12
+    assert abs(sum(errors[:3]) / 3 - sum(errors[-3:]) / 3) < 0.10
+
+
 def test_a_wrong_model_fails_the_harness(
     harness: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,3 +122,35 @@ def test_no_published_run_is_timed_with_offload(harness: ModuleType) -> None:
         harness.evaluate(r)
     assert rows and all(r.predicted is not None for r in rows)
     assert all(r.predicted.offload.value == "none" for r in rows)  # type: ignore[union-attr]
+
+
+def test_llama3_large_runs_mfu_within_ten_percent(harness: ModuleType) -> None:
+    # Llama 3 paper Table 4 (held out: TP8 PP16 at 8K and 16K GPUs, and CP16 at 128K). With
+    # 16 micro-batches a replica only interleaving (with lighter ends: 126 layers) reaches 41 %.
+    assert _mape(harness, ("llama3_405b",)) < 0.10
+
+
+def test_fsdp2_with_expert_parallelism_fits_as_it_trained(harness: ModuleType) -> None:
+    # NeMo AutoModel (FSDP2 + EP on 80 GB H100s): Kimi K2 on 256 GPUs and Qwen3-30B-A3B on 8
+    # trained; their experts shard over the EP x FSDP mesh, the fp32 shards are the master.
+    rows = [r for r in harness.load_rows() if r.id.startswith("automodel_h100")]
+    for r in rows:
+        harness.evaluate(r)
+    judged = [r for r in rows if r.predicted is not None]
+    assert len(judged) == 6
+    assert [r.id for r in judged if not r.predicted.fits] == []
+    assert all(r.predicted.zero_stage == 3 for r in judged if r.predicted.pp > 1)
+
+
+def test_torchtitan_h100s_are_the_500_w_hbm2e_part(harness: ModuleType) -> None:
+    # torchtitan's benchmark H100s (96GB HBM2e, 2.4 TB/s, 500 W: its own hardware section).
+    rows = [r for r in harness.load_rows() if r.id.startswith("torchtitan_dec24")]
+    assert rows and {r.spec.hardware.gpu for r in rows} == {"h100-sxm-500w"}
+    gpu = get_gpu("h100-sxm-500w")
+    assert gpu.hbm_gbps == 2400.0 and 835 < gpu.bf16_tflops < get_gpu("h100-sxm").bf16_tflops
+
+
+def test_torchtitan_rows_within_fifteen_percent(harness: ModuleType) -> None:
+    # Issue 12 round 2: torchtitan was 24 % off (bias -22 %) before its H100s were the 500 W
+    # HBM2e part and its TP/PP layouts were timed as the PyTorch-native stack they are.
+    assert _mape(harness, ("torchtitan",)) < 0.15

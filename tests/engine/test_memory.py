@@ -368,3 +368,148 @@ def test_deepspeed_estimators_agree_within_5_percent(ds_estimators: tuple[object
                     ours,
                 )
     assert checked == len(SWEEP_MODELS) * len(SWEEP_GPUS) * 5
+
+
+def test_mlp_only_recompute_sits_between_none_and_full() -> None:
+    # Partial recompute (Megatron-Core --recompute-modules mlp): the MLP's intermediates are not
+    # kept, everything else is; one layer's MLP intermediates come back while it is recomputed.
+    dims = resolve_model(ModelSpec(preset="llama-3-8b"))
+
+    def acts(rc: Recompute) -> float:
+        d = LayoutDraft(
+            strategy=Strategy.THREE_D, framework=Framework.MEGATRON, tp=2, dp=4, recompute=rc
+        )
+        return estimate_memory(dims, d, seq_len=8192, optimizer=Optimizer.ADAMW).activations
+
+    none, mlp, full = acts(Recompute.NONE), acts(Recompute.MLP), acts(Recompute.FULL)
+    assert full < mlp < none
+    # Llama 3 8B's gated MLP (f = 3.5h) holds about half of a layer's activations (TP2, no SP).
+    assert mlp < 0.6 * none
+    one_none = layer_activation_bytes(dims, 8192, 1, t=2, flash=True, dropout=False)
+    one_mlp = layer_activation_bytes(
+        dims, 8192, 1, t=2, flash=True, dropout=False, recompute=Recompute.MLP
+    )
+    assert one_none - one_mlp == pytest.approx(8192 * dims.ffn * 6 / 2)
+
+
+def test_megatron_fused_cross_entropy_keeps_half_the_logit_bytes() -> None:
+    # A 152K vocabulary: eager PyTorch keeps fp32 logits and their fp32 gradient (8 bytes a
+    # logit), Megatron's fused vocab-parallel cross-entropy the 16-bit logits and one 16-bit
+    # working copy (4 bytes).
+    dims = resolve_model(
+        ModelSpec(layers=4, hidden=2048, heads=16, vocab=151936, ffn=6144, gated_mlp=True)
+    )
+    meg = LayoutDraft(strategy=Strategy.THREE_D, framework=Framework.MEGATRON, tp=2, dp=4)
+    fsdp = LayoutDraft(strategy=Strategy.FSDP_FULL, framework=Framework.FSDP, dp=8)
+    m = estimate_memory(dims, meg, seq_len=4096, optimizer=Optimizer.ADAMW)
+    f = estimate_memory(dims, fsdp, seq_len=4096, optimizer=Optimizer.ADAMW)
+    assert m.buffers >= 4 * 4096 * 151936 / 2
+    assert f.buffers >= 8 * 4096 * 151936
+    assert m.buffers < f.buffers / 3
+
+
+def test_stage_peaks_with_lighter_ends_and_interleaving() -> None:
+    from engine.plan.stages import in_flight
+
+    # Interleaving holds p + (p-1)/v micro-batches on the first stage, but never more than all m.
+    assert in_flight(16, 64, 2, 0) == pytest.approx(16 + 15 / 2)
+    assert in_flight(16, 16, 2, 0) == 16
+    assert in_flight(16, 64, 1, 1) == 15
+    dims = resolve_model(ModelSpec(preset="llama-3.1-405b"))
+
+    def acts(first: int, last: int, v: int, m: int) -> float:
+        d = LayoutDraft(
+            strategy=Strategy.THREE_D,
+            framework=Framework.MEGATRON,
+            tp=8,
+            pp=16,
+            dp=64,
+            zero_stage=1,
+            micro_batch=1,
+            grad_accum=m,
+            sequence_parallel=True,
+            precision=Precision.BF16,
+            pp_schedule=PPSchedule.INTERLEAVED if v > 1 else PPSchedule.ONE_F_ONE_B,
+            virtual_stages=v,
+            first_stage_layers=first,
+            last_stage_layers=last,
+        )
+        return estimate_memory(
+            dims, d, seq_len=8192, optimizer=Optimizer.ADAMW, flash=True
+        ).activations
+
+    # 7/8x14/7: the second stage's 8 layers x 15 in flight outweigh the first's 7 x 16.
+    assert acts(7, 7, 1, 32) == pytest.approx(acts(0, 0, 1, 32) * 15 / 16, rel=1e-6)
+    # A lighter last stage leaves the peak on the first (8 layers); interleaving at m = p
+    # holds no more than 1F1B.
+    assert acts(0, 6, 2, 16) == pytest.approx(acts(0, 6, 1, 16))
+    assert acts(0, 6, 2, 32) > acts(0, 6, 1, 32)
+
+
+def test_fully_sharded_3d_shards_experts_over_their_own_mesh() -> None:
+    # FSDP2 + EP (NeMo AutoModel): non-expert weights shard over DP x CP, experts over
+    # DP x CP / EP after the EP split; the fp32 shards are the master (4 + 4 + 8 bytes, Adam).
+    dims = resolve_model(
+        ModelSpec(
+            layers=48,
+            hidden=2048,
+            heads=32,
+            kv_heads=4,
+            vocab=151936,
+            ffn=768,
+            num_experts=128,
+            experts_per_token=8,
+            gated_mlp=True,
+        )
+    )
+
+    def mem(zero: int, dp: int, ep: int) -> object:
+        d = LayoutDraft(
+            strategy=Strategy.THREE_D,
+            framework=Framework.MEGATRON,
+            dp=dp,
+            ep=ep,
+            zero_stage=zero,
+            micro_batch=1,
+            grad_accum=8,
+            recompute=Recompute.FULL,
+            precision=Precision.BF16,
+        )
+        return estimate_memory(dims, d, seq_len=4096, optimizer=Optimizer.ADAMW, flash=True)
+
+    z2, z3 = mem(2, 8, 8), mem(3, 8, 8)
+    # fp32 parameter shards replace the 16-bit copy and the fp32 master.
+    assert z3.total < z2.total  # type: ignore[attr-defined]
+    st = model_states(
+        1e9,
+        8,
+        framework=Framework.MEGATRON,
+        strategy=Strategy.THREE_D,
+        zero_stage=3,
+        precision=Precision.BF16,
+        optimizer=Optimizer.ADAMW,
+    )
+    assert (st.params, st.grads, st.optimizer) == pytest.approx((0.5e9, 0.5e9, 1e9))
+    # Twice the replicas for the same EP: the experts' states halve again.
+    assert mem(3, 16, 8).optimizer < 0.6 * z3.optimizer  # type: ignore[attr-defined]
+
+
+def test_fp8_linears_save_their_inputs_in_one_byte() -> None:
+    # Transformer Engine keeps the FP8 cast of each linear layer's input for the weight
+    # gradient: QKV's and the MLP's inputs (sbh each), the output projection's (q·sbh) and the
+    # second MLP matrix's (sbf) take 1 byte instead of 2.
+    dims = resolve_model(ModelSpec(preset="llama-3-70b"))
+    s, b, t = 8192, 1, 4
+    bf16 = layer_activation_bytes(dims, s, b, t=t, sp=True, flash=True, dropout=False)
+    fp8 = layer_activation_bytes(
+        dims, s, b, t=t, sp=True, flash=True, dropout=False, fp8_linears=True
+    )
+    sbh = s * b * dims.hidden
+    q = dims.heads * dims.head_dim / dims.hidden
+    saved = sbh / t * (2 + q + dims.ffn / dims.hidden)
+    assert bf16 - fp8 == pytest.approx(saved)
+    # Full recompute keeps only the layer input: nothing to save.
+    full = {"t": t, "sp": True, "recompute": Recompute.FULL, "flash": True}
+    assert layer_activation_bytes(dims, s, b, fp8_linears=True, **full) == (  # type: ignore[arg-type]
+        layer_activation_bytes(dims, s, b, **full)  # type: ignore[arg-type]
+    )

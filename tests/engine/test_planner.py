@@ -21,6 +21,7 @@ from engine.plan.specs import (
     NetworkSpec,
     Offload,
     Precision,
+    Recompute,
     Spec,
     Strategy,
     TrainingSpec,
@@ -125,6 +126,20 @@ def test_128k_sequence_brings_context_parallelism() -> None:
     assert r.fits and r.cp > 1
     step = _json_step(p, "Is the sequence long")
     assert step["answer"] == f"yes: cp={r.cp}" and "131072-token" in step["reason"]
+
+
+def test_search_covers_partial_recompute_and_small_cp() -> None:
+    # Llama 3 8B at 128K on one 8 x H100 node: TP with CP fits with only the MLP recomputed
+    # (Megatron-Core --recompute-modules mlp), faster than recomputing whole layers; the
+    # MLP-only recompute must be among the layouts searched.
+    p = plan(_spec("llama-3-8b", "h100-sxm", seq_len=131072, global_batch=8))
+    r = p.recommended
+    assert r.fits and r.recompute == Recompute.MLP
+    assert r.cp > 1 and r.tp > 1
+    full = plan(
+        _spec("llama-3-8b", "h100-sxm", seq_len=131072, global_batch=8, recompute="full")
+    ).recommended
+    assert full.step_time_s > r.step_time_s
 
 
 def test_v100_falls_back_to_fp16() -> None:

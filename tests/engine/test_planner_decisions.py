@@ -163,6 +163,56 @@ def test_interleaved_and_lighter_end_stages_are_searched() -> None:
     assert all(126 % d.pp == 0 or d.first_stage_layers or d.last_stage_layers for d in piped)
 
 
+def test_interleaving_combines_with_lighter_end_stages() -> None:
+    # Megatron-Core splits each stage's own count into v chunks beside
+    # --decoder-first/last-pipeline-num-layers: every stage's count must divide by v.
+    assert stage_layers(126, 16, 0, 6) == [*[8] * 15, 6]
+    assert virtual_options(126, 16, 0, 6) == [1, 2]
+    assert virtual_options(126, 16, 7, 7) == [1]  # 7 and 8 share no chunk size
+    assert virtual_options(126, 32, 0, 2) == [1, 2]  # 4-layer stages in 2-layer chunks
+    # Llama 3 405B on 16K GPUs (Table 4: TP8 PP16 DP128, 16 micro-batches a replica): plain
+    # 1F1B idles half the step; interleaving a lighter-ended split is what makes it 41 % MFU.
+    spec = _spec(
+        "llama-3.1-405b",
+        nodes=2048,
+        seq_len=8192,
+        global_batch=2048,
+        layout=LayoutSpec(tp=8, pp=16, dp=128),
+    )
+    r = plan(spec).recommended
+    assert r.virtual_stages > 1 and (r.first_stage_layers or r.last_stage_layers)
+    assert r.bubble_fraction < 0.35 and r.mfu > 0.3  # causal-attention FLOPs: below PaLM MFU
+    forced = spec.model_copy(update={"layout": LayoutSpec(tp=8, pp=16, dp=128, virtual_stages=1)})
+    assert plan(forced).recommended.step_time_s > 1.2 * r.step_time_s
+
+
+def test_the_405b_issue_scenario_interleaves() -> None:
+    # Issue 12: TP8 PP32 DP32 at 49 % bubble; an expert interleaves there, and so does the plan.
+    r = plan(_spec("llama-3.1-405b", nodes=1024, seq_len=8192, global_batch=1024)).recommended
+    assert r.global_batch == 1024 and r.fits
+    assert r.pp > 1 and r.virtual_stages > 1 and r.bubble_fraction < 0.4
+    assert r.mfu > 0.35
+
+
+def test_megatron_arguments_for_interleaved_lighter_ends() -> None:
+    from engine.write.megatron import megatron_args_list
+
+    spec = _spec(
+        "llama-3.1-405b",
+        nodes=2048,
+        seq_len=8192,
+        global_batch=2048,
+        layout=LayoutSpec(tp=8, pp=16, dp=128),
+    )
+    p = plan(spec)
+    r = p.recommended
+    assert r.virtual_stages == 2 and r.last_stage_layers == 6
+    args = megatron_args_list(p)
+    assert "--num-virtual-stages-per-pipeline-rank 2" in args
+    assert "--decoder-last-pipeline-num-layers 6" in args
+    assert not any(a.startswith("--num-layers-per-virtual-pipeline-stage") for a in args)
+
+
 def test_the_70b_on_16_nodes_is_not_a_deep_pipeline() -> None:
     # Issue 12: TP4 PP16 (5 layers a stage) won because its costs were missing.
     p = plan(_spec("llama-3-70b", nodes=16, seq_len=8192, global_batch=1024))

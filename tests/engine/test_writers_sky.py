@@ -65,3 +65,52 @@ def test_every_golden_ib_or_efa_plan_asks_for_the_fabric(name: str, tmp_path: Pa
     assert on_disk["resources"] == sky_task_dict(plan)["resources"]
     if fast:
         assert list(on_disk["resources"])[-1] == "network_tier"  # after cloud and accelerators
+
+
+def test_the_run_command_runs_preflight_py_when_asked(tmp_path: Path) -> None:
+    """sky.yaml's run section under bash, with a `torchrun` on PATH that records its words: the
+    training script normally, the bundle's preflight.py when DTRAIN_PREFLIGHT=1 (as the node
+    scripts do), with the same options and arguments."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.engine.test_writers import DUMP
+
+    plan = make_plan(launch={"script": "my train.py", "script_args": ["--epochs", "2"]})
+    bundle = tmp_path / "b"
+    write_bundle(plan, bundle)
+    run = yaml.safe_load((bundle / "sky.yaml").read_text())["run"]
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "dump_args.py").write_text(DUMP)
+    fake = tools / "torchrun"
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} {tools / "dump_args.py"} "$@"\n')
+    fake.chmod(0o755)
+
+    def argv(extra: dict[str, str]) -> list[str]:
+        out = tmp_path / "dump.json"
+        env = {
+            **os.environ,
+            "PATH": f"{tools}:{os.environ['PATH']}",
+            "DUMP_TO": str(out),
+            "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2",
+            "SKYPILOT_NUM_NODES": "1",
+            "SKYPILOT_NODE_RANK": "0",
+            "SKYPILOT_NUM_GPUS_PER_NODE": "2",
+            "MASTER_PORT": "29511",
+            **extra,
+        }
+        proc = subprocess.run(
+            ["bash", "-c", run], cwd=bundle, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        words: list[str] = json.loads(out.read_text())["argv"]
+        return words
+
+    normal = argv({})
+    pre = argv({"DTRAIN_PREFLIGHT": "1"})
+    i = normal.index("my train.py")
+    assert normal[i + 1 :] == ["--epochs", "2"]
+    assert pre[:i] == normal[:i] and pre[i] == "preflight.py" and pre[i + 1 :] == normal[i + 1 :]

@@ -1,22 +1,38 @@
 """Step 6, the configs: every file of the bundle previewed with syntax highlighting, a diff
-against what is already in the output directory, and a write action with a clear result."""
+against what is already in the output directory, and a write action with a clear result.
+
+Writing never replaces or deletes a file on disk before the user saw the list (the app asks for
+a second ^s); files of the previous bundle that this plan drops are listed too. A written file
+opens in ``$VISUAL`` / ``$EDITOR`` (Ctrl+E; the app is suspended meanwhile): the edit is then
+the user's, protected by the manifest's hashes like any hand edit. Ctrl+Y copies the command
+that starts the highlighted script (or the whole run) to the clipboard.
+"""
 
 from __future__ import annotations
 
 import difflib
+import os
+import shlex
+import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 from textual import on
-from textual.app import ComposeResult
+from textual.app import ComposeResult, SuspendNotSupported
+from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Button, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.screens.step import StepPane
 from tui.session import Step
 from tui.widgets.field_row import FieldRow
+
+if TYPE_CHECKING:
+    from engine.write.bundle import WritePreview
 
 _LEXERS = {
     ".json": "json",
@@ -31,7 +47,14 @@ _LEXERS = {
 }
 
 NEW, CHANGED, SAME = "new", "changed", "same"
-_MARK = {NEW: "+", CHANGED: "~", SAME: "="}
+YOURS, STALE, KEPT = "yours", "stale", "kept"
+"""Edited by the user (or never written by dtrain-tui); dropped by this plan and removed by the
+next write; dropped by this plan but edited, so kept."""
+_MARK = {NEW: "+", CHANGED: "~", SAME: "=", YOURS: "!", STALE: "-", KEPT: "k"}
+LEGEND = "+ new  ~ changed  = same  ! yours (edited)  - to remove  k kept (edited)"
+
+EDITOR_VARS = ("VISUAL", "EDITOR")
+"""Where the editor command is read, in git's order."""
 
 
 def lexer_for(name: str) -> str:
@@ -61,21 +84,61 @@ def diff_text(out_dir: Path, name: str, text: str) -> str:
     )
 
 
+def editor_command() -> list[str] | None:
+    """``$VISUAL`` or ``$EDITOR`` split into words (None: neither is set)."""
+    for var in EDITOR_VARS:
+        value = os.environ.get(var, "").strip()
+        if value:
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                continue
+            if words:
+                return words
+    return None
+
+
+def launch_command(out_dir: Path, name: str | None, run_name: str = "RUN") -> str:
+    """The shell command that starts ``name`` from the bundle in ``out_dir`` (a node script,
+    the Megatron-LM command, the Slurm or SkyPilot file), else the whole run through
+    dtrain-tui (every backend)."""
+    where = shlex.quote(str(out_dir.expanduser().absolute()))
+    if name and name.startswith("launch_node") and name.endswith(".sh"):
+        return f"cd {where} && ./{shlex.quote(name)}"
+    if name == "pretrain_gpt.sh":
+        return f"cd {where} && MEGATRON_LM=/path/to/Megatron-LM NODE_RANK=0 ./pretrain_gpt.sh"
+    if name == "slurm.sbatch":
+        return f"cd {where} && sbatch slurm.sbatch"
+    if name == "sky.yaml":
+        return f"cd {where} && sky launch -c {shlex.quote(run_name)} sky.yaml"
+    return f"dtrain-tui launch {where}"
+
+
 class ConfigsStep(StepPane):
     STEP = Step.CONFIGS
+
+    BINDINGS = [
+        Binding("ctrl+e", "edit", "Edit"),
+        Binding("ctrl+y", "copy_command", "Copy cmd"),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
         self.files: dict[str, str] = {}
         self.render_error = "No plan yet: finish the earlier steps."
         self.current: str | None = None
+        self.preview: WritePreview | None = None
+        """What writing now would do to the output directory (None: not known)."""
 
     def compose(self) -> ComposeResult:
         yield Static("Configs", classes="step-title")
         yield FieldRow("out_dir", "Output directory", placeholder="where the bundle is written")
         yield Static("", id="write-result", classes="summary", markup=False)
-        with Horizontal(classes="buttons"):
-            yield Button("Write bundle  ^s", id="write", variant="primary", compact=True)
+        with Horizontal(classes="buttons", id="configs-buttons"):
+            yield Button("Write bundle ^s", id="write", variant="primary", compact=True)
+            yield Button("Edit in $EDITOR ^e", id="edit", compact=True)
+            yield Button("Copy command ^y", id="copy", compact=True)
+        yield Static(LEGEND, id="file-legend", markup=False)
         with Horizontal(id="configs-body"):
             yield OptionList(id="file-list", compact=True)
             with VerticalScroll(id="preview"):
@@ -112,11 +175,108 @@ class ConfigsStep(StepPane):
         self.refresh_files()
         return []
 
+    def first_focus(self) -> Widget | None:
+        # The file list: ^e and ^y act on the highlighted file (in the directory field, ^e is
+        # "end of line"); Shift+Tab reaches the directory.
+        return self.query_one("#file-list", OptionList)
+
     @on(Input.Submitted, "#f-out_dir")
     @on(Button.Pressed, "#write")
     async def _write(self, event: Input.Submitted | Button.Pressed) -> None:
         event.stop()
         await self.run_action("app.write_bundle")
+
+    @on(Button.Pressed, "#edit")
+    def _edit_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_edit()
+
+    @on(Button.Pressed, "#copy")
+    def _copy_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_copy_command()
+
+    # --- editing and copying ------------------------------------------------------------------
+    def action_edit(self) -> None:
+        """Open the highlighted file, as written in the output directory, in the user's editor."""
+        name = self.highlighted_name()
+        if not name or name not in self.files and not self._is_listed_stale(name):
+            self.show_result("pick a file in the list first", ok=False)
+            return
+        path = self.out_dir / name
+        if not path.is_file():
+            self.show_result(
+                f"{name} is not written yet: write the bundle (^s) first; "
+                "the editor opens the file in the output directory",
+                ok=False,
+            )
+            return
+        editor = editor_command()
+        if editor is None:
+            self.show_result(
+                "set $EDITOR (or $VISUAL) to your editor, e.g. export EDITOR=nano, "
+                "and start dtrain-tui again",
+                ok=False,
+            )
+            return
+        before = path.read_bytes()
+        try:
+            with self.app.suspend():
+                rc = subprocess.call([*editor, str(path)])
+        except SuspendNotSupported:
+            if not self.app.is_headless:
+                self.show_result(
+                    f"this terminal cannot hand itself to an editor; edit {path} yourself",
+                    ok=False,
+                )
+                return
+            # Headless (tests): nothing owns the terminal, run the editor as it is.
+            rc = subprocess.call([*editor, str(path)], stdin=subprocess.DEVNULL)
+        except OSError as e:
+            self.show_result(f"cannot start {editor[0]}: {e.strerror or e}", ok=False)
+            return
+        self.refresh_files()
+        if rc != 0:
+            self.show_result(
+                f"{editor[0]} exited with status {rc}; {name} is as it left it", ok=False
+            )
+        elif path.read_bytes() == before:
+            self.show_result(f"{name}: no change", ok=True)
+        else:
+            self.show_result(
+                f"edited {path}: it is yours now; a write lists it and backs it up as "
+                f"{name}.bak-<time> before replacing it, never silently",
+                ok=True,
+            )
+
+    def action_copy_command(self) -> None:
+        """Copy the command that starts the highlighted script (else the run) and show it."""
+        plan = self.session.plan
+        run = "RUN"
+        if plan is not None:
+            from engine.write.common import run_name
+
+            run = run_name(plan)
+        command = launch_command(self.out_dir, self.highlighted_name(), run)
+        self.app.copy_to_clipboard(command)
+        self.app.notify(command, title="Copied to the clipboard", timeout=8)
+        self.show_result(f"copied: {command}", ok=True)
+
+    def highlighted_name(self) -> str | None:
+        """The file highlighted in the list now (the list moves before its message arrives:
+        a key that acts on the file reads the list, not the last message)."""
+        if not self.is_mounted:
+            return self.current
+        ol = self.query_one("#file-list", OptionList)
+        if ol.highlighted is not None and ol.highlighted < ol.option_count:
+            option_id = ol.get_option_at_index(ol.highlighted).id
+            if option_id:
+                return option_id
+        return self.current
+
+    def _is_listed_stale(self, name: str) -> bool:
+        p = self.preview
+        return p is not None and (name in p.removed or name in p.kept)
 
     # --- bundle display -----------------------------------------------------------------------
     def show_files(self, files: dict[str, str]) -> None:
@@ -133,7 +293,7 @@ class ConfigsStep(StepPane):
         if not self.is_mounted:
             return
         ol = self.query_one("#file-list", OptionList)
-        keep = self.current
+        keep = self.highlighted_name()
         ol.clear_options()
         if not self.files:
             ol.add_option(
@@ -142,15 +302,41 @@ class ConfigsStep(StepPane):
             self.query_one("#preview-body", Static).update("")
             return
         out = self.out_dir
-        for name in sorted(self.files):
-            state = file_state(out, name, self.files[name])
+        self.preview = self._preview(out)
+        names = sorted(self.files)
+        for name in names:
+            state = self._state(name)
             label = Text(f"{_MARK[state]} ", style="bold")
             label.append(name)
             ol.add_option(Option(label, id=name))
-        names = sorted(self.files)
-        self.current = keep if keep in self.files else names[0]
+        p = self.preview
+        stale = [(n, STALE) for n in p.removed] + [(n, KEPT) for n in p.kept] if p else []
+        for name, state in stale:
+            label = Text(f"{_MARK[state]} {name}", style="dim strike" if state == STALE else "dim")
+            ol.add_option(Option(label, id=name))
+            names.append(name)
+        self.current = keep if keep in names else names[0]
         ol.highlighted = names.index(self.current)
         self.show_preview(self.current)
+
+    def _preview(self, out: Path) -> WritePreview | None:
+        from tui import services
+
+        try:
+            return services.preview_write(self.files, out)
+        except Exception:  # noqa: BLE001 - the write itself reports a bad directory
+            return None
+
+    def _state(self, name: str) -> str:
+        p = self.preview
+        if p is not None:
+            if name in p.conflicts:
+                return YOURS
+            if name in p.removed:
+                return STALE
+            if name in p.kept:
+                return KEPT
+        return file_state(self.out_dir, name, self.files.get(name, ""))
 
     @on(OptionList.OptionHighlighted, "#file-list")
     def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -160,14 +346,28 @@ class ConfigsStep(StepPane):
             self.show_preview(event.option.id)
 
     def show_preview(self, name: str) -> None:
-        text = self.files.get(name, "")
         out = self.out_dir
-        state = file_state(out, name, text)
-        head = {
-            NEW: f"{name} · new file (not in {out})",
-            CHANGED: f"{name} · differs from {out / name} (diff below)",
-            SAME: f"{name} · identical to {out / name}",
-        }[state]
+        state = self._state(name)
+        if state in (STALE, KEPT):
+            why = (
+                "the next write removes it (unedited)"
+                if state == STALE
+                else "you edited it: the next write keeps it"
+            )
+            head = f"{name} · no longer used by this plan; {why}"
+            try:
+                text = (out / name).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = ""
+        else:
+            text = self.files.get(name, "")
+            head = {
+                NEW: f"{name} · new file (not in {out})",
+                CHANGED: f"{name} · differs from {out / name} (diff below)",
+                SAME: f"{name} · identical to {out / name}",
+                YOURS: f"{name} · yours on disk (edited, or not written by dtrain-tui): "
+                "the next write backs it up first (diff below)",
+            }[state]
         from rich.syntax import Syntax  # pygments is heavy: import it when a file is shown
 
         theme = "ansi_dark" if self.app.current_theme.dark else "ansi_light"
@@ -175,15 +375,18 @@ class ConfigsStep(StepPane):
             Text(head, style="bold"),
             Syntax(text, lexer_for(name), theme=theme, line_numbers=True, word_wrap=False),
         ]
-        if state == CHANGED:
+        if state in (CHANGED, YOURS):
             parts.append(Text("\nDiff against the output directory", style="bold"))
             parts.append(Syntax(diff_text(out, name, text), "diff", theme=theme, word_wrap=False))
         self.query_one("#preview-body", Static).update(Group(*parts))
 
-    def show_result(self, message: str, *, ok: bool) -> None:
+    def show_result(self, message: str, *, ok: bool, confirm: bool = False) -> None:
         res = self.query_one("#write-result", Static)
-        res.update(("✓ " if ok else "✗ ") + message)
+        mark = "✓ " if ok and not confirm else ("⚠ " if ok else "✗ ")
+        res.update(mark + message)
         res.add_class("-shown")
-        res.set_class(ok, "-ok")
+        res.set_class(ok and not confirm, "-ok")
+        res.set_class(ok and confirm, "-confirm")
         res.set_class(not ok, "-error")
         self.refresh_files()
+        self.scroll_home(animate=False)  # the result is read where it appears

@@ -3,7 +3,7 @@ nodes, host RAM and the intra-node link."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import on
@@ -14,18 +14,18 @@ from textual.widgets.option_list import Option
 from engine.errors import one_line
 from engine.plan.specs import HardwareSpec, IntraNodeLink
 from tui import services
-from tui.format import gb
 from tui.screens.step import AUTO, StepPane, set_text
 from tui.session import Step
 from tui.suggesters import WordSuggester
 from tui.widgets.field_row import FieldRow
+from tui.widgets.memory_bars import gib as gb
 
 if TYPE_CHECKING:
     from engine.plan.catalog import GpuType
 
 
 def gpu_line(g: GpuType) -> str:
-    """``H100 SXM 80GB · 79.6 GB · 989 TFLOPS bf16 · nvlink 450 GB/s``."""
+    """``H100 SXM 80GB · 79.6 GiB · 989 TFLOPS bf16 · nvlink 450 GB/s``."""
     prec = g.default_precision()
     return (
         f"{g.name} · {gb(g.memory_bytes)} · {g.peak_tflops(prec):g} TFLOPS {prec.value}"
@@ -35,6 +35,10 @@ def gpu_line(g: GpuType) -> str:
 
 class HardwareStep(StepPane):
     STEP = Step.HARDWARE
+    BOUND_HINTS: ClassVar[dict[str, str]] = {
+        "gpus_per_node": "a node holds 1 to 64 GPUs; more machines go in Nodes",
+        "cpu_ram_gb": "host RAM per node in GB, e.g. 512",
+    }
 
     def __init__(self) -> None:
         super().__init__()

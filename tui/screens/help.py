@@ -18,10 +18,13 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("Tab / Shift+Tab", "next / previous field"),
     ("→ or End", "accept a completion (paths, GPU names)"),
     ("↑ ↓ then ⏎", "pick from a list (presets, GPUs, bundle files)"),
-    ("Ctrl+S", "write the bundle to the output directory"),
+    ("Ctrl+S", "write the bundle (what it would replace or remove is listed first: Ctrl+S again)"),
+    ("Ctrl+E", "configs: open the highlighted file (as written) in $VISUAL / $EDITOR"),
+    ("Ctrl+Y", "configs: copy the command that starts the highlighted script, or the run"),
     ("Ctrl+L", "write the bundle and start the run, then watch it"),
     ("Ctrl+R", "re-plan now"),
     ("Ctrl+O", "profiles: save or load the whole spec"),
+    ("Ctrl+G", "open a past or running run's monitor (b / esc there comes back here)"),
     ("Ctrl+P", "command palette (every action by name)"),
     ("Ctrl+T", "toggle light / dark theme"),
     ("F1", "this help"),
@@ -34,7 +37,7 @@ STEPS: dict[Step, str] = {
     Step.NETWORK: "inter-node tier and interfaces; the bandwidth the plan assumes",
     Step.TRAINING: "sequence, batch, precision, optimizer, token budget and price",
     Step.DECISION: "the flowchart path, memory per GPU, time and cost; force a layout",
-    Step.CONFIGS: "preview every bundle file, diff against disk, write",
+    Step.CONFIGS: "preview every bundle file, diff against disk, write, edit, copy the command",
     Step.LAUNCH: "backend, hosts, run directory; start and watch every rank",
 }
 """What each step does, in the help's list of steps."""

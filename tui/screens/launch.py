@@ -1,6 +1,8 @@
 """Step 7, launch: choose the backend (local by default), the hosts for SSH, the Slurm job's
 partition, time limit, account, QoS, constraint and reservation, the run directory, and start;
-the monitor screen then shows every rank."""
+the monitor screen then shows every rank. The summary says where the ranks run for the backend
+chosen (even while its fields are incomplete), and labels a 3D plan launched with the example
+trainer a smoke test, pointing at the bundle's Megatron-LM command (``pretrain_gpt.sh``)."""
 
 from __future__ import annotations
 
@@ -62,6 +64,9 @@ class LaunchStep(StepPane):
         yield Static("", id="launch-result", classes="summary", markup=False)
         with Horizontal(classes="buttons"):
             yield Button("Start run  ^l", id="start", variant="success", compact=True)
+            from tui.widgets.preflight_button import PreflightButton  # handles its own press
+
+            yield PreflightButton()
 
     def load(self) -> None:
         la = self.session.spec.launch
@@ -101,32 +106,73 @@ class LaunchStep(StepPane):
         if "\0" in run_root:
             self.rows()["run_root"].set_error("a path cannot contain NUL")
             problems.append("run_root: invalid path")
+        # The summary follows the backend chosen, valid or not yet (an ssh backend with no
+        # hosts typed must not keep saying "on this machine").
+        hosts = model.hosts if isinstance(model, LaunchSpec) else list(data.get("hosts", []))
+        partition = str(data.get("slurm_partition") or "default")
+        set_text(self.query_one("#launch-summary", Static), self.summary(backend, hosts, partition))
+        label = "Start smoke test  ^l" if self.smoke_test else "Start run  ^l"
+        start = self.query_one("#start", Button)
+        if str(start.label) != label:
+            start.label = label
         if model is None or problems:
             return problems
         assert isinstance(model, LaunchSpec)
         self.session.run_root = Path(run_root).expanduser() if run_root else None
         self.session.set_section("launch", model)
-        where = (
-            "this machine" if backend == "local" else ", ".join(model.hosts) or "a SkyPilot cluster"
-        )
-        if backend == Backend.SLURM.value:
-            where = f"a Slurm job (partition {model.slurm_partition or 'default'})"
+        return []
+
+    def summary(self, backend: str, hosts: list[str], partition: str) -> str:
+        """Where the ranks run, for ``backend``; and, for a 3D plan launched with the example
+        trainer, that it is a smoke test and where the real Megatron-LM command is."""
         hw = self.session.spec.hardware
+        if backend == Backend.LOCAL.value:
+            where = "this machine"
+        elif backend == Backend.SSH.value:
+            where = (
+                f"{len(hosts)} host(s) over SSH: {', '.join(hosts)}"
+                if hosts
+                else f"SSH hosts (type {hw.nodes}, one per node)"
+            )
+        elif backend == Backend.SLURM.value:
+            where = f"a Slurm job (partition {partition})"
+        else:
+            where = "a SkyPilot cluster"
         text = (
             f"{hw.world_size} rank(s), {hw.nodes} node(s) × {hw.gpus_per_node}, on {where}; "
             f"the bundle is written to {self.session.out_dir} first."
         )
-        if backend == "local" and hw.nodes > 1:
+        if backend == Backend.LOCAL.value and hw.nodes > 1:
             text += (
                 f"\n⚠ local runs every node's ranks on this machine ({hw.world_size} processes)."
             )
-        set_text(self.query_one("#launch-summary", Static), text)
-        return []
+        if self.smoke_test:
+            text += (
+                "\n⚠ SMOKE TEST: this 3D (Megatron-LM) plan starts the example trainer, which "
+                "trains its data-parallel part only. The real run is pretrain_gpt.sh in the "
+                "bundle (MEGATRON_LM=/path/to/Megatron-LM ./pretrain_gpt.sh; Ctrl+Y on the "
+                "Configs step copies it)."
+            )
+        return text
+
+    @property
+    def smoke_test(self) -> bool:
+        """The plan is 3D (Megatron-LM) but the launch starts the example trainer."""
+        plan = self.session.plan
+        return (
+            plan is not None
+            and plan.recommended.framework.value == "megatron"
+            and plan.spec.launch.script is None
+        )
 
     @on(Button.Pressed, "#start")
     async def _start(self, event: Button.Pressed) -> None:
         event.stop()
         await self.run_action("app.launch")
+
+    def show_plan(self) -> None:
+        """A new plan arrived: the summary (smoke test or not) and the start button follow it."""
+        self.revalidate()
 
     def show_result(self, message: str, *, ok: bool) -> None:
         res = self.query_one("#launch-result", Static)

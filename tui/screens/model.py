@@ -1,16 +1,23 @@
 """Step 1, the model: a preset from a searchable list, a local ``config.json`` (path completion),
 explicit dimensions, or a bare parameter count. The parameter count (total, and active per token
-for MoE) updates as you type, from ``engine.plan.models.resolve_model``."""
+for MoE) updates as you type, from ``engine.plan.models.resolve_model``.
+
+Switching tabs only shows another source: the model stays the one in use until the user acts in
+the new tab (picks a preset, edits a field, presses Enter or "Use this source"). A config.json
+whose ``model_type`` the engine cannot read fills the Dimensions tab from the keys it has and says
+so, instead of the CLI's flags."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.widget import Widget
-from textual.widgets import Input, OptionList, Static, TabbedContent, TabPane
+from textual.widgets import Button, Input, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
 from engine.errors import DtrainError, one_line
@@ -42,6 +49,29 @@ _DIM_LABELS = {
     "num_experts": "Experts (MoE)",
     "experts_per_token": "Experts per token",
 }
+_SOURCE_LABELS = {
+    "src-preset": "Preset",
+    "src-config": "config.json",
+    "src-dims": "Dimensions",
+    "src-count": "Param count",
+}
+_FIELD_SOURCE = {
+    "config_path": "src-config",
+    "params": "src-count",
+    **dict.fromkeys(_DIMS, "src-dims"),
+}
+"""The tab whose field this is: editing it makes that tab the model's source."""
+_HF_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "vocab": ("vocab_size",),
+    "ffn": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "num_experts": ("num_local_experts", "num_experts"),
+    "experts_per_token": ("num_experts_per_tok",),
+}
+"""Hugging Face config keys that name each dimension, for a model_type the engine can't read."""
 
 
 def summarize(dims: ModelDims) -> str:
@@ -68,6 +98,9 @@ class ModelStep(StepPane):
         self.preset_error = ""
         self.selected_preset: str | None = None
         self.dims: ModelDims | None = None
+        self.applied = "src-preset"
+        """The tab the session's model comes from; another tab shown changes nothing until the
+        user acts in it."""
 
     def compose(self) -> ComposeResult:
         yield Static("Model", classes="step-title")
@@ -76,6 +109,7 @@ class ModelStep(StepPane):
             with TabPane("Preset", id="src-preset"):
                 yield FieldRow("preset", "Search presets", placeholder="type to filter, ⏎ picks")
                 yield OptionList(id="preset-list", compact=True)
+                yield Button("Use this source", id="use-src-preset", compact=True)
             with TabPane("config.json", id="src-config"):
                 yield FieldRow(
                     "config_path",
@@ -83,6 +117,7 @@ class ModelStep(StepPane):
                     placeholder="path/to/config.json (→ completes)",
                     suggester=PathSuggester(),
                 )
+                yield Button("Use this source", id="use-src-config", compact=True)
             with TabPane("Dimensions", id="src-dims"):
                 for name, label in _DIM_LABELS.items():
                     yield FieldRow(
@@ -92,8 +127,10 @@ class ModelStep(StepPane):
                         if name in ("layers", "hidden", "heads", "vocab")
                         else "optional",
                     )
+                yield Button("Use these dimensions", id="use-src-dims", compact=True)
             with TabPane("Param count", id="src-count"):
                 yield FieldRow("params", "Parameters", placeholder="e.g. 7B, 350M or 1.3e9")
+                yield Button("Use this source", id="use-src-count", compact=True)
 
     # --- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -106,22 +143,23 @@ class ModelStep(StepPane):
         rows = self.rows()
         source = "src-dims"
         if m.config_path:
-            rows["config_path"].value = str(m.config_path)
+            rows["config_path"].set_quietly(str(m.config_path))
             source = "src-config"
         elif m.preset:
             self.selected_preset = m.preset
-            rows["preset"].value = m.preset
+            rows["preset"].set_quietly(m.preset)
             source = "src-preset"
         elif m.layers and m.hidden:
             source = "src-dims"
         elif m.params:
-            rows["params"].value = f"{m.params:g}"
+            rows["params"].set_quietly(f"{m.params:g}")
             source = "src-count"
         for name in _DIMS:
             value = getattr(m, name)
             if value is not None:
-                rows[name].value = str(value)
+                rows[name].set_quietly(str(value))
         self._fill_presets(rows["preset"].value)
+        self.applied = source
         self.query_one(TabbedContent).active = source
 
     def _fill_presets(self, query: str) -> None:
@@ -150,12 +188,41 @@ class ModelStep(StepPane):
 
     # --- events -------------------------------------------------------------------------------
     def on_input_changed(self, event: Input.Changed) -> None:
+        name = (event.input.id or "").removeprefix("f-")
         if event.input.id == "f-preset" and not self._loading:
             text = event.value.strip().lower()
             names = {n.lower(): n for n, _ in self.presets}
-            self.selected_preset = names.get(text)
+            if self.applied == "src-preset":
+                self.selected_preset = names.get(text)
             self._fill_presets(event.value)
+        elif name in _FIELD_SOURCE and not self._loading:
+            self.applied = _FIELD_SOURCE[name]  # editing a source's field chooses that source
         super().on_input_changed(event)
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        name = (event.input.id or "").removeprefix("f-")
+        if name in _FIELD_SOURCE:
+            event.stop()
+            self.use_source(_FIELD_SOURCE[name])
+
+    @on(Button.Pressed)
+    def _use_pressed(self, event: Button.Pressed) -> None:
+        if (event.button.id or "").startswith("use-"):
+            event.stop()
+            self.use_source((event.button.id or "").removeprefix("use-"))
+
+    def use_source(self, source: str) -> None:
+        """Make ``source`` (a tab id) the model's source, with what its fields hold."""
+        if source == "src-preset":
+            ol = self.query_one("#preset-list", OptionList)
+            if ol.highlighted is not None:
+                opt = ol.get_option_at_index(ol.highlighted)
+                if opt.id:
+                    self._pick(opt.id)
+                    return
+        self.applied = source
+        self.revalidate()
 
     @on(Input.Submitted, "#f-preset")
     def _pick_highlighted(self, event: Input.Submitted) -> None:
@@ -173,6 +240,7 @@ class ModelStep(StepPane):
             self._pick(event.option.id)
 
     def _pick(self, name: str) -> None:
+        self.applied = "src-preset"
         self.selected_preset = name
         row = self.rows()["preset"]
         with row.input.prevent(Input.Changed):
@@ -182,6 +250,7 @@ class ModelStep(StepPane):
 
     @on(TabbedContent.TabActivated)
     def _source_changed(self, event: TabbedContent.TabActivated) -> None:
+        """Showing another tab changes nothing but the note saying where the model comes from."""
         event.stop()
         if not self._loading:
             self.revalidate()
@@ -201,6 +270,12 @@ class ModelStep(StepPane):
     # --- validation ---------------------------------------------------------------------------
     @property
     def source(self) -> str:
+        """The tab the model comes from (not necessarily the one shown)."""
+        return self.applied
+
+    @property
+    def shown(self) -> str:
+        """The tab on screen."""
         return self.query_one(TabbedContent).active or "src-preset"
 
     def check(self) -> list[str]:
@@ -233,30 +308,88 @@ class ModelStep(StepPane):
         model, problems = self.build(ModelSpec, data, errs)
         summary = self.query_one("#model-summary", Static)
         self.dims = None
+        note = self._source_note()
         if model is None:
-            set_text(summary, "")
+            set_text(summary, note)
             return problems
         assert isinstance(model, ModelSpec)
         try:
             self.dims = services.resolve_model(model)
         except DtrainError as e:
             name = e.field.rsplit(".", 1)[-1] if e.field else ""
+            message = e.message
+            if name == "config_path" and "--" in message:
+                message = self._unreadable_config(model, message)
             rows = self.rows()
             if name in rows and rows[name].display:
-                rows[name].set_error(e.message)
-            set_text(summary, f"✗ {e}")
-            return [str(e)]
+                rows[name].set_error(message)
+            text = f"{e.field}: {message}" if e.field else message
+            set_text(summary, f"✗ {text}{note}")
+            return [text]
         except Exception as e:  # noqa: BLE001 - odd input must not crash the wizard
             msg = one_line(e) or type(e).__name__
-            set_text(summary, f"✗ {msg}")
+            set_text(summary, f"✗ {msg}{note}")
             return [msg]
         else:
-            set_text(summary, summarize(self.dims))
+            set_text(summary, summarize(self.dims) + note)
         self.session.set_section("model", model)
         return []
 
+    def _source_note(self) -> str:
+        """Where the model comes from, and when another tab is shown, that it changes nothing."""
+        used = _SOURCE_LABELS.get(self.source, self.source)
+        if self.shown == self.source:
+            return ""
+        shown = _SOURCE_LABELS.get(self.shown, self.shown)
+        return (
+            f"\nThe model still comes from the {used} tab; edit the {shown} tab or press "
+            "Use this source to switch."
+        )
+
+    def _unreadable_config(self, model: ModelSpec, message: str) -> str:
+        """The engine's config.json refusal, told for the wizard: what it could not read, and
+        the Dimensions tab filled from the config's keys where it names them."""
+        head = message.split(";")[0].split(" (supported")[0]
+        filled = self._fill_dims_from(model.config_path)
+        if filled:
+            return (
+                f"{head}; the Dimensions tab is filled in from this config.json "
+                f"({', '.join(filled)}): check it and press Use these dimensions"
+            )
+        return (
+            f"{head}; open the Dimensions tab, enter its layers, hidden size, heads and "
+            "vocabulary (and MLP size, KV heads), then press Use these dimensions"
+        )
+
+    def _fill_dims_from(self, path: Path | str | None) -> list[str]:
+        """Copy the dimensions a Hugging Face config names into the Dimensions tab (without
+        making it the source); the names filled."""
+        if path is None:
+            return []
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        if not isinstance(data, dict):
+            return []
+        inner = data.get("text_config")
+        if isinstance(inner, dict):
+            data = {**data, **inner}
+        rows = self.rows()
+        filled: list[str] = []
+        for name, keys in _HF_KEYS.items():
+            value = next((data[k] for k in keys if isinstance(data.get(k), int)), None)
+            if value is not None and rows[name].value != str(value):
+                rows[name].set_quietly(str(value))
+            if value is not None:
+                filled.append(name)
+        return filled
+
     def first_focus(self) -> Widget | None:
-        source = self.source
+        source = self.shown
         if source == "src-preset":
             return self.query_one("#f-preset", Input)
         if source == "src-config":

@@ -16,9 +16,12 @@ zooms panes, the header, strip, table, chart and error list draw the rank states
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -30,7 +33,7 @@ from textual.widgets import Footer, Input
 from engine.errors import DtrainError
 from engine.monitor.events import EventSource, stop_run
 from engine.monitor.reader import Batch, BatchReader, FirehoseTuning
-from engine.monitor.state import MonitorState, Snapshot
+from engine.monitor.state import ErrorRecord, MonitorState, Snapshot
 from engine.rundir.record import FINAL_STATES, RunState
 from tui.messages import RankLinesReceived, RunFinished
 from tui.screens.monitor_stop import StopGuard
@@ -47,7 +50,25 @@ CHROME_INTERVAL_S = 0.25
 """Header, rank strip, table, chart and pane titles redraw at most this often under a firehose
 (panes themselves follow every batch); a state change (exit, finish) redraws at once."""
 SIDE_MIN_SCREEN_WIDTH = 110
-"""Below this width the rank table / chart / error side panel starts hidden (``t`` shows it)."""
+"""Below this width the rank table / chart / error side panel is hidden (``t`` shows it), and
+it comes back when the terminal is widened again, unless ``t`` chose otherwise."""
+STOP_ECHO = re.compile(
+    r"^Traceback \(most recent call last\):$|SignalException|got signal: (2|15)\b"
+)
+"""What torchrun prints when a stop reaches it (its own traceback for SIGTERM / SIGINT): in a
+run that ended ``stopped`` these node lines are the stop itself, not errors to count."""
+
+
+def stop_echo(rec: ErrorRecord, run_state: str) -> bool:
+    """``rec`` is the echo of the user's stop: a node-level line of a run that ended stopped."""
+    return run_state == RunState.STOPPED and rec.rank is None and bool(STOP_ECHO.search(rec.text))
+
+
+def _monitor_commands() -> Any:
+    """The palette's monitor provider, imported when the palette first opens."""
+    from tui.screens.monitor_commands import MonitorCommands
+
+    return MonitorCommands
 
 
 class MonitorScreen(Screen[None]):
@@ -58,9 +79,18 @@ class MonitorScreen(Screen[None]):
     DEFAULT_CSS = """
     MonitorScreen { layout: vertical; }
     MonitorScreen #mon-body { height: 1fr; }
+    MonitorScreen.-fullscreen #mon-header { display: none; }
+    MonitorScreen.-fullscreen #mon-strip { display: none; }
+    MonitorScreen.-fullscreen #mon-side { display: none; }
+    MonitorScreen.-fullscreen #nccl-pane { display: none; }
+    MonitorScreen.-nccl-full #mon-body { display: none; }
+    MonitorScreen.-nccl-full #nccl-pane { display: block; height: 1fr; }
     """
+    COMMANDS: ClassVar[set[Any]] = {lambda: _monitor_commands()}
 
     BINDINGS = [
+        Binding("b", "back", "Back to wizard"),
+        Binding("question_mark", "help", "Help"),
         Binding("tab", "cycle(1)", "Next pane", show=False, priority=True),
         Binding("shift+tab", "cycle(-1)", "Prev pane", show=False, priority=True),
         Binding("z", "zoom", "Zoom"),
@@ -74,6 +104,11 @@ class MonitorScreen(Screen[None]):
         Binding("t", "toggle_side", "Table"),
         Binding("escape", "clear", "Clear", show=False),
         Binding("ctrl+x", "stop_run", "Stop run"),
+        Binding("d", "diagnose", "Diagnose", show=False),
+        Binding("w", "toggle_sideways", "Long lines", show=False),
+        Binding("q", "leave", "Leave", show=False),
+        Binding("k", "calibrate", "Calibrate", show=False),
+        Binding("f1", "help", "Help", show=False),
     ]
 
     def __init__(
@@ -89,14 +124,19 @@ class MonitorScreen(Screen[None]):
         hang_after_s: float = 60.0,
         idle_after_s: float = 10.0,
         stop_source_on_exit: bool = False,
+        can_go_back: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
+        self.can_go_back = can_go_back
+        """A wizard lies beneath: ``b`` (or ``esc`` with nothing to clear, or ``q``) goes back to
+        it and leaves the run going; the app keeps this screen, so it can be reopened."""
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.run_title = title or (self.run_dir.name if self.run_dir is not None else "run")
         self.idle_after_s = idle_after_s
         self.stop_source_on_exit = stop_source_on_exit
         state = MonitorState(world_size, hang_after_s=hang_after_s)
+        state.transport_dir = self.run_dir  # the plan the NCCL transport is checked against
         self.reader = BatchReader(
             source,
             state,
@@ -125,6 +165,9 @@ class MonitorScreen(Screen[None]):
         self._tuning = FirehoseTuning()
         self._chrome_at = 0.0
         self._stop_guard = StopGuard()
+        self._side_choice: bool | None = None
+        """Shown (True) or hidden (False) by ``t``; None: by the terminal's width."""
+        self._nccl_full = False
 
     @property
     def snapshot(self) -> Snapshot:
@@ -145,8 +188,7 @@ class MonitorScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self._tuning.apply()
-        if self.app.size.width < SIDE_MIN_SCREEN_WIDTH:
-            self.query_one(MonitorSide).add_class("-hidden")
+        self._size_side()
         self._size_nccl_pane()
         self._render_chrome()
         self.call_after_refresh(self.grid.relayout)
@@ -160,11 +202,18 @@ class MonitorScreen(Screen[None]):
             self.source.stop()
 
     def on_resize(self) -> None:
+        self._size_side()
         self._size_nccl_pane()
         self.grid.schedule_relayout()
 
+    def _size_side(self) -> None:
+        hidden = self.app.size.width < SIDE_MIN_SCREEN_WIDTH
+        if self._side_choice is not None:
+            hidden = not self._side_choice
+        self.query_one(MonitorSide).set_class(hidden, "-hidden")
+
     def _size_nccl_pane(self) -> None:
-        self.nccl.styles.height = max(5, self.app.size.height // 5)
+        self.nccl.styles.height = "1fr" if self._nccl_full else max(5, self.app.size.height // 5)
 
     # ---- batches in ----------------------------------------------------------------------
 
@@ -184,7 +233,14 @@ class MonitorScreen(Screen[None]):
     async def on_rank_lines_received(self, msg: RankLinesReceived) -> None:
         t0 = time.perf_counter()
         try:
-            new_panes = self.grid.take(msg.lines, msg.node_chunks, msg.snapshot)
+            self.grid.root_cause = self.reader.state.root_cause
+            snap = msg.snapshot
+            state = self.finished or snap.run_state
+            if state == RunState.STOPPED and any(stop_echo(e, state) for e in snap.errors):
+                snap = replace(
+                    snap, errors=tuple(e for e in snap.errors if not stop_echo(e, state))
+                )
+            new_panes = self.grid.take(msg.lines, msg.node_chunks, snap)
             self.nccl.buffer.extend_chunks(msg.nccl)
             self.delivered += msg.count
             self.batches += 1
@@ -199,7 +255,16 @@ class MonitorScreen(Screen[None]):
         finally:
             self.max_batch_ms = max(self.max_batch_ms, 1000 * (time.perf_counter() - t0))
 
+    def action_calibrate(self) -> None:
+        """``k``: calibrate the plan's estimates from this run (tui/screens/calibrate_offer.py)."""
+        from tui.screens.calibrate_offer import calibrate_from_run
+
+        calibrate_from_run(self, self.run_dir)
+
     def on_run_finished(self, msg: RunFinished) -> None:
+        from tui.screens.calibrate_offer import offer_calibration
+
+        offer_calibration(self, msg.state, self.run_dir)
         self.finished = msg.state
         if msg.message and msg.state != RunState.SUCCEEDED:
             failed = msg.state == RunState.FAILED
@@ -212,11 +277,26 @@ class MonitorScreen(Screen[None]):
         self._chrome_at = time.monotonic()
         snap, grid = self.snapshot, self.grid
         run_state = self.finished or snap.run_state
+        if run_state == RunState.STOPPED and any(stop_echo(e, run_state) for e in snap.errors):
+            # The run ended stopped after the last batch: its stop's echo is no error.
+            snap = replace(
+                snap, errors=tuple(e for e in snap.errors if not stop_echo(e, run_state))
+            )
+            grid.snapshot = snap
+        root = grid.root_cause
         self.query_one(MonitorHeader).show(self.run_title, run_state, snap, self.delivered, grid)
-        self.query_one(RankStrip).show(snap)
+        self.query_one(RankStrip).show(snap, root)
         grid.retitle()
-        self.nccl.retitle(self.reader.nccl_summary.headline())
-        self.query_one(MonitorSide).show(snap, grid.focused_rank(), self.error_cursor)
+        self.nccl.retitle(self.reader.nccl_summary.headline(), snap.transport)
+        self.query_one(MonitorSide).show(snap, grid.focused_rank(), self.error_cursor, root)
+        self._show_fullscreen()
+
+    def _show_fullscreen(self) -> None:
+        """``z``: the zoomed pane (or the NCCL pane) alone, header, strip and side hidden."""
+        self.set_class(self.grid.zoomed is not None and not self._nccl_full, "-fullscreen")
+        if self.has_class("-nccl-full") != self._nccl_full:
+            self.set_class(self._nccl_full, "-nccl-full")
+            self._size_nccl_pane()
 
     # ---- focus, zoom, pages, views ------------------------------------------------------
 
@@ -238,7 +318,22 @@ class MonitorScreen(Screen[None]):
             self.grid.focus_key(key)
 
     def action_zoom(self) -> None:
-        self.grid.zoom(self.focused)
+        """Full screen for the focused pane (the NCCL pane too); again: back to the grid."""
+        if self._nccl_full:
+            self._nccl_full = False
+            self.nccl.focus()
+        elif self.focused is self.nccl and self.grid.zoomed is None:
+            self._nccl_full = True
+        else:
+            self.grid.zoom(self.focused)
+        self._show_fullscreen()
+        self.grid.schedule_relayout()
+
+    def action_toggle_sideways(self) -> None:
+        """Long lines: cut at the pane's edge, or scroll sideways with ``←``/``→``."""
+        on = not self.grid.sideways
+        self.grid.set_sideways(on)
+        self.notify("long lines scroll sideways (← →)" if on else "long lines are cut at the edge")
 
     def action_page(self, step: int) -> None:
         self.grid.turn_page(step)
@@ -251,7 +346,9 @@ class MonitorScreen(Screen[None]):
         self.grid.schedule_relayout()
 
     def action_toggle_side(self) -> None:
-        self.query_one(MonitorSide).toggle_class("-hidden")
+        side = self.query_one(MonitorSide)
+        self._side_choice = side.has_class("-hidden")
+        self._size_side()
         self.grid.schedule_relayout()
 
     def action_follow(self) -> None:
@@ -278,6 +375,12 @@ class MonitorScreen(Screen[None]):
         except DtrainError as e:
             self.app.call_from_thread(self.notify, e.message, severity="warning")
 
+    def action_diagnose(self) -> None:
+        """Name the stuck rank now (the launcher asks every rank for its Flight Recorder dump)."""
+        from tui.screens.monitor_diagnose import diagnose_in_worker
+
+        diagnose_in_worker(self)
+
     # ---- filter / search / errors -------------------------------------------------------
 
     def action_search(self) -> None:
@@ -294,15 +397,47 @@ class MonitorScreen(Screen[None]):
         self._render_chrome()
 
     def action_clear(self) -> None:
-        """Esc: close the filter box, else drop the filter, else leave the zoom."""
+        """Esc: close the filter box, else drop the filter, else leave the full screen, else go
+        back to the wizard (when there is one)."""
         box = self.query_one(FilterBox)
         if box.is_open:
             box.close()
             self.grid.refocus()
         elif self.grid.pattern is not None:
             self.set_filter(None)
-        else:
+        elif self._nccl_full or self.grid.zoomed is not None:
+            self._nccl_full = False
             self.grid.unzoom()
+            self._show_fullscreen()
+        elif self.can_go_back:
+            self.action_back()
+
+    # ---- leaving, help ------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "back":
+            return self.can_go_back
+        return True
+
+    def action_back(self) -> None:
+        """Back to the wizard; the run goes on and ``Open run…`` (or ``ctrl+g``) reopens this."""
+        if not self.can_go_back:
+            self.notify("no wizard behind this monitor: q quits (the run goes on)")
+            return
+        self.app.pop_screen()
+
+    def action_leave(self) -> None:
+        """``q``, the same in every monitor: leave it, never stopping the run (back to the
+        wizard, or quit ``dtrain-tui monitor``)."""
+        if self.can_go_back:
+            self.action_back()
+        else:
+            self.app.exit(0)
+
+    def action_help(self) -> None:
+        from tui.screens.monitor_help import MonitorHelp
+
+        self.app.push_screen(MonitorHelp(can_go_back=self.can_go_back))
 
     def action_next_error(self) -> None:
         errors = self.snapshot.errors

@@ -4,7 +4,8 @@ last use, and the actions load, save, save as, delete and rename.
 Pushed by the wizard (``push_screen(ProfilesScreen(store, spec=..., current=...), callback)``).
 It dismisses with the chosen :class:`~profiles.schema.Profile` on load, with the freshly saved
 profile after a save or save-as (so the wizard learns the new name), and with ``None`` when
-closed. All file work goes through :class:`~profiles.store.ProfileStore`; errors (a broken file,
+closed; ``current`` then holds the wizard's profile after any rename or delete made here (the
+wizard reads it, so its header and the next save dialog never show a stale name). All file work goes through :class:`~profiles.store.ProfileStore`; errors (a broken file,
 a secret, a taken name) are shown in the dialog as one line and the dialog stays open.
 """
 

@@ -36,6 +36,8 @@ class StepPane(VerticalScroll):
     """One wizard step. Subclasses set ``STEP`` and implement ``load`` and ``check``."""
 
     STEP: ClassVar[Step]
+    BOUND_HINTS: ClassVar[dict[str, str]] = {}
+    """What to do instead, per field, added to a value out of its bounds."""
 
     def __init__(self) -> None:
         super().__init__(id=f"step-{self.STEP}", classes="step")
@@ -54,6 +56,24 @@ class StepPane(VerticalScroll):
         """Validate the fields, show messages, hand a valid sub-spec to the session; return
         the errors."""
         return []
+
+    def session_changed(self) -> None:
+        """The wizard drew the session again (a plan arrived or was refused, a step was
+        validated): a step that shows part of the plan updates it here. Called often: compare
+        before touching the DOM."""
+
+    def clear_forced_layout(self) -> None:
+        """Drop every forced layout setting (the badge's clear button) and re-plan; the
+        decision step's force fields, if built, are emptied too."""
+        from engine.plan.specs import LayoutSpec
+        from tui.session import Step
+
+        self.session.set_section("layout", LayoutSpec())
+        decision = cast("WizardScreen", self.screen).pane(Step.DECISION)
+        if decision is not None and decision is not self:
+            decision.reload()
+        if decision is not self:
+            self.revalidate()
 
     def first_focus(self) -> Widget | None:
         for w in self.query("Input, Select, OptionList, Button, Tabs"):
@@ -131,7 +151,7 @@ class StepPane(VerticalScroll):
             except ValidationError as e:
                 for err in e.errors():
                     loc = [str(p) for p in err.get("loc", ())]
-                    msg = clean_message(str(err.get("msg", "invalid")))
+                    msg = human_message(err)
                     name = loc[0] if loc else field_of(msg)
                     msg = _FIELD_PREFIX.sub("", msg)
                     if name:
@@ -144,6 +164,9 @@ class StepPane(VerticalScroll):
                     errs[name] = e.message
                 else:
                     general.append(e.message)
+        for name, hint in self.BOUND_HINTS.items():
+            if errs.get(name, "").startswith("must be"):
+                errs[name] += f"; {hint}"
         rows = self.rows()
         for name, row in rows.items():
             row.set_error(errs.get(name))
@@ -160,6 +183,45 @@ def set_text(widget: Static, text: str) -> None:
     if getattr(widget, "_dtrain_text", None) != text:
         widget._dtrain_text = text  # type: ignore[attr-defined]
         widget.update(text)
+
+
+_BOUNDS = {
+    "greater_than_equal": ("ge", "must be at least {}"),
+    "less_than_equal": ("le", "must be at most {}"),
+    "greater_than": ("gt", "must be more than {}"),
+    "less_than": ("lt", "must be less than {}"),
+}
+
+
+def human_message(err: Any) -> str:
+    """One line a person reads for one pydantic error: bounds in words with the value typed
+    (``must be at least 1, not 0``), never pydantic's own phrasing; model-level messages (the
+    engine's) as they are."""
+    kind = str(err.get("type", ""))
+    if kind in _BOUNDS:
+        key, text = _BOUNDS[kind]
+        bound = (err.get("ctx") or {}).get(key)
+        if bound is not None:
+            typed = err.get("input")
+            return text.format(_num(bound)) + (f", not {_num(typed)}" if typed is not None else "")
+    if kind == "finite_number":
+        return "must be a finite number"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return "must be a whole number, e.g. 8"
+    if kind in ("float_parsing", "float_type"):
+        return "must be a number, e.g. 3.5"
+    if kind == "enum":
+        expected = (err.get("ctx") or {}).get("expected")
+        return f"must be one of {expected}" if expected else "not one of the choices"
+    return clean_message(str(err.get("msg", "invalid")))
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def clean_message(msg: str) -> str:

@@ -1,16 +1,30 @@
 """Step 4, the training set-up: sequence length, batch, precision, optimizer, recompute, and the
-token budget and price the cost estimate uses."""
+token budget and price the cost estimate uses.
+
+The global batch is the user's: when no layout can split it over the GPUs, the planner's refusal
+is shown here, at the field, with the nearest batches that can be trained as buttons (the
+planner's ``GlobalBatchError.choices``); a nearby batch that trains clearly faster
+(``Plan.batch_choices``) is offered the same way. A forced layout (set in the decision step,
+perhaps for an earlier model) is shown as a badge with a button to clear it."""
 
 from __future__ import annotations
 
+from textual import on, work
 from textual.app import ComposeResult
-from textual.widgets import Select, Static
+from textual.containers import Horizontal
+from textual.widget import Widget
+from textual.widgets import Button, Input, Select, Static
 
-from engine.plan.specs import Optimizer, Precision, Recompute, TrainingSpec
+from engine.plan.result import BatchChoice
+from engine.plan.specs import Optimizer, Precision, Recompute, Spec, TrainingSpec
 from tui.format import count
 from tui.screens.step import AUTO, StepPane, set_text
 from tui.session import Step
 from tui.widgets.field_row import FieldRow
+from tui.widgets.forced_badge import ForcedBadge
+
+BATCH_FIELD = "training.global_batch"
+"""The field the planner names when it refuses a global batch."""
 
 _KINDS = {
     "seq_len": "int",
@@ -26,11 +40,23 @@ _KINDS = {
 class TrainingStep(StepPane):
     STEP = Step.TRAINING
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_state: tuple[object, ...] = ()
+        """What the batch advice was drawn from (redrawn only when it changes)."""
+        self.batch_choices: list[BatchChoice] = []
+        """The batches offered as buttons."""
+        self.batch_error = ""
+        """The planner's refusal of the batch, kept at the field until a plan replaces it."""
+
     def compose(self) -> ComposeResult:
         yield Static("Training", classes="step-title")
+        yield ForcedBadge(id="forced-badge")
         yield Static("", id="training-summary", classes="summary", markup=False)
         yield FieldRow("seq_len", "Sequence length", placeholder="tokens per sequence")
         yield FieldRow("global_batch", "Global batch", placeholder="sequences per optimizer step")
+        yield Static("", id="batch-note", markup=False).set_styles("display: none;")
+        yield Horizontal(id="batch-choices", classes="buttons").set_styles("display: none;")
         yield FieldRow(
             "micro_batch", "Micro-batch", placeholder="per GPU; empty: the planner picks"
         )
@@ -111,4 +137,105 @@ class TrainingStep(StepPane):
             text += f"\nbudget {count(model.tokens)} tokens ≈ {count(steps)} steps"
         set_text(summary, text)
         self.session.set_section("training", model)
+        self.query_one(ForcedBadge).show(self.session.forced_layout)
         return []
+
+    def first_focus(self) -> Widget | None:
+        return self.query_one("#f-seq_len", Input)
+
+    # --- the global batch the planner could not split -----------------------------------------
+    def session_changed(self) -> None:
+        s = self.session
+        self.query_one(ForcedBadge).show(s.forced_layout)
+        if s.planning:
+            return  # the advice stays until the new plan says otherwise
+        batch = s.spec.training.global_batch
+        if s.plan is None and s.plan_failure.startswith(f"{BATCH_FIELD}:"):
+            state: tuple[object, ...] = ("refused", s.generation, s.plan_failure)
+            if state != self.batch_state:
+                self.batch_state = state
+                message = s.plan_failure.removeprefix(f"{BATCH_FIELD}:").strip()
+                self._show_batch(message.split("; the nearest")[0], [], error=True)
+                self._nearest_worker(s.spec, s.generation)
+        elif (
+            s.plan is not None
+            and s.plan.batch_choices
+            and s.plan.spec.training.global_batch == batch
+        ):
+            state = ("faster", s.generation)
+            if state != self.batch_state:
+                self.batch_state = state
+                self._show_batch(
+                    f"a nearby global batch trains clearly faster than {batch}; pick one to "
+                    "train it instead",
+                    s.plan.batch_choices,
+                    error=False,
+                )
+        elif self.batch_state:
+            self.batch_state = ()
+            self._show_batch("", [], error=False)
+        row = self.rows()["global_batch"]
+        if self.batch_error and not row.error:
+            row.set_error(self.batch_error)  # re-validating the fields cleared it
+
+    @work(thread=True, exclusive=True, group="batch-choices", exit_on_error=False)
+    def _nearest_worker(self, spec: Spec, generation: int) -> None:
+        """The planner's nearest trainable batches for a refused one (it refuses with them)."""
+        from engine.plan.batch import GlobalBatchError
+        from engine.plan.planner import plan
+
+        try:
+            plan(spec)
+        except GlobalBatchError as e:
+            self.app.call_from_thread(self._nearest_found, e.choices, generation)
+        except Exception:  # noqa: BLE001 - the refusal itself is already on screen
+            return
+
+    def _nearest_found(self, choices: list[BatchChoice], generation: int) -> None:
+        if self.batch_state[:2] != ("refused", generation):
+            return  # the spec moved on
+        message = self.session.plan_failure.removeprefix(f"{BATCH_FIELD}:").strip()
+        head = message.split("; the nearest")[0]
+        self._show_batch(f"{head}; pick one of the nearest batches below", choices, error=True)
+
+    def _show_batch(self, text: str, choices: list[BatchChoice], *, error: bool) -> None:
+        row = self.rows()["global_batch"]
+        if error:
+            self.batch_error = text
+            row.set_error(text)
+            set_text(self.query_one("#batch-note", Static), "")
+        else:
+            if self.batch_error and row.error == self.batch_error:
+                row.set_error(None)
+            self.batch_error = ""
+            set_text(self.query_one("#batch-note", Static), f"⚠ {text}" if text else "")
+        note = self.query_one("#batch-note", Static)
+        note.set_class(bool(text) and not error, "-warn")
+        note.display = bool(text) and not error
+        if [c.global_batch for c in choices] == [c.global_batch for c in self.batch_choices]:
+            return
+        self.batch_choices = list(choices)
+        box = self.query_one("#batch-choices", Horizontal)
+        box.display = bool(choices)
+        box.remove_children()
+        box.mount_all(
+            Button(
+                f"use {c.global_batch}: {c.layout}"
+                + (f", {count(c.tokens_per_s)} tok/s" if c.tokens_per_s else ""),
+                id=f"batch-pick-{c.global_batch}",
+                compact=True,
+            )
+            for c in choices
+        )
+
+    @on(Button.Pressed)
+    def _batch_picked(self, event: Button.Pressed) -> None:
+        name = event.button.id or ""
+        if name.startswith("batch-pick-"):
+            event.stop()
+            self.rows()["global_batch"].value = name.removeprefix("batch-pick-")
+
+    @on(ForcedBadge.Cleared)
+    def _clear_forced(self, event: ForcedBadge.Cleared) -> None:
+        event.stop()
+        self.clear_forced_layout()

@@ -39,9 +39,10 @@ class WizardScreen(Screen[None]):
         Binding("ctrl+n", "next", "Next", priority=True),
         Binding("ctrl+b", "back", "Back", priority=True),
         Binding("ctrl+s", "app.write_bundle", "Write", priority=True),
-        Binding("ctrl+l", "app.launch", "Launch", priority=True, show=False),
+        Binding("ctrl+l", "app.launch", "Launch", priority=True),
         Binding("ctrl+r", "app.replan", "Re-plan", show=False),
         Binding("ctrl+o", "app.profiles", "Profiles"),
+        Binding("ctrl+g", "app.open_run", "Open run"),
         Binding("ctrl+t", "app.toggle_dark", "Theme", show=False),
         Binding("f1", "app.help", "Help"),
     ]
@@ -71,8 +72,16 @@ class WizardScreen(Screen[None]):
     def on_mount(self) -> None:
         for button in self.query("#navbar Button"):
             button.can_focus = False  # clicking Back/Next keeps the focus in the step's fields
-        self.sub_title = " → ".join(Step)
+        self.sub_title = ""
         self.call_after_refresh(self._enter, self.current)
+        # The header names the profile and unsaved changes; reading the spec waits until the
+        # first frame is drawn (the default profile is read then).
+        self.call_after_refresh(self._show_header)
+
+    def _show_header(self) -> None:
+        header_text = getattr(self.app, "header_text", None)
+        if header_text is not None:
+            self.sub_title = header_text()
 
     # --- panes --------------------------------------------------------------------------------
     def pane(self, step: str) -> StepPane | None:
@@ -102,7 +111,9 @@ class WizardScreen(Screen[None]):
         s = self.session
         invalid = {k: bool(v) for k, v in s.step_errors.items()}
         pending = {Step.DECISION} if s.planning else set()
-        self.query_one(StepNav).set_state(s.current, invalid, pending)
+        self.query_one(StepNav).set_state(s.current, invalid, pending, planned=s.plan is not None)
+        for pane in self.query(StepPane):
+            pane.session_changed()  # the plan or its refusal changed: steps that show it follow
 
     def set_status(self, text: str, *, error: bool = False) -> None:
         if (text, error) == self._status:
@@ -139,6 +150,8 @@ class WizardScreen(Screen[None]):
         elif not s.errors(s.current):
             self.set_status(s.plan_summary())
         self.show_bundle_state()
+        if self._launch is not None and s.plan is not None:
+            self._launch.show_plan()
 
     def show_bundle_state(self) -> None:
         configs = self._configs
@@ -149,13 +162,19 @@ class WizardScreen(Screen[None]):
         else:
             configs.show_error(self.session.bundle_error or "Rendering the bundle…")
 
-    def show_result(self, step: Step, text: str, *, ok: bool) -> None:
+    def show_result(self, step: Step, text: str, *, ok: bool, confirm: bool = False) -> None:
         """The outcome of writing (``step`` configs) or launching (``step`` launch): on that
-        step's pane if it is built, and on the status line."""
-        pane = self._configs if step == Step.CONFIGS else self._launch
-        if pane is not None:
-            pane.show_result(text, ok=ok)
-        self.set_status(("✓ " if ok else "✗ ") + text, error=not ok)
+        step's pane if it is built, and on the status line (its first line). ``confirm``: a
+        question, not an outcome (what a write would change; ^s again goes ahead)."""
+        if step == Step.CONFIGS and self._configs is not None:
+            self._configs.show_result(text, ok=ok, confirm=confirm)
+        elif step == Step.LAUNCH and self._launch is not None:
+            self._launch.show_result(text, ok=ok)
+        mark = "✓ " if ok and not confirm else ("⚠ " if ok else "✗ ")
+        first = text.splitlines()[0] if text else ""
+        if confirm:
+            first += " · press ^s again to write"
+        self.set_status(mark + first, error=not ok)
 
     def show_launch_progress(self, text: str) -> None:
         """How a launch is going, on the launch pane only (the status line keeps the plan)."""
@@ -230,6 +249,9 @@ class WizardScreen(Screen[None]):
         target = pane.first_focus()
         if target is not None:
             target.focus()
+        if step == Step.CONFIGS:
+            # The file list has the focus; the title, buttons and write result stay in view.
+            pane.call_after_refresh(pane.scroll_home, animate=False)
         self.show_nav()
         self._show_step_status()
         self.query_one("#back", Button).disabled = step == Step.MODEL

@@ -70,6 +70,12 @@ class FieldRow(Widget):
     def value(self, text: str) -> None:
         self.input.value = text
 
+    def set_quietly(self, text: str) -> None:
+        """Set the text without posting ``Input.Changed`` (a value the program fills in is not
+        an edit by the user)."""
+        with self.input.prevent(Input.Changed):
+            self.input.value = text
+
     def set_error(self, message: str | None) -> None:
         message = message or None
         if message == self._error:

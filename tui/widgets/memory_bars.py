@@ -1,5 +1,7 @@
 """Per-GPU memory of one candidate layout as bars against the GPU's memory: params, grads,
-optimizer, activations and buffers, then the total with the GPU limit marked."""
+optimizer, activations and buffers, then the total with the usable limit marked (``│``: the GPU's
+memory less the CUDA context, NCCL's buffers and fragmentation, what the planner may fill) and the
+margin left under it. Sizes are GiB (2^30 bytes), as nvidia-smi and torch count them."""
 
 from __future__ import annotations
 
@@ -9,12 +11,52 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.plan.result import Layout
-from tui.format import gb
+from engine.plan.memory import gpu_usable_bytes, usable_bytes
+from engine.plan.result import Layout, Plan
 
 _PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 _LABEL_W = 12
 _VALUE_W = 9
+
+
+GIB = 1024**3
+
+
+def gib(n_bytes: float) -> str:
+    """Bytes as GiB with one decimal (the unit nvidia-smi and torch report memory in)."""
+    return f"{n_bytes / GIB:.1f} GiB"
+
+
+def usable_of(plan: Plan) -> int:
+    """What the plan may use of each GPU: its memory less the planner's named reserves (all of
+    it times the usable fraction for CPU ranks), as ``engine.plan.context`` counts it."""
+    mem = plan.gpu.memory_bytes
+    return usable_bytes(mem) if plan.gpu.dist_backend == "gloo" else gpu_usable_bytes(mem)
+
+
+def describe_full(lay: Layout) -> str:
+    """Every choice that tells two layouts apart, in one line: ``zero3 · deepspeed · tp1 pp1
+    dp32 · ZeRO-3 · offload optimizer``."""
+    parts = [lay.strategy.value, lay.framework.value, _degrees(lay)]
+    if lay.zero_stage:
+        parts.append(
+            "distributed optimizer"
+            if lay.framework.value == "megatron"
+            else f"ZeRO-{lay.zero_stage}"
+        )
+    parts.append(f"offload {lay.offload.value}" if lay.offload.value != "none" else "no offload")
+    return " · ".join(parts)
+
+
+def _degrees(lay: Layout) -> str:
+    deg = f"tp{lay.tp} pp{lay.pp} dp{lay.dp}"
+    if lay.virtual_stages > 1:
+        deg += f" vp{lay.virtual_stages}"
+    if lay.cp > 1:
+        deg += f" cp{lay.cp}"
+    if lay.ep > 1:
+        deg += f" ep{lay.ep}"
+    return deg
 
 
 def describe(lay: Layout) -> str:
@@ -29,7 +71,9 @@ def describe(lay: Layout) -> str:
 
 
 class MemoryBars(Widget):
-    """One card: title, five bars and a total bar, scaled to max(GPU memory, total)."""
+    """One card: title, five bars and a total bar, scaled to max(GPU memory, total); ``usable``
+    (bytes) is marked on the total bar and the margin is measured against it; ``mark`` is added
+    to the title (``flowchart's pick``)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         *(f"memory-bars--{part}" for part in _PARTS),
@@ -49,15 +93,27 @@ class MemoryBars(Widget):
     MemoryBars > .memory-bars--nofit { color: $error; }
     """
 
-    def __init__(self, layout: Layout, gpu_memory: int, *, recommended: bool) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        gpu_memory: int,
+        *,
+        recommended: bool,
+        usable: int | None = None,
+        mark: str = "",
+    ) -> None:
         super().__init__()
         self.layout_ = layout
         self.gpu_memory = gpu_memory
+        self.usable = usable if usable is not None else gpu_memory
         self.recommended = recommended
         self.set_class(recommended, "-recommended")
         self.set_class(not layout.fits, "-nofit")
         title = f"★ {layout.strategy.value}" if recommended else layout.strategy.value
-        self.border_title = f"{title} · {layout.framework.value}"
+        off = f" · offload {layout.offload.value}" if layout.offload.value != "none" else ""
+        self.border_title = f"{title} · {layout.framework.value}{off}"
+        if mark:
+            self.border_subtitle = mark
 
     def render(self) -> Text:
         style = self.get_component_rich_style
@@ -72,16 +128,21 @@ class MemoryBars(Widget):
             value = int(getattr(mem, part))
             out.append(f"{part:<{_LABEL_W}}")
             out.append_text(_bar(value / scale, bar_w, style(f"memory-bars--{part}", partial=True)))
-            out.append(f"{gb(value):>{_VALUE_W}}\n")
+            out.append(f"{gib(value):>{_VALUE_W}}\n")
         fits_style = style(f"memory-bars--{'fits' if lay.fits else 'nofit'}", partial=True)
         out.append(f"{'total':<{_LABEL_W}}", style="bold")
-        out.append_text(_bar(mem.total / scale, bar_w, fits_style, limit=self.gpu_memory / scale))
-        out.append(f"{gb(mem.total):>{_VALUE_W}}\n", style="bold")
-        pct = 100 * mem.total / self.gpu_memory if self.gpu_memory else 0
+        out.append_text(_bar(mem.total / scale, bar_w, fits_style, limit=self.usable / scale))
+        out.append(f"{gib(mem.total):>{_VALUE_W}}\n", style="bold")
+        out.append(f"│ usable {gib(self.usable)} of {gib(self.gpu_memory)}\n", style="dim")
+        margin = self.usable - mem.total
         verdict = "fits" if lay.fits else "does NOT fit"
-        out.append(f"{pct:.0f}% of {gb(self.gpu_memory)} · {verdict}", style=fits_style)
+        if margin >= 0:
+            text = f"margin {gib(margin)} ({100 * margin / max(self.usable, 1):.0f}%) · {verdict}"
+        else:
+            text = f"over by {gib(-margin)} · {verdict}"
+        out.append(text, style=fits_style)
         if mem.cpu_bytes:
-            out.append(f" · {gb(mem.cpu_bytes)} on CPU", style="dim")
+            out.append(f" · {gib(mem.cpu_bytes)} on CPU", style="dim")
         if lay.rejected_because:
             out.append("\n")
             out.append(f"✗ {lay.rejected_because}", style="italic")

@@ -61,6 +61,9 @@ class MonitorHeader(Static):
         header.append(" monitor ", part("badge"))
         header.append(f" {title} ", part("title"))
         header.append(f"● {run_state}", part(_STATE_CLASS.get(run_state, "live")))
+        if grid.root_cause is not None and run_state == RunState.FAILED:
+            # Early in the row: a narrow terminal cuts the row's end, never this.
+            header.append(f" · root cause: rank {grid.root_cause}", part("errors"))
         nodes = len({st.node for st in snap.ranks.values()}) or 1
         header.append(f"  {len(snap.ranks)} ranks · {nodes} node{'s' if nodes > 1 else ''}")
         header.append(f"  {lines:,} lines")
@@ -72,7 +75,8 @@ class MonitorHeader(Static):
         if grid.pattern is not None:
             header.append(f"  filter {grid.pattern.text!r}", part("filter"))
         if snap.errors:
-            header.append(f"  {len(snap.errors)} errors", part("errors"))
+            n = len(snap.errors)
+            header.append(f"  {n} error{'s' if n > 1 else ''}", part("errors"))
         self.update(header, layout=False)  # one row, always
 
     def _part(self, name: str) -> Style:

@@ -32,9 +32,16 @@ class MonitorSide(Vertical):
         yield Label("errors", id="errors-title")
         yield ErrorList(id="error-list")
 
-    def show(self, snap: Snapshot, selected: int | None, error_cursor: int | None) -> None:
-        """Redraw from ``snap``; ``selected``: the focused rank (None: none focused)."""
-        self.query_one(RankTable).show(snap, selected)
+    def show(
+        self,
+        snap: Snapshot,
+        selected: int | None,
+        error_cursor: int | None,
+        root_cause: int | None = None,
+    ) -> None:
+        """Redraw from ``snap``; ``selected``: the focused rank (None: none focused);
+        ``root_cause``: the rank a failed run is blamed on (marked, its peers dimmed)."""
+        self.query_one(RankTable).show(snap, selected, root_cause)
         if selected is None and snap.ranks:
             selected = min(snap.ranks)
         self.query_one(RankChart).show(snap.ranks.get(selected) if selected is not None else None)

@@ -17,8 +17,8 @@ from textual.containers import Container
 from textual.widget import Widget
 
 from engine.monitor.reader import Chunks
-from engine.monitor.state import ErrorRecord, RankStatus, Snapshot
-from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane
+from engine.monitor.state import ErrorRecord, RankState, RankStatus, Snapshot
+from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane, fit_title
 
 PANE_MIN_WIDTH = 36
 PANE_MIN_HEIGHT = 6
@@ -49,31 +49,63 @@ def grid_shape(n: int, width: int, height: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def pane_title(key: str, snap: Snapshot, idle_after_s: float) -> str:
-    """A pane's border title: ``rank 3 · failed 1 · step 6/20 · loss 2.430 · ERR 2``, or
-    ``node 1 r2-r3 · host`` for a node pane."""
+def stopped_by_peer(st: RankState, root_cause: int | None) -> bool:
+    """A failed rank the run's failure is not blamed on, ended by a signal or lost: the launcher
+    (or the collective) stopped it after the root cause failed."""
+    if root_cause is None or st.rank == root_cause or st.status is not RankStatus.FAILED:
+        return False
+    return st.exit_code is None or st.exit_code < 0 or st.exit_code > 128
+
+
+def title_parts(
+    key: str, snap: Snapshot, idle_after_s: float, root_cause: int | None = None
+) -> list[tuple[int, str]]:
+    """A pane's border title as ``(priority, field)`` pairs in display order; a narrow pane
+    drops the fields of lowest priority first (:func:`fit_title`), never cuts one."""
     if key.startswith("n"):
         node = int(key[1:])
         ranks = sorted(r for r, st in snap.ranks.items() if st.node == node)
         hosts = {snap.ranks[r].host for r in ranks if snap.ranks[r].host}
-        span = f" r{ranks[0]}-{ranks[-1]}" if ranks else ""
-        return f"node {node}{span}" + (f" · {sorted(hosts)[0]}" if hosts else "")
+        out = [(9, f"node {node}")]
+        if ranks:
+            out.append((5, f"r{ranks[0]}-{ranks[-1]}"))
+        if hosts:
+            out.append((3, sorted(hosts)[0]))
+        return out
     rank = int(key[1:])
     st = snap.ranks.get(rank)
     if st is None:
-        return f"rank {rank}"
-    parts = [f"rank {rank}", st.label(snap.now, idle_after_s)]
+        return [(9, f"rank {rank}")]
+    parts = [(9, f"rank {rank}")]
+    if root_cause == rank and st.status is RankStatus.FAILED:
+        parts.append((8, "ROOT CAUSE"))
+    label = (
+        "stopped by peer" if stopped_by_peer(st, root_cause) else st.label(snap.now, idle_after_s)
+    )
+    parts.append((8, label))
     if st.step is not None:
-        parts.append(f"step {st.step}/{st.total_steps}")
+        parts.append((4, f"step {st.step}/{st.total_steps}"))
     if st.loss is not None:
-        parts.append(f"loss {st.loss:.3f}")
+        parts.append((2, f"loss {st.loss:.3f}"))
     if st.hung:
-        parts.append("HUNG?")
+        parts.append((7, "HUNG?"))
     if st.straggler:
-        parts.append("SLOW")
+        parts.append((6, "SLOW"))
     if st.errors:
-        parts.append(f"ERR {st.errors}")
-    return " · ".join(parts)
+        parts.append((7, f"ERR {st.errors}"))
+    return parts
+
+
+def pane_title(
+    key: str,
+    snap: Snapshot,
+    idle_after_s: float,
+    root_cause: int | None = None,
+    width: int | None = None,
+) -> str:
+    """A pane's border title: ``rank 3 · ROOT CAUSE · failed 1 · step 6/20 · loss 2.430 · ERR 2``,
+    or ``node 1 · r2-r3 · host`` for a node pane; fitted to ``width`` by whole fields."""
+    return fit_title(title_parts(key, snap, idle_after_s, root_cause), width)
 
 
 class PaneGrid(Container):
@@ -107,6 +139,12 @@ class PaneGrid(Container):
         self.zoomed: str | None = None
         self.focused_key: str | None = None
         self.pattern: LinePattern | None = None
+        self.root_cause: int | None = None
+        """The rank the run's failure is blamed on (the screen sets it from the rank states)."""
+        self.sideways = False
+        """Long lines scroll sideways (←/→) instead of being cut at the pane's edge."""
+        self._views: dict[str, tuple[int, str | None, str | None]] = {}
+        """Page, focused pane and zoom each view was left with (``v`` twice comes back to it)."""
         self._shown: list[str] = []
         self._shape = (0, 0)
         self._relayout_pending = False
@@ -217,6 +255,8 @@ class PaneGrid(Container):
         panes = [RankPane(self.buffer(k), k, self._title(k)) for k in shown]
         for p in panes:
             p.id = f"pane-{p.key}"
+            p.title_parts = self._parts(p.key)
+            p.set_sideways(self.sideways)
             if self.pattern is not None:
                 p.pattern = self.pattern
         await self.mount_all(panes)
@@ -227,15 +267,30 @@ class PaneGrid(Container):
         self.on_change()
 
     def _title(self, key: str) -> str:
-        return pane_title(key, self.snapshot, self.idle_after_s)
+        return pane_title(key, self.snapshot, self.idle_after_s, self.root_cause)
+
+    def _parts(self, key: str) -> list[tuple[int, str]]:
+        return title_parts(key, self.snapshot, self.idle_after_s, self.root_cause)
+
+    def set_sideways(self, on: bool) -> None:
+        """Long lines: scroll sideways (True) or cut at the pane's edge (False), every pane."""
+        self.sideways = on
+        for pane in self.panes():
+            pane.set_sideways(on)
 
     def retitle(self) -> None:
         """Titles and state classes of the panes on screen, from the latest rank states."""
         snap = self.snapshot
+        root = self.root_cause
         for pane in self.panes():
-            pane.border_title = self._title(pane.key)
+            pane.set_title_parts(self._parts(pane.key))
             pst = snap.ranks.get(int(pane.key[1:])) if pane.key.startswith("r") else None
-            pane.set_class(pst is not None and pst.status is RankStatus.FAILED, "-failed")
+            failed = pst is not None and pst.status is RankStatus.FAILED
+            is_root = failed and root is not None and pst is not None and pst.rank == root
+            peer = pst is not None and stopped_by_peer(pst, root)
+            pane.set_class(is_root, "-root-cause")
+            pane.set_class(peer, "-peer")
+            pane.set_class(failed and not peer, "-failed")
             pane.set_class(pst is not None and pst.status is RankStatus.EXITED, "-exited")
             pane.set_class(pst is not None and (pst.hung or pst.straggler), "-flagged")
 
@@ -306,11 +361,12 @@ class PaneGrid(Container):
         self.schedule_relayout()
 
     def toggle_view(self) -> None:
-        """Rank panes <-> node panes (from the first page, nothing zoomed)."""
+        """Rank panes <-> node panes. Each view comes back as it was left (page, focused pane,
+        zoom), so ``v`` twice is the layout it started from; a view seen first starts on its
+        first page, nothing zoomed."""
+        self._views[self.view] = (self.page, self.focused_key, self.zoomed)
         self.view = "node" if self.view == "rank" else "rank"
-        self.zoomed = None
-        self.focused_key = None
-        self.page = 0
+        self.page, self.focused_key, self.zoomed = self._views.get(self.view, (0, None, None))
         self.schedule_relayout()
 
     def show_error(self, rec: ErrorRecord) -> None:

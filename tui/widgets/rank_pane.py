@@ -35,6 +35,21 @@ NO_TAG = -1
 """Tag of a line no rank can be named for (node panes, NCCL pane): drawn as ``node``."""
 
 
+TITLE_SEP = " · "
+TITLE_CHROME = 4
+"""Cells of a pane's width its border title cannot use (the corners and a space each side)."""
+
+
+def fit_title(parts: list[tuple[int, str]], width: int | None) -> str:
+    """Join ``parts``, dropping the lowest-priority fields (the latest first among equals) until
+    the title fits ``width`` cells (None: no limit); the first field always stays."""
+    keep = list(parts)
+    while width is not None and len(keep) > 1 and len(TITLE_SEP.join(t for _, t in keep)) > width:
+        drop = min(range(1, len(keep)), key=lambda i: (keep[i][0], -i))
+        del keep[drop]
+    return TITLE_SEP.join(t for _, t in keep)
+
+
 class PaneBuffer:
     """The capped tail of one pane's lines, plus how many ever arrived. A tagged buffer (node
     and NCCL panes) keeps each line's rank in a parallel deque of ints: no tuple per line, so a
@@ -139,6 +154,10 @@ class RankPane(ScrollView, can_focus=True):
     RankPane.-exited { border-title-color: $success; }
     RankPane.-flagged { border: round $warning; }
     RankPane.-failed:focus { border: double $error; }
+    RankPane.-root-cause { border: heavy $error; border-title-color: $error; border-title-style: bold; }
+    RankPane.-root-cause:focus { border: double $error; }
+    RankPane.-peer { border-title-color: $text-disabled; color: $text-muted; }
+    RankPane.-sideways { overflow-x: auto; scrollbar-size-horizontal: 1; }
     """
 
     COMPONENT_CLASSES = {
@@ -159,6 +178,10 @@ class RankPane(ScrollView, can_focus=True):
         self.buffer = buffer
         self.key = key
         self.border_title = title or key
+        self.title_parts: list[tuple[int, str]] = []
+        """The title's fields by priority (:func:`tui.widgets.pane_grid.fit_title`): refitted
+        to the pane's width on every resize."""
+        self.sideways = False
         self.follow = True
         self.pattern: LinePattern | None = None
         self._ftexts: deque[str] | None = None
@@ -179,6 +202,35 @@ class RankPane(ScrollView, can_focus=True):
     @property
     def tags(self) -> deque[int] | None:
         return self._ftags if self._ftexts is not None else self.buffer.tags
+
+    def set_title_parts(self, parts: list[tuple[int, str]]) -> None:
+        """Set the border title from whole fields, fitted to the pane's width."""
+        self.title_parts = parts
+        self._fit_title()
+
+    def _fit_title(self) -> None:
+        if not self.title_parts:
+            return
+        width = self.size.width - TITLE_CHROME if self.size.width else None
+        self.border_title = fit_title(self.title_parts, width)
+
+    def set_sideways(self, on: bool) -> None:
+        """Long lines scroll sideways (``←``/``→``) when ``on``, else they are cut at the edge."""
+        self.sideways = on
+        self.set_class(on, "-sideways")
+        if not on:
+            self.scroll_to(x=0, animate=False, immediate=True)
+        self._size_virtual()
+        self.refresh()
+
+    def _size_virtual(self) -> None:
+        width = self.size.width
+        if self.sideways:
+            tag_cells = 6 if self.buffer.tags is not None else 0
+            # Measured only while scrolling sideways: the firehose path never pays for it.
+            widest = max(map(len, self.lines), default=0)
+            width = max(width, widest + tag_cells + 1)
+        self.virtual_size = Size(width, len(self.lines))
 
     def write_lines(self, lines: Iterable[str], tag: int | None = None) -> None:
         """Append lines to this pane's buffer and show them (tests and simple callers)."""
@@ -224,7 +276,7 @@ class RankPane(ScrollView, can_focus=True):
         self._evicted_seen = buf.first_index
         self._seen_total = buf.total
         self._update_view()
-        self.virtual_size = Size(self.size.width, len(self.lines))
+        self._size_virtual()
         if at_end:
             if self.size.height > 0:
                 # Now, so the frame that shows the new lines is the one at the end (a deferred
@@ -316,7 +368,8 @@ class RankPane(ScrollView, can_focus=True):
         self.resume()
 
     def on_resize(self) -> None:
-        self.virtual_size = Size(self.size.width, len(self.lines))
+        self._size_virtual()
+        self._fit_title()
         if self.follow:
             self._to_end()
 
@@ -351,19 +404,21 @@ class RankPane(ScrollView, can_focus=True):
             self.scrollable_content_region.width,
             int(self.scroll_y),
             self._row_styles(),
+            int(self.scroll_x) if self.sideways else 0,
         )
         try:
             return super().render_lines(crop)
         finally:
             self._render_ctx = None
 
-    _render_ctx: tuple[int, int, _RowStyles] | None = None
+    _render_ctx: tuple[int, int, _RowStyles, int] | None = None
 
     def render_line(self, y: int) -> Strip:
         ctx = self._render_ctx
         if ctx is None:
-            ctx = (self.scrollable_content_region.width, int(self.scroll_y), self._row_styles())
-        width, scroll_y, styles = ctx
+            x0 = int(self.scroll_x) if self.sideways else 0
+            ctx = (self.scrollable_content_region.width, int(self.scroll_y), self._row_styles(), x0)
+        width, scroll_y, styles, x0 = ctx
         base = styles.base
         row = scroll_y + y
         lines = self.lines
@@ -392,4 +447,4 @@ class RankPane(ScrollView, can_focus=True):
             segments.append(Segment(text[pos:], style))
         else:
             segments.append(Segment(text, style))
-        return Strip(segments).crop_extend(0, width, base)
+        return Strip(segments).crop_extend(x0, x0 + width, base)

@@ -34,14 +34,14 @@ class RankStrip(RankStateView):
         self.idle_after_s = idle_after_s
         self._length = -1
 
-    def show(self, snap: Snapshot) -> None:
+    def show(self, snap: Snapshot, root_cause: int | None = None) -> None:
         strip = Text(overflow="fold")
         running, marked = self.style_of("rank-strip--running"), self.style_of("rank-strip--marked")
         for r in sorted(snap.ranks):
             st = snap.ranks[r]
             label = st.label(snap.now, self.idle_after_s)
             glyph = HUNG_GLYPH if st.hung else GLYPHS[st.status]
-            style = self.state_style(st, label) or running
+            style = self.state_style(st, label, root_cause) or running
             if st.errors or st.straggler:
                 style += marked
             if st.status is RankStatus.FAILED:

@@ -10,15 +10,15 @@ from __future__ import annotations
 from rich.text import Text
 
 from engine.monitor.state import RankState, Snapshot
-from tui.widgets.rank_states import RankStateView
+from tui.widgets.rank_states import RankStateView, state_class
 
 
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def rank_flags(st: RankState) -> list[str]:
-    flags: list[str] = []
+def rank_flags(st: RankState, root_cause: int | None = None) -> list[str]:
+    flags: list[str] = ["ROOT"] if st.rank == root_cause and st.status.value == "failed" else []
     if st.errors:
         flags.append(f"ERR×{st.errors}" if st.errors > 1 else "ERR")
     if st.hung:
@@ -49,9 +49,11 @@ class RankTable(RankStateView):
         self._shown: Text | None = None
         self._rows = -1
 
-    def show(self, snap: Snapshot, selected: int | None = None) -> None:
+    def show(
+        self, snap: Snapshot, selected: int | None = None, root_cause: int | None = None
+    ) -> None:
         self.selected = selected
-        table = self.render_table(snap)
+        table = self.render_table(snap, root_cause)
         if table == self._shown:  # same text and styles
             return
         # Lay the screen out again only when the table's height may change (rows added).
@@ -59,7 +61,7 @@ class RankTable(RankStateView):
         self.update(table, layout=rows != self._rows)
         self._shown, self._rows = table, rows
 
-    def render_table(self, snap: Snapshot) -> Text:
+    def render_table(self, snap: Snapshot, root_cause: int | None = None) -> Text:
         out = Text(no_wrap=True, overflow="ellipsis")
         out.append(
             f"{'rank':>4} {'state':<14} {'step':>7} {'loss':>6} {'tok/s':>7} flags\n",
@@ -69,13 +71,17 @@ class RankTable(RankStateView):
         for r in sorted(snap.ranks):
             st = snap.ranks[r]
             label = st.label(snap.now, self.idle_after_s)
+            name = state_class(st, label, root_cause)
+            if name == "peer":
+                label = "stopped (peer)"
             step = "-" if st.step is None else f"{st.step}/{st.total_steps}"
             mark = "▸" if r == self.selected else " "
             out.append(f"{mark}{r:>3} ")
-            out.append(f"{label:<14.14}", self.state_style(st, label))
+            out.append(f"{label:<14.14}", self.state_style(st, label, root_cause))
             loss, tps = _num(st.loss, "6.3f"), _num(st.tokens_per_s, "7.0f")
             out.append(f" {step:>7} {loss:>6} {tps:>7} ")
-            out.append(" ".join(rank_flags(st)), errors if st.errors else flagged)
+            flag_style = errors if st.errors or name == "root" else flagged
+            out.append(" ".join(rank_flags(st, root_cause)), flag_style)
             out.append("\n")
         out.rstrip()
         return out

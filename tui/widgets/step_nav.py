@@ -1,5 +1,6 @@
 """The sidebar: every wizard step, where the user is, and which steps are still invalid.
-Clicking a step asks the wizard to go there (the wizard decides whether it may)."""
+Clicking a step asks the wizard to go there (the wizard decides whether it may). The steps that
+show the plan (decision, configs, launch) carry no ✓ while there is no plan."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from textual import events
 from textual.message import Message
 from textual.widget import Widget
 
-from tui.session import Step
+from tui.session import NEEDS_PLAN, Step
 
 
 class StepNav(Widget):
-    """Steps as lines: ``› 1 Model  ✓``; invalid steps carry ``✗`` in the error colour."""
+    """Steps as lines: ``› 1 Model  ✓``; invalid steps carry ``✗`` in the error colour, steps
+    waiting for a plan ``…`` (planning) or ``·`` (no plan)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "step-nav--current",
@@ -41,13 +43,24 @@ class StepNav(Widget):
         self.current = steps[0]
         self.invalid: dict[Step, bool] = {}
         self.pending: set[Step] = set()
+        self.planned = True
 
-    def set_state(self, current: Step, invalid: dict[Step, bool], pending: set[Step]) -> None:
-        if (current, invalid, pending) == (self.current, self.invalid, self.pending):
+    def set_state(
+        self,
+        current: Step,
+        invalid: dict[Step, bool],
+        pending: set[Step],
+        *,
+        planned: bool = True,
+    ) -> None:
+        """``planned`` False: there is no plan, so the steps that show one get no ✓."""
+        state = (current, invalid, pending, planned)
+        if state == (self.current, self.invalid, self.pending, self.planned):
             return
         self.current = current
         self.invalid = dict(invalid)
         self.pending = set(pending)
+        self.planned = planned
         self.refresh()
 
     def render(self) -> Text:
@@ -56,7 +69,14 @@ class StepNav(Widget):
         for step in self.steps:
             here = step == self.current
             bad = self.invalid.get(step, False)
-            mark = "✗" if bad else ("…" if step in self.pending else "✓")
+            if bad:
+                mark = "✗"
+            elif step in self.pending:
+                mark = "…"
+            elif not self.planned and step in (Step.DECISION, *NEEDS_PLAN):
+                mark = "·"
+            else:
+                mark = "✓"
             line = Text(f"{'›' if here else ' '} {step.number} {step.label:<9}", no_wrap=True)
             if here:
                 line.stylize(style("step-nav--current", partial=True))

@@ -21,6 +21,10 @@ while read -r -a words; do
   MEGATRON_ARGS+=("${words[@]}")
 done < megatron_args.txt
 mkdir -p logs
+# DTRAIN_PREFLIGHT=1 (set by `dtrain-tui preflight`): this same world runs the bundle's
+# preflight.py (all-reduce sweep, node pairs, GEMM) instead of the training script.
+ENTRY=/opt/Megatron-LM/pretrain_gpt.py
+if [[ "${DTRAIN_PREFLIGHT:-}" == 1 ]]; then ENTRY=preflight.py; fi
 exec ${TORCHRUN:-torchrun} \
   --nnodes 4 \
   --nproc-per-node 8 \
@@ -30,4 +34,4 @@ exec ${TORCHRUN:-torchrun} \
   --max-restarts 0 \
   --log-dir logs \
   --tee 3 \
-  /opt/Megatron-LM/pretrain_gpt.py "${MEGATRON_ARGS[@]}"
+  "$ENTRY" "${MEGATRON_ARGS[@]}"

@@ -15,6 +15,10 @@ set +a
 if [[ -z "${MASTER_PORT:-}" ]]; then MASTER_PORT=29500; fi
 export MASTER_ADDR MASTER_PORT
 mkdir -p logs
+# DTRAIN_PREFLIGHT=1 (set by `dtrain-tui preflight`): this same world runs the bundle's
+# preflight.py (all-reduce sweep, node pairs, GEMM) instead of the training script.
+ENTRY=train.py
+if [[ "${DTRAIN_PREFLIGHT:-}" == 1 ]]; then ENTRY=preflight.py; fi
 exec ${TORCHRUN:-torchrun} \
   --nnodes 2 \
   --nproc-per-node 8 \
@@ -24,4 +28,4 @@ exec ${TORCHRUN:-torchrun} \
   --max-restarts 0 \
   --log-dir logs \
   --tee 3 \
-  train.py --bundle .
+  "$ENTRY" --bundle .

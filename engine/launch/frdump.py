@@ -1,0 +1,300 @@
+"""Ask every rank of a running run for its Flight Recorder dump, and diagnose the answers.
+
+Called by the supervision of every launch backend (:mod:`engine.launch.supervise`) when a run
+hangs, before it is stopped, and when a monitor asks (``RUN/diagnose.request``,
+:mod:`engine.diagnose.request`). A backend that can reach its ranks defines
+``_ask_dumps(node) -> int``: it sends SIGUSR1 to the node's rank processes and returns how many
+it signalled (local: :func:`signal_local`; SSH: :func:`remote_dump_command` over a fresh
+channel); or ``_ask_all_dumps() -> int`` when one request reaches every node (Slurm: one
+``srun --overlap`` step in the job running :func:`dump_script` on each node). Only processes that block SIGUSR1 are signalled (``SigBlk`` in /proc/PID/status): the
+example trainer does, to take it in its dump thread; any other program would be killed by it.
+
+The ranks answer on stdout with one ``[dtrain] fr {json}`` line each, which reaches the run
+directory like any other line on every backend: the answers are read from each rank's stdout log
+past where it stood when asked, for at most :data:`DUMP_WAIT_S`. NCCL's own dumps on a
+collective timeout (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, in the bundle's ``logs/``) fill in for
+ranks that did not answer where the run's bundle is on this machine. The
+:class:`~engine.diagnose.flight.Diagnosis` goes into run.json (``diagnosis``) and, as one
+``[dtrain-tui] diagnosis: ...`` line, into the run's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.diagnose.flight import (
+    FR_PREFIX,
+    Diagnosis,
+    RankDump,
+    diagnose,
+    dump_from_trace,
+    parse_fr_line,
+    read_trace_file,
+)
+from engine.launch.reaper import pids_with_env
+from engine.monitor.events import STDERR, STDOUT, LineEvent
+from engine.rundir.files import rank_log
+
+DUMP_WAIT_S = 15.0
+"""Longest wait for the ranks' answers (each answers in milliseconds when it can)."""
+USR1_MASK = 1 << (signal.SIGUSR1 - 1)
+"""SIGUSR1's bit in /proc/PID/status's SigBlk."""
+NCCL_TRACE_PREFIX = "nccl_trace_rank_"
+"""File name prefix of NCCL's dumps in the bundle's logs/ (nccl.env's
+TORCH_NCCL_DEBUG_INFO_TEMP_FILE); the rank number follows."""
+
+
+def takes_dump_signal(pid: int) -> bool:
+    """True when ``pid`` blocks SIGUSR1 (it takes it with sigwait: the example trainer)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("SigBlk:"):
+                    return bool(int(line.split()[1], 16) & USR1_MASK)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def _group_rank(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"GROUP_RANK="):
+                    return int(item[11:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def signal_local(run_id: str, node: int) -> int:
+    """SIGUSR1 to the rank processes of ``node`` of the run on this machine; how many."""
+    sent = 0
+    for pid in pids_with_env("DTRAIN_RUN_ID", run_id):
+        if _group_rank(pid) == node and takes_dump_signal(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGUSR1)
+                sent += 1
+    return sent
+
+
+def dump_script(run_id: str, node: int | None, *, node_var: str = "DTRAIN_NODE") -> str:
+    """Bash: SIGUSR1 to every rank process of the run on ``node`` that blocks it (found through
+    /proc by ``DTRAIN_RUN_ID`` and ``node_var``, compared as whole strings, and a ``LOCAL_RANK``:
+    torchrun and DeepSpeed's launcher give one to each rank, never to themselves); prints how
+    many. A process that blocks SIGUSR1 without being a rank is left alone: srun blocks every
+    signal in its main thread and forwards what it gets to its tasks (torchrun, which dies of
+    it).
+
+    ``node_var`` is the variable that numbers the node in the ranks' environment: the SSH
+    backend's ``DTRAIN_NODE``, Slurm's ``SLURM_NODEID``. ``node`` None: the node the script
+    runs on, as an srun task knows it (``$SLURM_NODEID``), so one ``srun`` over every node of a
+    job asks each node for its own ranks."""
+    if not node_var.isidentifier():
+        raise ValueError(f"not a variable name: {node_var!r}")
+    where = str(node) if node is not None else '"${SLURM_NODEID:-none}"'
+    return (
+        f"RID={shlex.quote(run_id)}; NODE={where}; n=0; "
+        "for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; r=; m=; l=; "
+        "while IFS= read -r -d '' v; do "
+        f'[[ "$v" == "DTRAIN_RUN_ID=$RID" ]] && r=1; [[ "$v" == "{node_var}=$NODE" ]] && m=1; '
+        '[[ "$v" == LOCAL_RANK=* ]] && l=1; '
+        'done 2>/dev/null < "$e"; '
+        '[ -n "$r" ] && [ -n "$m" ] && [ -n "$l" ] || continue; '
+        "blk=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/$p/status 2>/dev/null); "
+        '[ -n "$blk" ] || continue; '
+        f'if (( 0x$blk & {USR1_MASK} )); then kill -USR1 "$p" 2>/dev/null && n=$((n+1)); fi; '
+        'done; echo "$n"'
+    )
+
+
+def remote_dump_command(run_id: str, node: int, *, node_var: str = "DTRAIN_NODE") -> str:
+    """:func:`dump_script` as one shell command line, run by bash whatever the login shell."""
+    return f"bash -c {shlex.quote(dump_script(run_id, node, node_var=node_var))}"
+
+
+def _log_sizes(run_path: Path, world: int) -> dict[int, int]:
+    sizes: dict[int, int] = {}
+    for rank in range(world):
+        try:
+            sizes[rank] = rank_log(run_path, rank, STDOUT).stat().st_size
+        except OSError:
+            sizes[rank] = 0
+    return sizes
+
+
+def _new_dumps(run_path: Path, offsets: dict[int, int], got: dict[int, RankDump]) -> None:
+    """Read each rank's stdout log past its offset; whole lines only (the offset advances to
+    the last newline read)."""
+    for rank, off in offsets.items():
+        try:
+            with open(rank_log(run_path, rank, STDOUT), "rb") as f:
+                f.seek(off)
+                data = f.read()
+        except OSError:
+            continue
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            continue
+        offsets[rank] = off + cut
+        for raw in data[:cut].split(b"\n"):
+            if FR_PREFIX.encode() in raw:
+                d = parse_fr_line(raw.decode("utf-8", "replace"))
+                if d is not None:
+                    got[d.rank] = d
+
+
+def nccl_trace_dumps(logs: Path, world: int) -> dict[int, RankDump]:
+    """NCCL's dump-on-timeout files in ``logs`` (pickles), by rank."""
+    out: dict[int, RankDump] = {}
+    for rank in range(world):
+        path = logs / f"{NCCL_TRACE_PREFIX}{rank}"
+        if path.is_file():
+            data = read_trace_file(path)
+            if data is not None:
+                out[rank] = dump_from_trace(data, rank)
+    return out
+
+
+def collect_diagnosis(run: Any, why: str, *, ask_ranks: bool = True) -> Diagnosis | None:
+    """Ask every rank of ``run`` (a :class:`engine.launch.supervise.SupervisedRun`) for its dump,
+    wait for the answers, diagnose, and record it (run.json, the log, an event). None when the
+    backend cannot ask and no NCCL dump is at hand. ``ask_ranks=False``: NCCL's files only."""
+    ask = getattr(run, "_ask_dumps", None) if ask_ranks else None
+    ask_all = getattr(run, "_ask_all_dumps", None) if ask_ranks else None
+    m = run.manifest
+    path: Path = run.run.path
+    offsets = _log_sizes(path, m.world_size)
+    asked = 0
+    if ask_all is not None:  # one request reaches every node (Slurm: one srun step)
+        try:
+            asked = int(ask_all())
+        except Exception as e:  # noqa: BLE001 - NCCL's files may still tell
+            run._say(0, f"could not ask the nodes for their dumps: {e}")
+    elif ask is not None:
+        for st in run._nodes:
+            if st.finished:
+                continue
+            try:
+                asked += int(ask(st.node))
+            except Exception as e:  # noqa: BLE001 - one unreachable node must not stop the rest
+                run._say(st.node, f"could not ask node {st.node} for its dump: {e}")
+    got: dict[int, RankDump] = {}
+    deadline = time.monotonic() + DUMP_WAIT_S
+    # Every rank answering ends the wait (a rank's forked children inherit its blocked SIGUSR1
+    # and are signalled too, but never answer).
+    want = min(asked, m.world_size)
+    while want and len(got) < want and time.monotonic() < deadline:
+        if run._final.wait(0.1) or run.force.is_set():
+            break
+        _new_dumps(path, offsets, got)
+    _new_dumps(path, offsets, got)
+    for rank, d in nccl_trace_dumps(run.run.bundle / "logs", m.world_size).items():
+        got.setdefault(rank, d)
+    if not got and not asked:
+        return None
+    # The nodes' hosts as known now (a scheduler's allocated names, not its placeholders).
+    hosts = [st.host for st in run._nodes] or getattr(run, "hosts", None)
+    diag = diagnose(
+        got,
+        m.world_size,
+        hosts=list(hosts) if hosts else None,
+        gpus_per_node=m.gpus_per_node,
+        why=why,
+        at=time.time(),
+    )
+    text = f"[dtrain-tui] diagnosis: {diag.summary}"
+    try:
+        run.run.set_diagnosis(diag.model_dump(mode="json"))
+        run.run.append(0, None, STDERR, (text + "\n").encode("utf-8", "replace"))
+    except OSError as e:
+        run._dir_failed(e)
+    run._emit(LineEvent(0, None, STDERR, text, time.time()))
+    return diag
+
+
+def diagnose_safely(run: Any, why: str, *, ask_ranks: bool = True) -> Diagnosis | None:
+    """:func:`collect_diagnosis` for the supervisor: a failure is one line in the run's log,
+    never the end of supervision."""
+    try:
+        return collect_diagnosis(run, why, ask_ranks=ask_ranks)
+    except Exception as e:  # noqa: BLE001
+        run._say(0, f"could not diagnose the run: {type(e).__name__}: {e}")
+        return None
+
+
+def diagnose_failed_run(run: Any) -> Diagnosis | None:
+    """A failed run that left NCCL dumps (a collective timed out: the watchdog dumped every
+    rank's recorder, TORCH_NCCL_DUMP_ON_TIMEOUT) and has no diagnosis yet: diagnose those."""
+    if run.run.record.diagnosis is not None:
+        return None
+    logs = run.run.bundle / "logs"
+    if not any(logs.glob(f"{NCCL_TRACE_PREFIX}*")):
+        return None
+    return diagnose_safely(run, "a collective timed out (NCCL's dumps)", ask_ranks=False)
+
+
+TIMEOUT_LINE_RE = re.compile(
+    r"Watchdog caught collective operation timeout|Timed out waiting \d+ ?ms for \w+ operation"
+)
+"""A rank's own report of a collective that timed out: NCCL's watchdog (``[Rank 1] Watchdog
+caught collective operation timeout: WorkNCCL(SeqNum=8, OpType=ALLREDUCE, …)``) and gloo's
+(``RuntimeError: [.../unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to
+complete``)."""
+TIMEOUT_GATE = ("Watchdog caught", "Timed out waiting")
+"""Substrings one of which every :data:`TIMEOUT_LINE_RE` line holds (the streams' cheap gate)."""
+
+
+def note_timeout(run: Any, groups: Mapping[tuple[int, int | None], Sequence[str]]) -> None:
+    """Called by the stream readers (:mod:`engine.launch.streams`) for lines that passed
+    :data:`TIMEOUT_GATE`: remember the run's first collective-timeout line, with its rank and
+    node, for :func:`diagnose_timeout` (the supervisor's thread: a reader must not wait for the
+    dumps, which may come through its own stream)."""
+    if getattr(run, "_timeout_line", None) is not None:
+        return
+    for (node, rank), lines in groups.items():
+        for line in lines:
+            if TIMEOUT_LINE_RE.search(line):
+                run._timeout_line = (node, rank, line.strip())
+                return
+
+
+def diagnose_timeout(run: Any) -> Diagnosis | None:
+    """Once per run, while it is neither failing nor stopping: a rank printed a collective
+    timeout (:func:`note_timeout`), so ask every rank for its dump as a hang would, before the
+    timed-out rank's exit stops the others."""
+    seen = getattr(run, "_timeout_line", None)
+    if seen is None or getattr(run, "_timeout_diagnosed", False):
+        return None
+    run._timeout_diagnosed = True
+    if run._failure is not None or run._stop_requested:
+        return None
+    node, rank, line = seen
+    who = f"rank {rank}" if rank is not None else f"node {node}"
+    text = line if len(line) <= 300 else line[:297] + "..."
+    return diagnose_safely(run, f"{who} reported a collective timeout: {text}")
+
+
+__all__ = [
+    "TIMEOUT_GATE",
+    "TIMEOUT_LINE_RE",
+    "diagnose_failed_run",
+    "diagnose_safely",
+    "diagnose_timeout",
+    "dump_script",
+    "note_timeout",
+    "DUMP_WAIT_S",
+    "collect_diagnosis",
+    "nccl_trace_dumps",
+    "remote_dump_command",
+    "signal_local",
+    "takes_dump_signal",
+]

@@ -1,0 +1,179 @@
+"""The Megatron-LM side of a 3D bundle: ``megatron_args.txt`` carries what the model *is*
+(normalization, positions, gated MLP, GQA, biases, head width), and ``pretrain_gpt.sh`` is a real
+``pretrain_gpt.py`` command: run under bash with a recording ``TORCHRUN``, its words parse with
+torchrun's own parser and reach ``$MEGATRON_LM/pretrain_gpt.py`` with every flag."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.plan.specs import ModelSpec, Strategy
+from engine.write import megatron_args, render_bundle, write_bundle
+from engine.write.bundle import EXEC_MODE
+from engine.write.megatron import PRETRAIN_GPT
+from tests.engine.writers_fixtures import golden_plans, make_plan
+
+DUMP = """\
+import json, os, sys
+with open(os.environ["DUMP_TO"], "w") as f:
+    json.dump({"argv": sys.argv[1:], "cwd": os.getcwd(),
+               "addr": os.environ.get("MASTER_ADDR")}, f)
+"""
+
+
+def _args(preset: str) -> list[str]:
+    plan = make_plan(
+        model=ModelSpec(preset=preset), gpu="h100-sxm", gpus_per_node=8, strategy=Strategy.THREE_D
+    )
+    return [line for line in megatron_args(plan).splitlines() if not line.startswith("#")]
+
+
+def test_llama_flags_come_from_the_model() -> None:
+    lines = _args("llama-3-8b")
+    for flag in (
+        "--normalization RMSNorm",
+        "--position-embedding-type rope",
+        "--swiglu",
+        "--group-query-attention",
+        "--num-query-groups 8",
+        "--untie-embeddings-and-output-weights",
+        "--disable-bias-linear",
+        "--attention-dropout 0.0",
+        "--hidden-dropout 0.0",
+    ):
+        assert flag in lines, flag
+    assert not any(line.startswith("--kv-channels") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("preset", "present", "absent"),
+    [
+        (
+            "gpt2",
+            ["--normalization LayerNorm", "--position-embedding-type learned_absolute"],
+            ["--swiglu", "--group-query-attention", "--disable-bias-linear"],
+        ),
+        ("pythia-160m", ["--normalization LayerNorm", "--position-embedding-type rope"], []),
+        ("qwen2-7b", ["--disable-bias-linear", "--add-qkv-bias"], []),
+        ("gemma-7b", ["--kv-channels 256", "--normalization RMSNorm"], []),
+        ("llama-3.2-1b", ["--swiglu"], ["--untie-embeddings-and-output-weights"]),
+    ],
+)
+def test_architecture_flags(preset: str, present: list[str], absent: list[str]) -> None:
+    lines = _args(preset)
+    for flag in present:
+        assert flag in lines, flag
+    for flag in absent:
+        assert flag not in lines, flag
+
+
+def test_pretrain_gpt_is_written_next_to_the_arguments() -> None:
+    files = render_bundle(golden_plans()["llama70b_4x8h100_3d"])
+    assert {"megatron_args.txt", PRETRAIN_GPT} <= set(files)
+    assert files[PRETRAIN_GPT].mode == EXEC_MODE
+    ddp = render_bundle(make_plan())
+    assert PRETRAIN_GPT not in ddp and "megatron_args.txt" not in ddp
+
+
+@pytest.mark.parametrize("data", [False, True], ids=["mock-data", "data-path"])
+def test_pretrain_gpt_command_parses_with_torchrun(tmp_path: Path, data: bool) -> None:
+    from torch.distributed.run import get_args_parser
+
+    plan = golden_plans()["llama70b_4x8h100_3d"]
+    bundle = tmp_path / "bundle"
+    write_bundle(plan, bundle)
+    dump = tmp_path / "dump.py"
+    dump.write_text(DUMP)
+    out = tmp_path / "argv.json"
+    megatron = tmp_path / "Megatron-LM"
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update(
+        {
+            "TORCHRUN": f"{sys.executable} {dump}",
+            "DUMP_TO": str(out),
+            "MEGATRON_LM": str(megatron),
+            "NODE_RANK": "2",
+        }
+    )
+    if data:
+        env.update({"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "meta/llama"})
+    proc = subprocess.run(
+        ["bash", str(bundle / PRETRAIN_GPT)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(out.read_text())
+    assert Path(got["cwd"]) == bundle.resolve()
+    a = get_args_parser().parse_args(got["argv"])
+    assert (a.nnodes, a.nproc_per_node, a.node_rank) == ("4", "8", 2)
+    assert a.master_addr == got["addr"] == "10.0.0.1"
+    assert a.training_script == f"{megatron}/pretrain_gpt.py"
+    words = [
+        w
+        for line in megatron_args(plan).splitlines()
+        if not line.startswith("#")
+        for w in line.split()
+    ]
+    rest = a.training_script_args
+    assert rest[: len(words)] == words
+    if data:
+        assert rest[len(words) :] == [
+            "--data-path",
+            "/data/corpus_text_document",
+            "--tokenizer-type",
+            "HuggingFaceTokenizer",
+            "--tokenizer-model",
+            "meta/llama",
+        ]
+    else:
+        assert rest[len(words) :] == [
+            "--mock-data",
+            "--tokenizer-type",
+            "NullTokenizer",
+            "--vocab-size",
+            str(plan.model.vocab),
+        ]
+
+
+def test_pretrain_gpt_refuses_without_megatron_lm(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(golden_plans()["llama70b_4x8h100_3d"], bundle)
+    env = {k: v for k, v in os.environ.items() if k != "MEGATRON_LM"}
+    env["TORCHRUN"] = "false"
+    proc = subprocess.run(
+        ["bash", str(bundle / PRETRAIN_GPT)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0 and "set MEGATRON_LM" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("recompute", "flags"),
+    [
+        ("none", []),
+        ("selective", ["--recompute-granularity selective"]),
+        ("mlp", ["--recompute-granularity selective", "--recompute-modules mlp"]),
+        ("full", ["--recompute-granularity full", "--recompute-method uniform"]),
+    ],
+)
+def test_recompute_flags_follow_the_layout(recompute: str, flags: list[str]) -> None:
+    from engine.plan.specs import Recompute
+
+    plan = make_plan(
+        model=ModelSpec(preset="llama-3-8b"),
+        gpu="h100-sxm",
+        gpus_per_node=8,
+        strategy=Strategy.THREE_D,
+        recompute=Recompute(recompute),
+    )
+    lines = [line for line in megatron_args(plan).splitlines() if line.startswith("--recompute")]
+    assert all(f in lines for f in flags) and len(lines) == len(flags) + (recompute == "full")

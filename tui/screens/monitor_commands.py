@@ -1,0 +1,60 @@
+"""The command palette (Ctrl+P) on the monitor: its actions by name (back to the wizard, stop,
+full screen, filter, next error, views, help). :class:`tui.screens.monitor.MonitorScreen` names
+this provider in its ``COMMANDS``, so the palette offers these only while a monitor is shown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+if TYPE_CHECKING:
+    from tui.screens.monitor import MonitorScreen
+
+
+class MonitorCommands(Provider):
+    """The monitor's actions; "Back to the wizard" only when there is one."""
+
+    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
+        m = cast("MonitorScreen", self.screen)
+        cmds: list[tuple[str, str, Callable[[], object]]] = []
+        if m.can_go_back:
+            cmds.append(
+                (
+                    "Monitor: back to the wizard",
+                    "The run goes on; Open run… reopens it",
+                    m.action_back,
+                )
+            )
+        cmds += [
+            (
+                "Monitor: stop the run",
+                "Stop every rank on every node (asks first)",
+                m.action_stop_run,
+            ),
+            ("Monitor: full screen", "The focused pane alone (again: back)", m.action_zoom),
+            ("Monitor: filter lines", "Show only matching lines in every pane", m.action_search),
+            ("Monitor: next error", "Jump to the next error line", m.action_next_error),
+            ("Monitor: rank / node view", "Panes per rank or per node", m.action_toggle_view),
+            (
+                "Monitor: long lines cut / sideways",
+                "Scroll long lines with ← →",
+                m.action_toggle_sideways,
+            ),
+            ("Monitor: rank table", "Show or hide the rank table and chart", m.action_toggle_side),
+            ("Monitor: NCCL pane", "Show or hide the NCCL pane", m.action_toggle_nccl),
+            ("Monitor: keys (help)", "Every key of the monitor", m.action_help),
+        ]
+        return cmds
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, callback in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
