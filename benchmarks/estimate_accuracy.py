@@ -19,7 +19,8 @@ row stating plain 1F1B is not interleaved. torchtitan's Grand Teton H100s are th
 
 The rows are split by SOURCE into a calibration set (Narayanan 2021, Korthikanti 2022,
 torchtitan), on which the model's few global efficiency parameters were chosen, and a held-out
-set (NeMo, Megatron-Bridge, AutoModel, Llama 3, BLOOM) that was never used to tune it.
+set (NeMo, Megatron-Bridge, AutoModel, Llama 3, BLOOM, BigScience's tr11 topology sweep) that
+was never used to tune it.
 
 Printed: one line per row (``-v``), MAPE per source and per set, the rank correlation (Spearman)
 of per-GPU throughput inside each sweep (same source, model, GPU type, sequence length and
@@ -158,6 +159,11 @@ def _precision(row: dict[str, Any]) -> Precision | None:
         # "mixed precision (fp16/bf16 not stated)": Megatron-LM's 2021 GPT recipes train in
         # fp16 with dynamic loss scaling (``--fp16``), as its A100 runs of that year did.
         return Precision.FP16
+    if "bf16" in text and row["id"].startswith("bloom"):
+        # BLOOM trained in bf16 on Megatron-DeepSpeed (2022): unfused ALiBi attention, the
+        # classic kernels the planner times for fp16 (the same A100 peak); its bf16 is not
+        # Megatron-Core with Transformer Engine, which is what the planner's bf16 means.
+        return Precision.FP16
     if "bf16" in text:
         return Precision.BF16
     if "mixed precision" in text or "fp16" in text:
@@ -167,10 +173,11 @@ def _precision(row: dict[str, Any]) -> Precision | None:
 
 def _network(row_id: str, gpu: str) -> NetworkSpec:
     """The fabric each source ran on: Selene's 8 x HDR, DGX H100's 8 x NDR, Meta's 400 Gb/s
-    RoCE per GPU, Jean Zay's 4 x 100 Gb/s Omni-Path (BLOOM)."""
+    RoCE per GPU, Jean Zay's 4 x 100 Gb/s Omni-Path (BLOOM and BigScience's tr11 topology
+    benchmarks)."""
     if row_id.startswith(("torchtitan", "llama3")):
         return NetworkSpec(tier=NetworkTier.ROCE, bandwidth_gbps=3200)
-    if row_id.startswith("bloom"):
+    if row_id.startswith(("bloom", "bigscience")):
         return NetworkSpec(tier=NetworkTier.IB, bandwidth_gbps=400)
     if gpu.startswith("a100"):
         return NetworkSpec(tier=NetworkTier.IB_HDR)

@@ -346,6 +346,7 @@ def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
 
 def _print_events(events: list[Any], out: Any) -> None:
     from engine.monitor.events import LineBatch, LineEvent, RankExit
+    from engine.monitor.state import exit_text
     from engine.monitor.textsafe import safe_text
 
     lines: list[str] = []
@@ -357,7 +358,12 @@ def _print_events(events: list[Any], out: Any) -> None:
             tag = f"[rank {ev.rank}]" if ev.rank is not None else f"[node {ev.node}]"
             lines.append(f"{tag} {ev.line}\n")
         elif isinstance(ev, RankExit) and ev.exit_code not in (0,):
-            lines.append(f"[rank {ev.rank}] exited: {ev.exit_code} {ev.reason}\n")
+            # Worded as ``monitor --follow`` words it: "stopped", "failed SIGKILL (…)".
+            if ev.exit_code is None and ev.reason == "stopped":
+                lines.append(f"[rank {ev.rank}] stopped\n")
+            else:
+                why = f" ({ev.reason})" if ev.reason else ""
+                lines.append(f"[rank {ev.rank}] failed {exit_text(ev.exit_code)}{why}\n")
     if lines:
         try:
             out.write(safe_text("".join(lines)))  # no escape sequence reaches the terminal

@@ -146,11 +146,14 @@ def _gpus(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
         return 0
-    print(f"{'key':<10} {'memory':>9} {'bf16 TF':>8} {'fp16 TF':>8}  {'link':<7} {'GB/s':>5}  name")
+    kw = max([10, *(len(g.key) for g in gpus)])  # h100-sxm-500w is wider than the others
+    print(
+        f"{'key':<{kw}} {'memory':>9} {'bf16 TF':>8} {'fp16 TF':>8}  {'link':<7} {'GB/s':>5}  name"
+    )
     for g in gpus:
         bf16 = f"{g.bf16_tflops:g}" if g.has_bf16 else "-"
         print(
-            f"{g.key:<10} {g.memory_bytes / GIB:>6.0f}GiB {bf16:>8} {g.fp16_tflops:>8g}  "
+            f"{g.key:<{kw}} {g.memory_bytes / GIB:>6.0f}GiB {bf16:>8} {g.fp16_tflops:>8g}  "
             f"{g.intra_link.value:<7} {g.intra_gbps:>5g}  {g.name}"
         )
     print()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 GIB = 1024**3
 
 
@@ -44,3 +46,14 @@ def hours(x: float | None) -> str:
     if x is None:
         return "—"
     return f"{count(x)} h" if x >= 1e3 else f"{x:.1f} h"
+
+
+_CLI_BATCH = re.compile(
+    r"; pass --global-batch \d+, or --global-batch-nearest to train the nearest$"
+)
+
+
+def wizard_words(message: str) -> str:
+    """An engine refusal as the wizard says it: the command line's advice (``pass
+    --global-batch 8, or --global-batch-nearest ...``) becomes where to pick it in the wizard."""
+    return _CLI_BATCH.sub("; pick one at Global batch in the Training step", message)

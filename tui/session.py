@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tui.format import count, seconds
+from tui.format import count, seconds, wizard_words
 
 if TYPE_CHECKING:
     from engine.plan.result import Plan
@@ -117,7 +117,14 @@ class WizardSession:
         self.step_errors[step] = errors
 
     def errors(self, step: Step) -> list[str]:
+        if step == Step.TRAINING and self.batch_refused:
+            return [*(self.step_errors.get(step) or []), self.plan_failure]
         return self.step_errors.get(step) or []
+
+    @property
+    def batch_refused(self) -> bool:
+        """No plan because no layout trains the global batch: Training's field is at fault."""
+        return self.plan is None and self.plan_failure.startswith("training.global_batch:")
 
     def inputs_valid(self) -> bool:
         return not any(self.step_errors.get(s) for s in INPUT_STEPS)
@@ -130,7 +137,7 @@ class WizardSession:
         if order.index(target) <= order.index(self.current):
             return None
         for step in order[: order.index(target)]:
-            if self.step_errors.get(step):
+            if self.errors(step):
                 return step
         if target in NEEDS_PLAN and self.plan is None:
             if not self.step_errors.get(Step.DECISION):
@@ -182,7 +189,7 @@ class WizardSession:
         if generation != self.generation:
             return False
         self.plan = None
-        self.plan_failure = message
+        self.plan_failure = wizard_words(message)
         self.bundle = {}
         self.bundle_error = f"No plan: {message}"
         self.step_errors[Step.DECISION] = [message]
@@ -219,7 +226,14 @@ class WizardSession:
         if self.plan is None:
             return "Planning…" if self.planning else "No plan yet."
         lay = self.plan.recommended
+        from engine.plan.strategies import FRAMEWORK_OF
+
+        # The verdict first: at 80 columns the line is cut at its end. The strategy names its
+        # usual framework (3d: megatron, zero*: deepspeed); only a forced other one is added.
+        name = lay.strategy.value
+        if FRAMEWORK_OF.get(lay.strategy) != lay.framework:
+            name += f" · {lay.framework.value}"
         return (
-            f"{lay.strategy.value} · {lay.framework.value} · {seconds(lay.step_time_s)}/step · "
-            f"{count(lay.tokens_per_s)} tok/s · {'fits' if lay.fits else 'does NOT fit'}"
+            f"{'fits' if lay.fits else 'does NOT fit'} · {name} · "
+            f"{seconds(lay.step_time_s)}/step · {count(lay.tokens_per_s)} tok/s"
         )

@@ -51,7 +51,10 @@ def split_tee(node: int, gpus_per_node: int, raw: bytes) -> tuple[int, int | Non
     """(node, global rank or None, line without the tee prefix) for one raw line of ``node``."""
     mt = TEE_RE.match(raw)
     if mt:
-        return node, node * gpus_per_node + int(mt.group(1)), raw[mt.end() :]
+        line, prefix = raw[mt.end() :], raw[: mt.end()]
+        if prefix in line:  # a partial line torchrun's tail spliced (see group_runs)
+            line = line.replace(prefix, b"")
+        return node, node * gpus_per_node + int(mt.group(1)), line
     return node, None, raw
 
 
@@ -87,7 +90,13 @@ def group_runs(
         em = run_end(text, pos)
         end = em.end() if em is not None else end_all
         # Every line up to ``end`` starts with this run's prefix: split on "\n" + prefix.
-        lines = text[pos + plen : end - 1].split(sep)
+        chunk = text[pos + plen : end - 1]
+        lines = chunk.split(sep)
+        if chunk.count(sep[1:]) >= len(lines):  # one C-speed scan of the run
+            # The prefix inside a line: torchrun's tail read a partial line (a rank writing
+            # "text" and "\n" apart, as print() does under PYTHONUNBUFFERED) and prefixed both
+            # halves, "[default1]:text[default1]:\n". Joined again.
+            lines = [ln.replace(sep[1:], "") for ln in lines]
         key = (node, base + local)
         lst = groups.get(key)
         if lst is None:

@@ -181,7 +181,10 @@ def _why_lost(ctx: PlanContext, chosen: Candidate, winner: Candidate, *, is_flow
     if ratio >= 1 - SAME_SPEED:
         if offload:
             return "offload is the last resort: the plan fits without it"
-        return f"about as fast ({times}); the recommended layout is simpler or the flowchart's"
+        return (
+            f"about as fast ({times}): within {SAME_SPEED:.0%}, the plan keeps the simpler "
+            "layout (the flowchart's, or fewer moving parts)"
+        )
     faster = f"{1 - ratio:.0%} faster ({times})"
     if offload:
         return f"{faster}, but offload is the last resort: the plan fits without it"

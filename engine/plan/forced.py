@@ -202,7 +202,7 @@ def _check_virtual_stages(ctx: PlanContext) -> None:
 def forced_fit_step(ctx: PlanContext, chosen: Candidate) -> PathStep:
     """The path's "Does the forced layout fit?" step: what was forced, what it needs, and when
     it does not fit, by how much and what to try."""
-    given = ctx.spec.layout.model_dump(exclude_none=True, mode="json")
+    given = ctx.spec.layout.given_text()
     d = chosen.draft
     reason = f"{given}: {describe(d)} needs {mem_line(chosen.mem)} of {gib(ctx.usable)} usable"
     if not chosen.fits:

@@ -303,6 +303,12 @@ def _megatron_states(
         return States(4 * psi / nd, 4 * psi / nd, (k - master) * psi / nd)
     opt = k * psi / nd if zero_stage >= 1 else k * psi
     grads = 4 * psi / nd if zero_stage >= 2 else 4 * psi
+    if precision == Precision.FP16 and zero_stage < 2:
+        # fp16 accumulates and all-reduces its grads in fp16 (``accumulate_allreduce_grads_in_fp32``
+        # is forced on for bf16 only); the optimizer step makes an fp32 copy of them beside the
+        # master, sharded with it by the distributed optimizer: 20 bytes a parameter, 4 + 16/d
+        # distributed (Megatron-LM ``docs/source/distrib_optimizer.md``).
+        grads = 2 * psi + 4 * psi / (nd if zero_stage >= 1 else 1)
     return States(_param_bytes(precision) * psi, grads, opt)
 
 

@@ -91,6 +91,13 @@ per expert to the host to size the grouped GEMM and the all-to-all (a device-to-
 the GPU then waits on the CPU to launch the rest of the layer's ~100 small kernels (router,
 top-k, permute, token-count exchange, unpermute; ~10 us each). Backward pays it twice, like the
 other per-layer work."""
+CLASSIC_LAYER_HOST_S: Final = 1.2e-3
+"""Host time to issue one GPT layer's forward on the classic fp16 Megatron-LM stack (2021-22,
+PyTorch eager): about 60 Python-dispatched operations (two fused layer norms, four linears
+with their tensor-parallel copy/reduce autograd functions, the QKV split and transposes, the
+fused scale-mask-softmax, three dropouts each under the CUDA RNG tracker's fork, two
+TorchScript bias-dropout-add calls and the bias-GeLU one) at about 20 us each (PyTorch's
+per-op dispatch from Python), the same again when a checkpointed layer's forward is rerun."""
 INTRA_EFFICIENCY: Final = 0.8
 """Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate."""
 RING_STEP_LATENCY_S: Final = 12e-6
@@ -295,9 +302,31 @@ def collective_time(hw: Hardware, nbytes: float, ranks: int, stride: int, steps:
 
 
 def allreduce_time(hw: Hardware, size: float, ranks: int, stride: int) -> float:
-    """Ring all-reduce (NCCL switches to a tree at scale: its latency grows as log n)."""
-    steps = min(2 * (ranks - 1), 4 * max(1, math.ceil(math.log2(max(2, ranks)))))
-    return collective_time(hw, ring_allreduce_bytes(size, ranks), ranks, stride, steps)
+    """Ring all-reduce (NCCL switches to a tree at scale: its latency grows as log n). A group
+    spanning nodes with several ranks in each pays the network's latency only on the steps
+    that cross a node boundary, NVLink's on the rest (NCCL's own latency model,
+    ``src/graph/tuning.cc``: a ring's ``2·nNodes`` inter-node steps of its ``2(n-1)``, a tree's
+    ``2·log2(nNodes)`` network hops after ``2(n/nNodes - 1)`` NVLink ones; it runs the faster)."""
+    nbytes = ring_allreduce_bytes(size, ranks)
+    nodes = _nodes_spanned(hw, ranks, stride)
+    if nodes <= 1 or nodes >= ranks:
+        steps = min(2 * (ranks - 1), 4 * max(1, math.ceil(math.log2(max(2, ranks)))))
+        return collective_time(hw, nbytes, ranks, stride, steps)
+    per_node = ranks / nodes
+    ring = 2 * nodes * RING_STEP_LATENCY_S + 2 * (ranks - 1 - nodes) * RING_STEP_LATENCY_INTRA_S
+    tree = 2 * (
+        (per_node - 1) * RING_STEP_LATENCY_INTRA_S
+        + math.ceil(math.log2(nodes)) * RING_STEP_LATENCY_S
+    )
+    return collective_time(hw, nbytes, ranks, stride, 0) + min(ring, tree)
+
+
+def _nodes_spanned(hw: Hardware, ranks: int, stride: int) -> int:
+    """Scale-up domains (nodes) a group of ``ranks`` ranks ``stride`` apart touches."""
+    if not _spans_nodes(hw, ranks, stride):
+        return 1
+    per_domain = max(1, hw.domain // max(1, stride))
+    return min(ranks, math.ceil(ranks / per_domain))
 
 
 def gather_time(hw: Hardware, size: float, ranks: int, stride: int) -> float:
@@ -443,6 +472,23 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
     return out
 
 
+def _host_bound_gap(
+    dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, layer_fwd: float
+) -> float:
+    """Seconds one layer's forward passes (the forward, and the recomputed one under full
+    recompute) wait on the host, one micro-batch: the classic fp16 stack (see
+    :func:`fused_attention`) issues every kernel of a layer from Python, one by one
+    (:data:`CLASSIC_LAYER_HOST_S`), and its tensor-parallel all-reduces run on the compute
+    stream, so a forward whose GPU work plus all-reduces is shorter than that is host bound.
+    Only small per-GPU layers reach it (a 3.6B GPT at TP 8: 0.6 ms of GPU work a layer)."""
+    if fused_attention(d) or d.framework != Framework.MEGATRON:
+        return 0.0
+    size = d.micro_batch * seq_len / d.cp * dims.hidden * _act_bytes(d)
+    tp_fwd = 2 * allreduce_time(hw, size, d.tp, 1) if d.tp > 1 else 0.0
+    passes = 2 if d.recompute == Recompute.FULL else 1
+    return passes * max(0.0, CLASSIC_LAYER_HOST_S - layer_fwd - tp_fwd)
+
+
 def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> MicroBatch:
     """One micro-batch's forward and backward on the heaviest pipeline stage: its layers (the
     last stage's plus the LM head when that is heavier), the exposed TP/CP/EP traffic, and the
@@ -458,7 +504,7 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
         layer_bwd += f.attention
     elif d.recompute == Recompute.MLP:
         layer_bwd += f.mlp
-    per_layer = layer_fwd + layer_bwd
+    per_layer = layer_fwd + layer_bwd + _host_bound_gap(dims, d, hw, seq_len, layer_fwd)
     head = 3 * _head_forward(dims, d, hw, seq_len)
     compute = max(max(split) * per_layer, split[-1] * per_layer + head)
     # Megatron hides the backward TP all-reduce behind the weight-gradient GEMMs of the
@@ -467,12 +513,29 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
         _tp_comm(dims, d, hw, seq_len, f.gemm / 2) + _cp_ep_comm(dims, d, hw, seq_len)
     )
     if d.pp > 1:
-        act = d.micro_batch * seq_len / d.cp * dims.hidden * _act_bytes(d)
-        if d.sequence_parallel:
-            act /= d.tp
-        p2p = 2 * collective_time(hw, act, 2, d.tp * d.cp * d.dp, 1) * max(1, d.virtual_stages)
-        comm += p2p * (1 - Overlap.pp)
+        comm += _p2p(dims, d, hw, seq_len) * (1 - Overlap.pp)
     return MicroBatch(compute, comm, max(split) * layer_bwd)
+
+
+def _p2p(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """Seconds of one micro-batch's pipeline sends on a stage (activation forward, its gradient
+    backward, once per model chunk). Stages run in lock step, so when the pipeline spans
+    nodes its slowest boundary, the one between two nodes, sets the pace: every GPU of the
+    sending stage on a node shares that node's NICs. Megatron sends each tensor-parallel rank
+    a ``1/TP`` slice and all-gathers it over NVLink on arrival (Narayanan et al. 2021, §4.1,
+    "scatter/gather"); sequence parallelism's activations are already split."""
+    act = d.micro_batch * seq_len / d.cp * dims.hidden * _act_bytes(d)
+    stride = d.tp * d.cp * d.dp
+    if d.pp * stride > hw.domain and hw.nodes > 1:
+        stride = max(stride, hw.domain)
+    gather = 0.0
+    if d.sequence_parallel:
+        act /= d.tp
+    elif d.framework == Framework.MEGATRON and d.tp > 1:
+        gather = gather_time(hw, act, d.tp, 1)
+        act /= d.tp
+    one = collective_time(hw, act, 2, stride, 1) + gather
+    return 2 * one * max(1, d.virtual_stages)
 
 
 # --------------------------------------------------------------------------------------------

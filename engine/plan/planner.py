@@ -45,7 +45,7 @@ def plan(spec: Spec) -> Plan:
     forced = spec.layout.is_forced
     ctx, cands, choices = settle(ctx, candidates(ctx), path)
     if not cands:
-        given = spec.layout.model_dump(exclude_none=True, mode="json")
+        given = spec.layout.given_text()
         raise SpecError(
             f"no valid layout for {ctx.world} GPU(s) trains a global batch of {ctx.batch}"
             + (f" with the forced settings {given}; relax the forced layout" if forced else "")

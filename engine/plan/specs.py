@@ -429,6 +429,11 @@ class LayoutSpec(_Strict):
     def is_forced(self) -> bool:
         return any(v is not None for v in self.model_dump().values())
 
+    def given_text(self) -> str:
+        """What is forced, as a person writes it: ``tp=4 pp=2 strategy=3d`` ("" for nothing)."""
+        given = self.model_dump(exclude_none=True, mode="json")
+        return " ".join(f"{k}={v}" for k, v in given.items())
+
 
 # No part may start with "-": the name reaches ssh, pdsh and the hostfile, where "-oX" is an option.
 _HOST_RE = re.compile(

@@ -42,6 +42,15 @@ def wait_file(path: Path, timeout: float = 30.0) -> str:
     return path.read_text()
 
 
+def wait_gone(tmux: Tmux, text: str, timeout: float = 30.0) -> str:
+    """The screen once ``text`` has left it (a closed dialog)."""
+    deadline = time.monotonic() + timeout
+    while text in (screen := tmux.screen()):
+        assert time.monotonic() < deadline, f"{text!r} never went; the screen was:\n{screen}"
+        time.sleep(0.1)
+    return screen
+
+
 def wait_state(run: Path, states: set[str], timeout: float = 90.0) -> str:
     deadline = time.monotonic() + timeout
     state = ""
@@ -61,8 +70,7 @@ def test_demo_to_monitor_back_to_wizard_and_reopen_the_run(tmux: Tmux, tmp_path:
     tmux.start(f"{EXE} --config-dir {tmp_path / 'profiles'}; echo $? > {done}; sleep 30")
     tmux.wait_for("tok/s")  # the plan is ready
     tmux.keys("C-l")  # the first Ctrl+L opens the Launch step, the second starts the run
-    tmux.wait_for("7 Launch")
-    time.sleep(0.5)
+    tmux.wait_for("Ctrl+L again")  # the Launch step is shown and ready
     tmux.keys("C-l")
     screen = tmux.wait_for(" monitor ", timeout=60)
     tmux.wait_for("rank 1", timeout=60)
@@ -84,7 +92,7 @@ def test_demo_to_monitor_back_to_wizard_and_reopen_the_run(tmux: Tmux, tmp_path:
     screen = tmux.wait_for("Monitor keys")
     assert "back to the wizard" in screen and "full screen" in screen
     tmux.keys("Escape")
-    time.sleep(0.3)
+    wait_gone(tmux, "Monitor keys")
     # q leaves the monitor the same way: back to the wizard here.
     tmux.keys("q")
     screen = tmux.wait_for("Open run")

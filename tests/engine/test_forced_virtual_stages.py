@@ -33,3 +33,16 @@ def test_a_virtual_stage_count_no_split_allows_is_one_line_naming_the_field() ->
     with pytest.raises(SpecError) as e:
         plan(_spec(4))
     assert e.value.field == "layout.virtual_stages" and "\n" not in str(e.value)
+
+
+def test_a_forced_layout_is_named_as_a_person_writes_it() -> None:
+    spec = Spec.model_validate(
+        {
+            "model": {"preset": "llama-3-8b"},
+            "hardware": {"gpu": "h100", "gpus_per_node": 4, "nodes": 1},
+            "training": {"seq_len": 2048, "global_batch": 8},
+            "layout": {"tp": 2, "pp": 1},
+        }
+    )
+    step = plan(spec).path[-1]
+    assert step.reason.startswith("tp=2 pp=1: ") and "{" not in step.reason

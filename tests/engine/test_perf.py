@@ -395,3 +395,63 @@ def test_attention_kernels_by_gpu_generation_and_framework() -> None:
     }
     assert share["h100-fa2"] < share["a100-fa2"] < share["h100-fa3"]
     assert 0.25 < share["h100-fa2"] < 0.35 and 0.4 < share["h100-fa3"] < 0.55
+
+
+def test_tp_across_nodes_pays_the_network_latency_only_where_it_crosses() -> None:
+    # NCCL's latency model: a TP group of 8 ranks on each of 4 nodes pays the network's latency
+    # on its few node-crossing steps (tree: 2·log2(4) hops, after 2·7 NVLink ones), not on all
+    # 2·31 ring steps; a group of one rank per node still pays it on every step.
+    hw = _a100(nodes=4)
+    size = 2048 * 3072 * 2  # one 3.6B-model micro-batch
+
+    def transfer(ranks: int, stride: int) -> float:  # launch and bytes, no step latency
+        return perf.collective_time(hw, ring_allreduce_bytes(size, ranks), ranks, stride, 0)
+
+    spread = perf.allreduce_time(hw, size, 32, 1) - transfer(32, 1)
+    assert spread == pytest.approx(
+        2 * (7 * perf.RING_STEP_LATENCY_INTRA_S + 2 * perf.RING_STEP_LATENCY_S)
+    )
+    one_per_node = perf.allreduce_time(hw, size, 4, 8) - transfer(4, 8)
+    assert one_per_node == pytest.approx(6 * perf.RING_STEP_LATENCY_S)
+    assert spread < 31 * perf.RING_STEP_LATENCY_S / 2
+    # Inside a node nothing changed, and crossing nodes is never cheaper than staying inside.
+    inside = perf.allreduce_time(_a100(), 12.6e6, 8, 1)
+    assert inside < perf.allreduce_time(_a100(nodes=2), 12.6e6, 16, 1)
+    assert perf._nodes_spanned(hw, 32, 1) == 4
+    assert perf._nodes_spanned(hw, 4, 8) == 4
+    assert perf._nodes_spanned(hw, 8, 1) == 1
+
+
+def test_a_small_classic_layer_waits_on_the_host() -> None:
+    # The fp16 Megatron-LM stack issues each layer's kernels from Python: a 3.6B layer at TP8
+    # (0.6 ms of GPU work a forward) is host bound, twice under full recompute; at TP2 it is
+    # not; bf16 Megatron-Core (fused kernels) never is.
+    hw = _a100()
+
+    def gap(tp: int, precision: Precision, recompute: Recompute = Recompute.FULL) -> float:
+        d = _megatron(dp=1, tp=tp, precision=precision, recompute=recompute)
+        f = perf._layer_forward(GPT_3_6B, d, hw, 2048)
+        return perf._host_bound_gap(GPT_3_6B, d, hw, 2048, f.gemm + f.attention + f.elementwise)
+
+    assert gap(8, Precision.FP16) > 0
+    assert gap(8, Precision.FP16) == pytest.approx(2 * gap(8, Precision.FP16, Recompute.NONE))
+    assert gap(2, Precision.FP16) == 0
+    assert gap(8, Precision.BF16) == 0
+
+
+def test_pipeline_sends_cross_nodes_at_the_nics_pace() -> None:
+    # PP16 x TP4 on 8-GPU nodes puts two stages on a node: half the boundaries are NVLink, half
+    # InfiniBand, and the stages run in lock step, so the network boundary sets the pace
+    # (it did not before: the pair looked NVLink-local). Megatron scatters each send over the
+    # TP ranks (1/TP each over the NICs) and all-gathers it on NVLink.
+    hw = _a100(nodes=8)
+    big = resolve_model(ModelSpec(layers=32, hidden=20480, heads=128, vocab=51200))
+    spanning = _megatron(dp=1, tp=4, pp=16, precision=Precision.FP16)
+    act = 2048 * 20480 * 2
+    one_nic = hw.inter_bytes_per_s / hw.gpus_per_node
+    assert perf._p2p(big, spanning, hw, 2048) > 2 * (act / 4) / one_nic
+    single_node = _megatron(dp=1, tp=4, pp=2, precision=Precision.FP16)
+    assert perf._p2p(big, single_node, _a100(), 2048) < perf._p2p(big, spanning, hw, 2048) / 3
+    # Scatter/gather: TP8 sends an eighth of the activation per rank over the network.
+    wide = _megatron(dp=1, tp=8, pp=8, precision=Precision.FP16)
+    assert perf._p2p(big, wide, hw, 2048) < perf._p2p(big, spanning, hw, 2048)

@@ -90,15 +90,17 @@ async def _flowchart(tmp_path: Path) -> None:
         assert sum("◀" in line for line in memory) == 1, memory
         assert "◀ the flowchart's pick" in _line(lines, "├─ yes → ZeRO-3")
         assert "◀" not in _line(lines, "└─ no, still OOM")
-        assert "◀ 3d · megatron · tp4 pp8" in _line(lines, "└─ yes → take it")
+        r = app.plan.recommended if app.plan else None
+        assert r is not None and r.strategy == "3d"
+        assert f"◀ 3d · megatron · tp{r.tp} pp{r.pp} dp{r.dp}" in _line(lines, "└─ yes → take it")
     # The tiny demo model fits on one GPU: DDP is the flowchart's outcome, never "still OOM",
-    # even though the plan takes a faster pipeline across the two nodes.
+    # whatever layout the plan then takes across the two nodes.
     app = _app(tiny_on_two_nodes(), tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await _open_decision(app, pilot)
-        assert app.plan is not None and app.plan.recommended.pp > 1
+        assert app.plan is not None
         lines = _chart_lines(app)
-        assert "◀ the flowchart's pick" in _line(lines, "├─ yes → DDP")
+        assert "◀" in _line(lines, "├─ yes → DDP")  # the pick (and the plan, when it kept it)
         assert "◀" not in _line(lines, "└─ no, still OOM")
         assert "◀" not in _line(lines, "├─ yes → ZeRO-3")
 
@@ -123,7 +125,8 @@ async def _layouts(tmp_path: Path) -> None:
         assert "fsdp-full · fsdp · tp1 pp1 dp32 · ZeRO-3 · no offload" in names
         flow = [line for line in table.splitlines() if line.startswith("◆ ")]
         assert len(flow) == 1 and "fsdp-full · fsdp · tp1 pp1 dp32 · ZeRO-3 · no offload" in flow[0]
-        assert table.splitlines()[0].startswith("★ 3d · megatron · tp4 pp8 dp1")
+        r = plan.recommended
+        assert table.splitlines()[0].startswith(f"★ 3d · megatron · tp{r.tp} pp{r.pp} dp{r.dp}")
         # Memory in GiB, the usable limit marked and named, the margin shown.
         cards = list(app.screen.query("MemoryBars"))
         assert any(c.border_subtitle == "◆ flowchart's pick" for c in cards)

@@ -192,6 +192,9 @@ async def _batch(tmp_path: Path) -> None:
         assert "no layout of 2 GPU(s) trains a global batch of 7" in row.error
         assert "pick one of the nearest batches" in row.error and "--global-batch" not in row.error
         assert set(_buttons(app)) == {"use 8", "use 6"}
+        # Training is at fault: it cannot be left forward until a batch is picked.
+        assert not await app.wizard.go("decision")
+        assert app.session.current == "training"
         await _press(pilot, app, "#batch-pick-8")
         await settle(pilot)
         assert app.spec.training.global_batch == 8

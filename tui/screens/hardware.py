@@ -88,10 +88,12 @@ class HardwareStep(StepPane):
         ol.clear_options()
         if self.catalog_error:
             ol.add_option(Option(Text(self.catalog_error, style="italic"), disabled=True))
+        # The widest key sets the column, so a long one (h100-sxm-500w) never runs into the memory.
+        key_w = max((len(g.key) for g in self.gpus), default=0) + 1
         for g in self.gpus:
             prec = g.default_precision()
-            label = Text(f"{g.key:<12}", style="bold", no_wrap=True, overflow="ellipsis")
-            label.append(f"{gb(g.memory_bytes):>8} {g.peak_tflops(prec):>6g} TF {prec.value}")
+            label = Text(f"{g.key:<{key_w}}", style="bold", no_wrap=True, overflow="ellipsis")
+            label.append(f"{gb(g.memory_bytes):>9} {g.peak_tflops(prec):>4g} TF {prec.value}")
             ol.add_option(Option(label, id=g.key))
         self._highlight(hw.gpu)
 

@@ -341,9 +341,11 @@ class ModelStep(StepPane):
         if self.shown == self.source:
             return ""
         shown = _SOURCE_LABELS.get(self.shown, self.shown)
+        # Name the button this tab shows (the Dimensions tab's reads "Use these dimensions").
+        button = "Use these dimensions" if self.shown == "src-dims" else "Use this source"
         return (
             f"\nThe model still comes from the {used} tab; edit the {shown} tab or press "
-            "Use this source to switch."
+            f"{button} to switch."
         )
 
     def _unreadable_config(self, model: ModelSpec, message: str) -> str:

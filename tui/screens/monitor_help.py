@@ -28,6 +28,8 @@ MORE: dict[str, str] = {
     "toggle_nccl": "show / hide the NCCL pane",
     "toggle_sideways": "long lines: cut at the edge ↔ scroll sideways with ← →",
     "stop_run": "stop the run on every node (press twice)",
+    "diagnose": "ask every rank which collective it is in: names a stuck rank (the run goes on)",
+    "calibrate": "fit the plan's estimates from this finished run and save them (calibrate)",
     "back": "back to the wizard; the run goes on (ctrl+g there reopens it)",
     "leave": "leave the monitor; the run goes on",
     "clear": "close the filter, clear it, leave full screen, then back to the wizard",

@@ -82,8 +82,14 @@ class StepPane(VerticalScroll):
         return None
 
     # --- shared machinery ---------------------------------------------------------------------
+    ready = False
+    """Composed and loaded: the wizard may call :meth:`session_changed` (a pane still being
+    mounted has no widgets to update yet; it draws the session itself when it is ready)."""
+
     def on_mount(self) -> None:
         self.reload()
+        self.ready = True
+        self.session_changed()
 
     def reload(self) -> None:
         """Refill the fields from the session's spec and validate them."""

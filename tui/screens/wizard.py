@@ -110,10 +110,15 @@ class WizardScreen(Screen[None]):
     def show_nav(self) -> None:
         s = self.session
         invalid = {k: bool(v) for k, v in s.step_errors.items()}
+        if s.batch_refused:
+            invalid[Step.TRAINING] = True  # refused at its Global batch field: no ✓ beside a ✗
         pending = {Step.DECISION} if s.planning else set()
-        self.query_one(StepNav).set_state(s.current, invalid, pending, planned=s.plan is not None)
+        unfit = s.plan is not None and not s.plan.recommended.fits
+        nav = self.query_one(StepNav)
+        nav.set_state(s.current, invalid, pending, planned=s.plan is not None, unfit=unfit)
         for pane in self.query(StepPane):
-            pane.session_changed()  # the plan or its refusal changed: steps that show it follow
+            if pane.ready:  # the plan or its refusal changed: steps that show it follow
+                pane.session_changed()
 
     def set_status(self, text: str, *, error: bool = False) -> None:
         if (text, error) == self._status:

@@ -17,8 +17,7 @@ from engine.plan.specs import LayoutSpec
 
 def forced_text(layout: LayoutSpec) -> str:
     """``tp=4 pp=2 strategy=3d``: what the layout fixes ("" when nothing is forced)."""
-    given = layout.model_dump(exclude_none=True, mode="json")
-    return " ".join(f"{k}={v}" for k, v in given.items())
+    return layout.given_text()
 
 
 class ForcedBadge(Horizontal):

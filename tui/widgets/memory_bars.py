@@ -56,7 +56,16 @@ def _degrees(lay: Layout) -> str:
         deg += f" cp{lay.cp}"
     if lay.ep > 1:
         deg += f" ep{lay.ep}"
-    return deg
+    return deg + _ends(lay)
+
+
+def _ends(lay: Layout) -> str:
+    """Lighter end stages, the only difference between two pipelines of the same degrees:
+    `` (first/last stage even/39 layers)``; empty for the even split."""
+    if not (lay.first_stage_layers or lay.last_stage_layers):
+        return ""
+    ends = (lay.first_stage_layers or "even", lay.last_stage_layers or "even")
+    return f" (first/last stage {ends[0]}/{ends[1]} layers)"
 
 
 def describe(lay: Layout) -> str:
@@ -67,7 +76,7 @@ def describe(lay: Layout) -> str:
     if lay.ep > 1:
         deg += f" ep{lay.ep}"
     off = f" · offload {lay.offload.value}" if lay.offload.value != "none" else ""
-    return f"{deg} · mb {lay.micro_batch}×{lay.grad_accum}{off}"
+    return f"{deg}{_ends(lay)} · mb {lay.micro_batch}×{lay.grad_accum}{off}"
 
 
 class MemoryBars(Widget):

@@ -64,19 +64,24 @@ class MonitorHeader(Static):
         if grid.root_cause is not None and run_state == RunState.FAILED:
             # Early in the row: a narrow terminal cuts the row's end, never this.
             header.append(f" · root cause: rank {grid.root_cause}", part("errors"))
-        nodes = len({st.node for st in snap.ranks.values()}) or 1
-        header.append(f"  {len(snap.ranks)} ranks · {nodes} node{'s' if nodes > 1 else ''}")
-        header.append(f"  {lines:,} lines")
-        header.append(f"  view {grid.view}")
-        if grid.pages > 1:
-            header.append(f"  page {grid.page + 1}/{grid.pages}", part("emphasis"))
-        if grid.zoomed:
-            header.append(f"  zoom {grid.zoomed}", part("emphasis"))
-        if grid.pattern is not None:
-            header.append(f"  filter {grid.pattern.text!r}", part("filter"))
+        # What changes what the user sees (errors, filter, zoom, page) before the counts: at
+        # 80 columns the run's name and state fill most of the row and its end is cut.
         if snap.errors:
             n = len(snap.errors)
             header.append(f"  {n} error{'s' if n > 1 else ''}", part("errors"))
+        if grid.pattern is not None:
+            header.append(f"  filter {grid.pattern.text!r}", part("filter"))
+        if grid.zoomed:
+            header.append(f"  zoom {grid.zoomed}", part("emphasis"))
+        if grid.pages > 1:
+            header.append(f"  page {grid.page + 1}/{grid.pages}", part("emphasis"))
+        nodes = len({st.node for st in snap.ranks.values()}) or 1
+        ranks = len(snap.ranks)
+        header.append(
+            f"  {ranks} rank{'' if ranks == 1 else 's'} · {nodes} node{'s' if nodes > 1 else ''}"
+        )
+        header.append(f"  {lines:,} lines")
+        header.append(f"  view {grid.view}")
         self.update(header, layout=False)  # one row, always
 
     def _part(self, name: str) -> Style:

@@ -267,7 +267,9 @@ class PaneGrid(Container):
         self.on_change()
 
     def _title(self, key: str) -> str:
-        return pane_title(key, self.snapshot, self.idle_after_s, self.root_cause)
+        # Width 0: the pane is not measured yet, so its first frame shows only the field that
+        # always stays; its first resize fits the rest (never a title cut at the border).
+        return pane_title(key, self.snapshot, self.idle_after_s, self.root_cause, width=0)
 
     def _parts(self, key: str) -> list[tuple[int, str]]:
         return title_parts(key, self.snapshot, self.idle_after_s, self.root_cause)

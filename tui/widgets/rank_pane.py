@@ -211,7 +211,9 @@ class RankPane(ScrollView, can_focus=True):
     def _fit_title(self) -> None:
         if not self.title_parts:
             return
-        width = self.size.width - TITLE_CHROME if self.size.width else None
+        # Not measured yet (width 0): the first field only, until the first resize fits the
+        # rest; a title cut at the border by Textual would cut inside a field.
+        width = max(0, self.size.width - TITLE_CHROME)
         self.border_title = fit_title(self.title_parts, width)
 
     def set_sideways(self, on: bool) -> None:

@@ -17,18 +17,21 @@ from tui.session import NEEDS_PLAN, Step
 
 class StepNav(Widget):
     """Steps as lines: ``› 1 Model  ✓``; invalid steps carry ``✗`` in the error colour, steps
-    waiting for a plan ``…`` (planning) or ``·`` (no plan)."""
+    waiting for a plan ``…`` (planning) or ``·`` (no plan), and Decision ``!`` in the warning
+    colour when the plan does not fit."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "step-nav--current",
         "step-nav--valid",
         "step-nav--invalid",
+        "step-nav--warning",
     }
     DEFAULT_CSS = """
     StepNav { width: 18; height: 1fr; padding: 1 1; background: $panel; }
     StepNav > .step-nav--current { text-style: bold; color: $accent; }
     StepNav > .step-nav--valid { color: $success; }
     StepNav > .step-nav--invalid { color: $error; }
+    StepNav > .step-nav--warning { color: $warning; text-style: bold; }
     """
 
     @dataclass
@@ -44,6 +47,7 @@ class StepNav(Widget):
         self.invalid: dict[Step, bool] = {}
         self.pending: set[Step] = set()
         self.planned = True
+        self.unfit = False
 
     def set_state(
         self,
@@ -52,11 +56,14 @@ class StepNav(Widget):
         pending: set[Step],
         *,
         planned: bool = True,
+        unfit: bool = False,
     ) -> None:
-        """``planned`` False: there is no plan, so the steps that show one get no ✓."""
-        state = (current, invalid, pending, planned)
-        if state == (self.current, self.invalid, self.pending, self.planned):
+        """``planned`` False: there is no plan, so the steps that show one get no ✓; ``unfit``:
+        the plan does not fit in memory, so Decision gets ``!``, not ✓."""
+        state = (current, invalid, pending, planned, unfit)
+        if state == (self.current, self.invalid, self.pending, self.planned, self.unfit):
             return
+        self.unfit = unfit
         self.current = current
         self.invalid = dict(invalid)
         self.pending = set(pending)
@@ -69,21 +76,22 @@ class StepNav(Widget):
         for step in self.steps:
             here = step == self.current
             bad = self.invalid.get(step, False)
+            kind = "invalid" if bad else "valid"
             if bad:
                 mark = "✗"
             elif step in self.pending:
                 mark = "…"
             elif not self.planned and step in (Step.DECISION, *NEEDS_PLAN):
                 mark = "·"
+            elif self.unfit and step == Step.DECISION:
+                mark, kind = "!", "warning"
             else:
                 mark = "✓"
             line = Text(f"{'›' if here else ' '} {step.number} {step.label:<9}", no_wrap=True)
             if here:
                 line.stylize(style("step-nav--current", partial=True))
             line.append(" ")
-            line.append(
-                mark, style=style(f"step-nav--{'invalid' if bad else 'valid'}", partial=True)
-            )
+            line.append(mark, style=style(f"step-nav--{kind}", partial=True))
             text.append_text(line)
             text.append("\n")
         text.append("\n")
