@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from cli.help_text import plain
 from cli.spec_options import add_config_dir_option
 
 
@@ -23,7 +24,7 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "calibrate",
         help="fit the cluster's efficiency factors from a run and save them by name",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

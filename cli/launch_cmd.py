@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.help_text import plain
 from cli.spec_options import add_spec_options, spec_from_args
 from engine.errors import DtrainError
 
@@ -25,7 +26,7 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "launch",
         help="start a bundle locally, over SSH, with SkyPilot or Slurm and stream every rank",
-        description=__doc__,
+        description=plain(__doc__),
     )
     add_launch_arguments(p)
     p.set_defaults(func=run)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from cli.help_text import plain
 from engine.monitor.events import LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.state import exit_text
 
@@ -22,7 +23,7 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "monitor",
         help="watch a run directory: per-rank panes, NCCL pane, rank states (or --follow)",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

@@ -13,6 +13,7 @@ import signal
 import sys
 from typing import Any
 
+from cli.help_text import plain
 from cli.launch_cmd import (
     _backend_options,
     _bundle,
@@ -30,7 +31,7 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "preflight",
         help="measure all-reduce busbw, node pairs and GEMM per GPU in the run's world; a verdict",
-        description=__doc__,
+        description=plain(__doc__),
     )
     add_launch_arguments(p)
     p.add_argument(

@@ -268,6 +268,8 @@ _GPUS: tuple[GpuType, ...] = (
         0.40,
         4.99,
         "NVIDIA HGX B200 datasheet: 180 GB per GPU, 2.25 PFLOPS bf16 dense, NVLink5 1.8 TB/s (both ways)",
+        # Checked against the HGX B200 datasheet (8 GPUs: 72 PFLOPS FP8 and 36 PFLOPS bf16 with
+        # sparsity, so 4.5 and 2.25 dense per GPU; 1.44 TB HBM3e at 64 TB/s: 180 GB, 8 TB/s each).
         gemm_efficiency=0.7,
         hbm_gbps=8000.0,
         fp8_tflops=4500.0,
@@ -329,6 +331,9 @@ _GPUS: tuple[GpuType, ...] = (
         6.50,
         "NVIDIA GB200 NVL72 datasheet: 180 PFLOPS bf16 dense over 72 GPUs, 13.4 TB HBM3e, "
         "NVLink5 1.8 TB/s per GPU (both ways) across the rack",
+        # Checked against the GB200 NVL72 datasheet (72 GPUs: 720 PFLOPS FP8 and 360 PFLOPS bf16
+        # with sparsity, so 5.0 and 2.5 dense per GPU; 130 TB/s NVLink domain: 1.8 TB/s per GPU;
+        # 576 TB/s HBM3e: 8 TB/s per GPU).
         gemm_efficiency=0.70,
         hbm_gbps=8000.0,
         fp8_tflops=5000.0,

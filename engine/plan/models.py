@@ -42,6 +42,7 @@ _SUPPORTED = (
     "mixtral",
     "qwen2",
     "qwen3",
+    "qwen3_moe",
     "gemma",
     "gemma2",
     "phi3",
@@ -185,12 +186,15 @@ def _gated_decoder(c: dict[str, Any], mt: str) -> _Shape:
     layers = _need_int(c, "layers", "num_hidden_layers")
     heads = _need_int(c, "heads", "num_attention_heads")
     kv = _need_int(c, "kv_heads", "num_key_value_heads", default=heads)
-    ffn = _need_int(c, "ffn", "intermediate_size")
+    if mt == "qwen3_moe":  # every layer sparse: the expert FFN is the MLP
+        ffn = _need_int(c, "moe_intermediate_size", "moe_intermediate_size")
+    else:
+        ffn = _need_int(c, "ffn", "intermediate_size")
     vocab = _need_int(c, "vocab", "vocab_size")
     head_dim = _need_int(c, "head_dim", "head_dim", default=max(h // heads, 1))
     if mt == "qwen2":
         arch = _Arch(qkv_bias=True)
-    elif mt == "qwen3":
+    elif mt in ("qwen3", "qwen3_moe"):
         ab = bool(c.get("attention_bias", False))
         arch = _Arch(qkv_bias=ab, o_bias=ab, qk_norm=True)
     elif mt == "gemma2":
@@ -242,9 +246,16 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
             f"{shape.heads}; fix config.json",
             field="model.config_path",
         )
-    if mt == "mixtral":
+    if mt == "qwen3_moe" and (c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1):
+        raise SpecError(
+            "this qwen3_moe config mixes dense and MoE layers (mlp_only_layers / "
+            "decoder_sparse_step), which the planner does not model; give its dimensions "
+            "with --layers/--hidden/--heads/--ffn/--experts instead",
+            field="model.config_path",
+        )
+    if mt in ("mixtral", "qwen3_moe"):
         shape = shape._replace(
-            experts=_need_int(c, "num_experts", "num_local_experts"),
+            experts=_need_int(c, "num_experts", "num_local_experts", "num_experts"),
             top_k=_need_int(c, "experts_per_token", "num_experts_per_tok", default=2),
         )
     return _build(name, mt, shape)

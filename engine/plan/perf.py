@@ -12,7 +12,9 @@ repeats the forward (Korthikanti et al. 2022). GEMM efficiency falls as a per-GP
 shrinks (``x / (x + GEMM_HALF_DIM)`` per dimension: tile and wave quantisation, NVIDIA's "Matrix
 Multiplication Background" guide). Collectives: ring all-reduce moves ``2(n-1)/n`` of the buffer
 per rank, all-gather / reduce-scatter ``(n-1)/n`` (``nccl-tests/doc/PERFORMANCE.md``); a group
-spanning nodes gets its share of each node's NICs; a latency per ring step. Megatron-LM overlaps
+spanning nodes gets its share of each node's NICs; a latency per ring step; an all-to-all
+(MoE dispatch and combine) sends what is bound for other nodes through the GPU's own NIC and the
+busiest expert rank sets its pace (:func:`alltoall_time`). Megatron-LM overlaps
 the backward tensor-parallel all-reduce with the weight-gradient GEMM (its
 ``LinearWithGradAccumulationAndAsyncCommunication``), reduces bf16 gradients in fp32
 (``accumulate_allreduce_grads_in_fp32``), and can only hide the data-parallel reduction behind
@@ -98,6 +100,18 @@ with their tensor-parallel copy/reduce autograd functions, the QKV split and tra
 fused scale-mask-softmax, three dropouts each under the CUDA RNG tracker's fork, two
 TorchScript bias-dropout-add calls and the bias-GeLU one) at about 20 us each (PyTorch's
 per-op dispatch from Python), the same again when a checkpointed layer's forward is rerun."""
+MOE_IMBALANCE: Final = 1.15
+"""Load of the busiest expert-parallel rank relative to the mean under dropless routing with an
+auxiliary balancing loss: every rank waits for the one that receives the most tokens, in its
+all-to-alls and its expert GEMMs. Balancing (an auxiliary loss, or DeepSeek-V3's bias terms)
+keeps the busiest rank near the mean but not at it; 15 % is an assumed figure, not one measured
+per run (a capacity factor of 1.0 with token dropping would cap it at the mean)."""
+MOE_EXPERT_KERNEL_S: Final = 10e-6
+"""Host time per kernel the grouped expert MLP launches per local expert: Transformer
+Engine's ``GroupedLinear`` loops over the rank's experts issuing one GEMM each (and, in FP8,
+two more to quantize its input: amax and cast), so a layer's forward costs ``local experts x 2
+linears x kernels`` launches of about 10 us; the backward twice that (data and weight
+gradients), as the forward's other per-layer work."""
 INTRA_EFFICIENCY: Final = 0.8
 """Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate."""
 RING_STEP_LATENCY_S: Final = 12e-6
@@ -382,7 +396,12 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
     if dims.is_moe:
         per_expert = t * k_active * d.ep / dims.num_experts
         mlp = gemm(per_expert, mats * dims.ffn / tp, h) + gemm(per_expert, h, dims.ffn / tp)
-        mlp = mlp * dims.num_experts / d.ep
+        local = dims.num_experts / d.ep
+        mlp = mlp * local * MOE_IMBALANCE
+        if d.framework == Framework.MEGATRON:
+            # The expert loop is host bound when each expert's GEMM takes less than launching it.
+            kernels = 3 if hw.linear_peak_flops > hw.peak_flops else 1
+            mlp = max(mlp, local * 2 * kernels * MOE_EXPERT_KERNEL_S)
         sec += mlp + gemm(t, dims.num_experts, h)
     else:
         mlp = gemm(t, mats * dims.ffn / tp, h) + gemm(t, h, dims.ffn / tp)
@@ -467,9 +486,46 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
     if dims.is_moe and d.ep > 1:
         routed = s_local * d.micro_batch * dims.hidden * act_b * dims.experts_per_token / d.tp
         passes = 6 if d.recompute in (Recompute.FULL, Recompute.MLP) else 4
-        one = collective_time(hw, gather_bytes(routed, d.ep), d.ep, d.tp * d.cp, d.ep - 1)
+        one = alltoall_time(
+            hw, routed * MOE_IMBALANCE, d.ep, d.tp * d.cp, copies=dims.experts_per_token
+        )
         out += passes * one * (1 - Overlap.ep)
     return out
+
+
+def alltoall_time(
+    hw: Hardware, nbytes: float, ranks: int, stride: int, *, copies: int = 1
+) -> float:
+    """Seconds of one all-to-all in which each of ``ranks`` ranks (``stride`` apart) sends
+    ``nbytes`` spread evenly over the group (MoE dispatch or combine). Unlike a ring, every
+    byte bound for another scale-up domain crosses the network: the share ``(n - l)/n`` of it
+    (``l`` ranks of the group in this rank's domain) leaves through this GPU's share of its
+    node's NICs (every GPU of the node runs its own all-to-all at the same moment), the rest
+    over NVLink, both at once (NCCL posts every peer's send together). A ring all-reduce
+    crossing nodes gives a rank the whole node's NICs; an all-to-all gives it one NIC's worth.
+    ``copies``: ``nbytes`` holds that many copies of each token (MoE top-k); a hierarchical
+    dispatcher (DeepEP, Megatron-Core's flex dispatcher; DeepSeek-V3 report §3.2.2) sends a
+    token once to each remote domain that hosts one of its experts and fans it out there over
+    NVLink, so the network carries ``(D - 1)(1 - (1 - 1/D)^k)`` copies of it, ``D`` domains,
+    instead of ``k (n - l)/n``."""
+    if ranks <= 1:
+        return 0.0
+    local = max(1, min(ranks, hw.domain // max(1, stride)))
+    intra = hw.intra_bytes_per_s * INTRA_EFFICIENCY
+    sent = nbytes * (ranks - 1) / ranks
+    ramp = sent / (sent + NCCL_HALF_BANDWIDTH_BYTES)
+    nvlink = nbytes * (local - 1) / ranks / (intra * ramp)
+    latency = RING_STEP_LATENCY_INTRA_S
+    remote = 0.0
+    if local < ranks and hw.nodes > 1:
+        nic = hw.inter_bytes_per_s / hw.gpus_per_node
+        share = (ranks - local) / ranks
+        if copies > 1:
+            domains = math.ceil(ranks / local)
+            share = (domains - 1) * (1 - (1 - 1 / domains) ** copies) / copies
+        remote = nbytes * share / (nic * ramp)
+        latency = RING_STEP_LATENCY_S
+    return COLLECTIVE_LAUNCH_S + latency + max(nvlink, remote)
 
 
 def _host_bound_gap(

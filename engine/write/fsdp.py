@@ -28,6 +28,7 @@ _BLOCK_CLASS = {
     "qwen2": "Qwen2DecoderLayer",
     "qwen2_moe": "Qwen2MoeDecoderLayer",
     "qwen3": "Qwen3DecoderLayer",
+    "qwen3_moe": "Qwen3MoeDecoderLayer",
     "gemma": "GemmaDecoderLayer",
     "gemma2": "Gemma2DecoderLayer",
     "phi3": "Phi3DecoderLayer",

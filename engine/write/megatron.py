@@ -33,11 +33,22 @@ PRETRAIN_GPT = "pretrain_gpt.sh"
 """The bundle's Megatron-LM command for 3D plans, next to ``megatron_args.txt``."""
 
 _RMSNORM_ROPE = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3"}
+    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "phi3"}
 )
 """Hugging Face model types built like Llama: RMSNorm, rotary positions, no dropout."""
 _NO_LINEAR_BIAS = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "falcon"}
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "phi3",
+        "falcon",
+    }
 )
 """Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v)."""
 _ROPE_LAYERNORM = frozenset({"gpt_neox", "falcon"})
@@ -61,7 +72,7 @@ def architecture_args(m: ModelDims) -> list[str]:
         out.append("--disable-bias-linear")
         if m.arch == "qwen2":
             out.append("--add-qkv-bias")
-    if m.arch == "qwen3":
+    if m.arch in ("qwen3", "qwen3_moe"):
         out.append("--qk-layernorm")
     if m.head_dim * m.heads != m.hidden:
         out.append(f"--kv-channels {m.head_dim}")

@@ -169,3 +169,22 @@ def test_bigscience_sweep_is_held_out_and_every_layout_fits(harness: ModuleType)
     assert all(r.predicted is not None for r in rows)
     assert [r.id for r in rows if not r.predicted.fits] == []
     assert harness.mape([r.error for r in rows]) < 0.20
+
+
+def test_megatron_bridge_moe_rows_no_longer_run_far_too_fast(harness: ModuleType) -> None:
+    # Issue 12, round 4: the expert all-to-all across nodes at one NIC per GPU, the busiest expert
+    # rank, and Megatron's host-bound per-expert launches. Megatron-Bridge's MoE rows (held out)
+    # were 31 % fast on average (now 22 %; GPT-OSS on B200 over IB -62 %, now -28 %).
+    moe = ("qwen3", "deepseekv3", "gpt_oss")
+    rows = [
+        r
+        for r in harness.load_rows()
+        if r.id.startswith(("mbridge2511", "mbridge2602")) and any(m in r.id for m in moe)
+    ]
+    for r in rows:
+        harness.evaluate(r)
+    errors = [r.error for r in rows if not math.isnan(r.error)]
+    assert len(errors) >= 20
+    assert harness.mape(errors) < 0.26
+    assert sum(errors) / len(errors) > -0.25
+    assert _mape(harness, ("mbridge2511", "mbridge2602")) < 0.19

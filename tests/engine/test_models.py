@@ -112,3 +112,25 @@ def test_dimensions_and_bare_count() -> None:
 def test_unknown_preset_suggests() -> None:
     with pytest.raises(SpecError, match="llama"):
         resolve_model(ModelSpec(preset="llama-9-1b"))
+
+
+def test_qwen3_moe_counts_and_presets() -> None:
+    """Qwen3-30B-A3B: 30.5B in total, 3.3B active (its model card); every layer sparse, the
+    expert FFN is moe_intermediate_size. The total is checked against transformers above."""
+    d = load_hf_config(CONFIGS / "qwen3-30b-a3b.json")
+    assert d.is_moe and d.num_experts == 128 and d.experts_per_token == 8 and d.ffn == 768
+    assert round(d.params_total / 1e9, 1) == 30.5 and round(d.params_active / 1e9, 1) == 3.4
+    preset = resolve_model(ModelSpec(preset="qwen3-30b-a3b"))
+    assert preset.params_total == d.params_total
+    big = resolve_model(ModelSpec(preset="qwen3-235b-a22b"))
+    assert round(big.params_total / 1e9) == 235 and round(big.params_active / 1e9) == 22
+
+
+def test_a_qwen3_moe_with_dense_layers_is_refused_in_one_line(tmp_path: Path) -> None:
+    cfg = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())
+    cfg["mlp_only_layers"] = [0, 1]
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    with pytest.raises(SpecError) as e:
+        load_hf_config(f)
+    assert "mixes dense and MoE layers" in str(e.value) and "\n" not in str(e.value)

@@ -455,3 +455,63 @@ def test_pipeline_sends_cross_nodes_at_the_nics_pace() -> None:
     # Scatter/gather: TP8 sends an eighth of the activation per rank over the network.
     wide = _megatron(dp=1, tp=8, pp=8, precision=Precision.FP16)
     assert perf._p2p(big, wide, hw, 2048) < perf._p2p(big, spanning, hw, 2048)
+
+
+QWEN3_30B = resolve_model(
+    ModelSpec(
+        layers=48,
+        hidden=2048,
+        heads=32,
+        kv_heads=4,
+        vocab=151936,
+        ffn=768,
+        num_experts=128,
+        experts_per_token=8,
+    )
+)
+
+
+def test_an_all_to_all_across_nodes_gets_one_nic_per_gpu() -> None:
+    # A ring all-reduce crossing nodes uses every NIC of the node; each GPU's all-to-all only
+    # its own NIC: 8 x 400 Gb/s nodes, EP 64 over 8 of them, 100 MB a rank.
+    hw = _hw(nodes=8, inter=400e9)
+    nbytes = 100e6
+    a2a = perf.alltoall_time(hw, nbytes, 64, 1)
+    nic = 400e9 / 8
+    assert a2a > nbytes * 56 / 64 / nic
+    assert a2a < 1.2 * nbytes * 56 / 64 / nic
+    # Inside one node it runs on NVLink, many times faster.
+    inside = perf.alltoall_time(_hw(nodes=8, inter=400e9), nbytes, 8, 1)
+    assert inside < a2a / 5
+    # A hierarchical dispatcher sends a top-8 token once per remote node it needs.
+    dedup = perf.alltoall_time(hw, nbytes, 64, 1, copies=8)
+    assert 0.5 * a2a < dedup < 0.75 * a2a
+    assert perf.alltoall_time(hw, nbytes, 1, 1) == 0.0
+
+
+def test_expert_parallelism_across_nodes_costs_its_all_to_all() -> None:
+    # Issue 12: EP over the network was costed at the whole node's NIC bandwidth per rank.
+    d = _megatron(dp=64, ep=64, micro_batch=1, grad_accum=1)
+    inside = micro_batch_time(QWEN3_30B, replace(d, dp=8, ep=8), _hw(nodes=8, inter=400e9), 4096)
+    across = micro_batch_time(QWEN3_30B, d, _hw(nodes=8, inter=400e9), 4096)
+    assert across.comm > 3 * inside.comm
+
+
+def test_small_expert_gemms_are_host_bound_under_megatron() -> None:
+    # 16 local experts of FFN 768 at 4096 tokens: each expert GEMM takes less GPU time than
+    # launching it, so the expert MLP costs its launches; FP8 launches quantize kernels too.
+    hw = replace(_hw(), peak_flops=2250e12, hbm_bytes_per_s=8e12, gemm_efficiency=0.7)
+    d = _megatron(dp=8, ep=8, micro_batch=1, grad_accum=1)
+    f = perf._layer_forward(QWEN3_30B, d, hw, 4096)
+    local = 128 / 8
+    assert f.mlp == pytest.approx(local * 2 * perf.MOE_EXPERT_KERNEL_S)
+    fp8 = perf._layer_forward(QWEN3_30B, d, replace(hw, linear_peak_flops=4500e12), 4096)
+    assert fp8.mlp == pytest.approx(3 * f.mlp)
+    # Two local experts (EP 64): four launches, the same tokens' GEMMs now dominate.
+    wide = perf._layer_forward(QWEN3_30B, replace(d, dp=64, ep=64), hw, 4096)
+    assert 4 * perf.MOE_EXPERT_KERNEL_S < wide.mlp < f.mlp
+    # A big micro-batch is GPU bound again.
+    big = perf._layer_forward(QWEN3_30B, replace(d, micro_batch=64), hw, 4096)
+    assert big.mlp > 2 * local * 2 * perf.MOE_EXPERT_KERNEL_S
+    # The busiest rank sets the pace of the expert GEMMs (dropless routing).
+    assert perf.MOE_IMBALANCE > 1.0

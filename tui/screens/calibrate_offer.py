@@ -5,18 +5,27 @@ calibration named after the run (``-2``, ``-3``… when that name is taken: neve
 config directory the app uses. The result, or the one-line reason a run cannot be used, comes
 back as a notification.
 
-Called from :class:`tui.screens.monitor.MonitorScreen` (its ``k`` binding and its
-``on_run_finished``); kept here so the monitor screen holds only the two hooks.
+Called from :class:`tui.screens.monitor.MonitorScreen` (its ``k`` binding, its
+``on_run_finished`` and its ``on_screen_resume``); kept here so the monitor screen holds only the
+hooks. The offer belongs to its run: another run's monitor opening withdraws it, so it never shows
+over a monitor where ``k`` would calibrate from a different run.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
+from textual.app import App
+from textual.notifications import Notification, Notify
 from textual.screen import Screen
 
 KEY = "k"
+OFFER_TIMEOUT_S = 8.0
+
+_offers: WeakKeyDictionary[App[Any], tuple[Screen[Any], Notification]] = WeakKeyDictionary()
+"""Per app: the monitor that made the standing offer, and its notification."""
 
 
 def end_of_run_hint(state: str) -> str:
@@ -33,7 +42,22 @@ def offer_calibration(screen: Screen[Any], state: str, run_dir: Path | None) -> 
     ranks = getattr(snap, "ranks", {})
     steps = max((r.step or 0 for r in ranks.values()), default=0)
     if run_dir is not None and steps >= min_run_steps():
-        screen.notify(end_of_run_hint(state), timeout=8)
+        # Built here (not screen.notify) to keep a handle on it for withdraw_offer.
+        note = Notification(end_of_run_hint(state), timeout=OFFER_TIMEOUT_S)
+        _offers[screen.app] = (screen, note)
+        screen.app.post_message(Notify(note))
+
+
+def withdraw_offer(screen: Screen[Any]) -> None:
+    """``screen`` (a monitor) is shown: an offer another monitor made is stale here; drop it."""
+    app = screen.app
+    offer = _offers.get(app)
+    if offer is None or offer[0] is screen:
+        return
+    del _offers[app]
+    # Textual has no public call to drop one notification; _unnotify is what a toast's own
+    # timeout and click use (tests/tui/test_polish.py pins the behaviour).
+    app._unnotify(offer[1])
 
 
 def calibrate_from_run(screen: Screen[Any], run_dir: Path | None) -> None:

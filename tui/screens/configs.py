@@ -51,7 +51,8 @@ YOURS, STALE, KEPT = "yours", "stale", "kept"
 """Edited by the user (or never written by dtrain-tui); dropped by this plan and removed by the
 next write; dropped by this plan but edited, so kept."""
 _MARK = {NEW: "+", CHANGED: "~", SAME: "=", YOURS: "!", STALE: "-", KEPT: "k"}
-LEGEND = "+ new  ~ changed  = same  ! yours (edited)  - to remove  k kept (edited)"
+LEGEND = "+ new  ~ changed  = same  ! yours  - to remove  k kept"
+"""Fits the step at 80 columns; each file's preview heading says the rest."""
 
 EDITOR_VARS = ("VISUAL", "EDITOR")
 """Where the editor command is read, in git's order."""
@@ -118,8 +119,9 @@ class ConfigsStep(StepPane):
     STEP = Step.CONFIGS
 
     BINDINGS = [
-        Binding("ctrl+e", "edit", "Edit"),
-        Binding("ctrl+y", "copy_command", "Copy cmd"),
+        # Shown on their buttons ("Edit in $EDITOR ^e", "Copy command ^y"), not in the footer.
+        Binding("ctrl+e", "edit", "Edit", show=False),
+        Binding("ctrl+y", "copy_command", "Copy cmd", show=False),
     ]
 
     def __init__(self) -> None:

@@ -29,6 +29,18 @@ SLURM_ROWS = (
 """(field, label, placeholder) of the Slurm fields, shown when the backend is slurm."""
 
 
+def default_root_text() -> str:
+    """Where runs go when the field is empty (XDG_DATA_HOME and the platform respected), with
+    the home directory written as ``~``."""
+    from engine.rundir.files import default_runs_root
+
+    root = default_runs_root()
+    try:
+        return f"~/{root.relative_to(Path.home())}"
+    except ValueError:
+        return str(root)
+
+
 class LaunchStep(StepPane):
     STEP = Step.LAUNCH
 
@@ -58,9 +70,7 @@ class LaunchStep(StepPane):
             row = FieldRow(name, label, placeholder=hint)
             row.display = False  # shown for the slurm backend only
             yield row
-        yield FieldRow(
-            "run_root", "Runs directory", placeholder="empty: ~/.local/share/dtrain-tui/runs"
-        )
+        yield FieldRow("run_root", "Runs directory", placeholder=f"empty: {default_root_text()}")
         yield Static("", id="launch-result", classes="summary", markup=False)
         with Horizontal(classes="buttons"):
             yield Button("Start run  ^l", id="start", variant="success", compact=True)

@@ -55,6 +55,8 @@ _SOURCE_LABELS = {
     "src-dims": "Dimensions",
     "src-count": "Param count",
 }
+_FIELD_LABELS = {"config_path": "config.json path", "params": "Parameters", **_DIM_LABELS}
+"""The label of each field the engine may refuse (the summary points at it)."""
 _FIELD_SOURCE = {
     "config_path": "src-config",
     "params": "src-count",
@@ -321,10 +323,14 @@ class ModelStep(StepPane):
             if name == "config_path" and "--" in message:
                 message = self._unreadable_config(model, message)
             rows = self.rows()
-            if name in rows and rows[name].display:
+            at_field = name in rows and rows[name].display
+            if at_field:
                 rows[name].set_error(message)
             text = f"{e.field}: {message}" if e.field else message
-            set_text(summary, f"✗ {text}{note}")
+            # Said once, where the user acts: under the field when it is there.
+            label = _FIELD_LABELS.get(name, name)
+            shown = f"{label}: the reason is under the field below" if at_field else text
+            set_text(summary, f"✗ {shown}{note}")
             return [text]
         except Exception as e:  # noqa: BLE001 - odd input must not crash the wizard
             msg = one_line(e) or type(e).__name__

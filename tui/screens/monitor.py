@@ -90,6 +90,7 @@ class MonitorScreen(Screen[None]):
 
     BINDINGS = [
         Binding("b", "back", "Back to wizard"),
+        Binding("q", "quit", "Quit"),  # shown where no wizard lies beneath; else "leave" below
         Binding("question_mark", "help", "Help"),
         Binding("tab", "cycle(1)", "Next pane", show=False, priority=True),
         Binding("shift+tab", "cycle(-1)", "Prev pane", show=False, priority=True),
@@ -261,6 +262,11 @@ class MonitorScreen(Screen[None]):
 
         calibrate_from_run(self, self.run_dir)
 
+    def on_screen_resume(self) -> None:
+        from tui.screens.calibrate_offer import withdraw_offer
+
+        withdraw_offer(self)  # another run's "press k to calibrate" is not this run's
+
     def on_run_finished(self, msg: RunFinished) -> None:
         from tui.screens.calibrate_offer import offer_calibration
 
@@ -417,6 +423,8 @@ class MonitorScreen(Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "back":
             return self.can_go_back
+        if action == "quit":
+            return not self.can_go_back  # False: q falls through to "leave", out of the footer
         return True
 
     def action_back(self) -> None:
@@ -433,6 +441,10 @@ class MonitorScreen(Screen[None]):
             self.action_back()
         else:
             self.app.exit(0)
+
+    def action_quit(self) -> None:
+        """``q`` in ``dtrain-tui monitor`` (no wizard beneath): the footer's ``q Quit``."""
+        self.action_leave()
 
     def action_help(self) -> None:
         from tui.screens.monitor_help import MonitorHelp

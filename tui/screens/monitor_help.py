@@ -37,8 +37,9 @@ MORE: dict[str, str] = {
 }
 """Longer explanations by action; a binding not named here shows its own description."""
 
-SKIP = {"cycle(-1)", "page(-1)"}
-"""Shown together with their forward twin."""
+SKIP = {"cycle(-1)", "page(-1)", "quit"}
+"""Shown together with their forward twin (``quit``: the footer's name for ``q`` where no
+wizard lies beneath; the ``leave`` row explains ``q``)."""
 
 
 def key_rows(bindings: list[Binding], *, can_go_back: bool) -> list[tuple[str, str]]:

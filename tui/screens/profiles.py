@@ -38,8 +38,21 @@ def _home(path: Path) -> str:
         return str(path)
 
 
-def _when(t: datetime | None) -> str:
-    return t.astimezone().strftime("%Y-%m-%d %H:%M") if t else "never"
+def _when(t: datetime | None, now: datetime | None = None) -> str:
+    """The "Used" column: how long ago, in at most 7 characters (the built-ins' table fits 80
+    columns; the detail line below gives the exact time)."""
+    if t is None:
+        return "never"
+    age = ((now or datetime.now(t.tzinfo)) - t).total_seconds()
+    if age < 60:
+        return "now"
+    if age < 3600:
+        return f"{int(age // 60)}m ago"
+    if age < 86400:
+        return f"{int(age // 3600)}h ago"
+    if age < 60 * 86400:
+        return f"{int(age // 86400)}d ago"
+    return t.astimezone().strftime("%b %y")
 
 
 class ProfilesScreen(ModalScreen[Profile | None]):
@@ -103,8 +116,7 @@ class ProfilesScreen(ModalScreen[Profile | None]):
         table.add_column("Name", key="name")
         table.add_column("Model", key="model")
         table.add_column("Cluster", key="cluster")
-        table.add_column("Last used", key="last_used")
-        table.add_column("Source", key="source")
+        table.add_column("Used", key="last_used")  # where it comes from: the detail line
         self.refresh_table(select=self.current)
         if self.current is None:
             # The last-used profile is highlighted: "rerun last week's job" is one keystroke.
@@ -120,18 +132,14 @@ class ProfilesScreen(ModalScreen[Profile | None]):
         self._entries = {}
         for e in self.store.list():
             self._entries[e.name] = e
-            source = "built-in" if e.source == "builtin" else "yours"
-            if e.shadows_builtin:
-                source = "yours (replaces built-in)"
             if e.profile is None:
-                table.add_row(e.name, "BROKEN", "", "", source, key=e.name)
+                table.add_row(e.name, "BROKEN", "", "", key=e.name)
             else:
                 table.add_row(
                     e.name,
                     e.profile.model_summary(),
                     e.profile.cluster_summary(),
                     _when(e.last_used),
-                    source,
                     key=e.name,
                 )
         if select and select in self._entries:
@@ -164,6 +172,10 @@ class ProfilesScreen(ModalScreen[Profile | None]):
             self._status(f"{e.error}", error=True)
             return
         where = "built-in preset" if e.source == "builtin" else _home(e.path)
+        if e.shadows_builtin:
+            where += " (replaces the built-in of this name)"
+        if e.last_used:
+            where += f" · last used {e.last_used.astimezone():%Y-%m-%d %H:%M}"
         self._status(f"{e.description or '(no description)'}\n{where}")
 
     def _open_prompt(self, kind: Prompt, value: str, placeholder: str) -> None:

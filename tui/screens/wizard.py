@@ -36,8 +36,10 @@ def step_class(step: Step) -> type[StepPane]:
 
 class WizardScreen(Screen[None]):
     BINDINGS = [
-        Binding("ctrl+n", "next", "Next", priority=True),
-        Binding("ctrl+b", "back", "Back", priority=True),
+        # ^n / ^b: in the step list's own key hint and on the Back / Next buttons; the footer
+        # keeps room for f1 Help and ^q Quit at 80 columns.
+        Binding("ctrl+n", "next", "Next", priority=True, show=False),
+        Binding("ctrl+b", "back", "Back", priority=True, show=False),
         Binding("ctrl+s", "app.write_bundle", "Write", priority=True),
         Binding("ctrl+l", "app.launch", "Launch", priority=True),
         Binding("ctrl+r", "app.replan", "Re-plan", show=False),

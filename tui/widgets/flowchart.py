@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.console import Group, RenderableType
+from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
@@ -143,11 +144,15 @@ class FlowChart(Widget):
             if taken:
                 chart.append(f"  ◀ {note}", style=chosen)
             chart.append("\n")
-        why = Text()
-        if plan.path:
-            why.append("Why\n", style="bold")
-            for i, step in enumerate(plan.path, 1):
-                why.append(f"{i}. {step.question} ", style="")
-                why.append(f"→ {step.answer}", style=path)
-                why.append(f"\n   {step.reason}\n", style="")
-        return Group(chart, why)
+        if not plan.path:
+            return chart
+        # Number and text in two columns: a wrapped line stays under its item (hanging indent).
+        why = Table.grid()
+        why.add_column(no_wrap=True)
+        why.add_column()
+        for i, step in enumerate(plan.path, 1):
+            item = Text(f"{step.question} ")
+            item.append(f"→ {step.answer}", style=path)
+            item.append(f"\n{step.reason}")
+            why.add_row(f"{i}. ", item)
+        return Group(chart, Text("Why", style="bold"), why)
