@@ -14,7 +14,30 @@ if TYPE_CHECKING:
     from tui.app import DtrainApp
 
 
-class WizardCommands(Provider):
+Command = tuple[str, str, Callable[[], object]]
+"""(name shown, help line, what it runs)."""
+
+
+class ListedCommands(Provider):
+    """A provider over a list of :data:`Command`: every one on discovery, fuzzy-matched by
+    name on search. Subclasses list them in :meth:`_commands`."""
+
+    def _commands(self) -> list[Command]:
+        raise NotImplementedError
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, help_text, callback in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+
+
+class WizardCommands(ListedCommands):
     """Go to a step, write, launch, re-plan, profiles, theme, help."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
@@ -59,14 +82,3 @@ class WizardCommands(Provider):
             ("Help: keys and steps", "Show every key binding", app.action_help),
         ]
         return cmds
-
-    async def discover(self) -> Hits:
-        for name, help_text, callback in self._commands():
-            yield DiscoveryHit(name, callback, help=help_text)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for name, help_text, callback in self._commands():
-            score = matcher.match(name)
-            if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)

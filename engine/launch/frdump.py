@@ -39,7 +39,7 @@ from engine.diagnose.flight import (
     parse_fr_line,
     read_trace_file,
 )
-from engine.launch.reaper import pids_with_env
+from engine.launch.reaper import node_of, pids_with_env
 from engine.monitor.events import STDERR, STDOUT, LineEvent
 from engine.rundir.files import rank_log
 
@@ -64,22 +64,11 @@ def takes_dump_signal(pid: int) -> bool:
     return False
 
 
-def _group_rank(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"GROUP_RANK="):
-                    return int(item[11:])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def signal_local(run_id: str, node: int) -> int:
     """SIGUSR1 to the rank processes of ``node`` of the run on this machine; how many."""
     sent = 0
     for pid in pids_with_env("DTRAIN_RUN_ID", run_id):
-        if _group_rank(pid) == node and takes_dump_signal(pid):
+        if node_of(pid) == node and takes_dump_signal(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGUSR1)
                 sent += 1

@@ -31,7 +31,7 @@ from pathlib import Path
 from engine.launch.base import LaunchBackend, LaunchError
 from engine.launch.guard import ReaperGuard
 from engine.launch.policy import STOP_GRACE_S
-from engine.launch.reaper import kill_run_processes, pids_with_env
+from engine.launch.reaper import kill_run_processes, node_of, pids_with_env
 from engine.monitor.events import STDERR, STDOUT
 
 __all__ = ["LocalBackend", "find_torchrun", "free_port", "kill_run_processes", "pids_with_env"]
@@ -161,9 +161,7 @@ class LocalBackend(LaunchBackend):
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline and not self.force.is_set():
             left = [
-                p
-                for p in pids_with_env("DTRAIN_RUN_ID", self.run_id)
-                if _node_of(p) in (node, None)
+                p for p in pids_with_env("DTRAIN_RUN_ID", self.run_id) if node_of(p) in (node, None)
             ]
             if not left:
                 return
@@ -175,9 +173,7 @@ class LocalBackend(LaunchBackend):
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
             left = [
-                p
-                for p in pids_with_env("DTRAIN_RUN_ID", self.run_id)
-                if _node_of(p) in (node, None)
+                p for p in pids_with_env("DTRAIN_RUN_ID", self.run_id) if node_of(p) in (node, None)
             ]
             if not left:
                 return
@@ -201,15 +197,3 @@ class LocalBackend(LaunchBackend):
                 p.wait(1)
         kill_run_processes(self.run_id)
         self._reaper.done()
-
-
-def _node_of(pid: int) -> int | None:
-    """GROUP_RANK (torchrun's node rank) from a process's environment, if it has one."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"GROUP_RANK="):
-                    return int(item[11:])
-    except (OSError, ValueError):
-        return None
-    return None

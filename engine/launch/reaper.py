@@ -56,6 +56,18 @@ def pids_with_env(key: str, value: str) -> list[int]:
     return out
 
 
+def node_of(pid: int) -> int | None:
+    """``GROUP_RANK`` (torchrun's node rank) from a process's environment, if it has one."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"GROUP_RANK="):
+                    return int(item[11:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def kill_run_processes(run_id: str, sig: int = signal.SIGKILL) -> list[int]:
     """Signal every process tagged with ``DTRAIN_RUN_ID=run_id``; returns their pids."""
     pids = pids_with_env("DTRAIN_RUN_ID", run_id)

@@ -9,26 +9,27 @@ from pathlib import Path
 import pytest
 
 from engine.write import example_trainer_text, manifest_for, render_bundle
-from engine.write.bundle import manifest_text
+from engine.write.bundle import manifest_text, preflight_text
 from tests.engine.writers_fixtures import golden_plans
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("DTRAIN_UPDATE_GOLDEN") == "1"
-# The example trainer is the launch engineer's file, pinned by its own tests: checked by
-# content equality below, not by a golden copy.
-SKIP = {"train.py"}
+# The example trainer and the preflight are shipped scripts (engine/trainer/), pinned by their
+# own tests: checked by content equality below, not by golden copies.
+SHIPPED = {"train.py": example_trainer_text, "preflight.py": preflight_text}
 
 
 @pytest.mark.parametrize("name", sorted(golden_plans()))
 def test_golden_bundle(name: str) -> None:
     plan = golden_plans()[name]
     files = render_bundle(plan)
-    texts = {n: f.text for n, f in files.items() if n not in SKIP}
-    texts["bundle.json"] = manifest_text(manifest_for(plan, files)).replace(
-        files["train.py"].sha256 if "train.py" in files else "\0", "<sha256 of train.py>"
-    )
-    if "train.py" in files:
-        assert files["train.py"].text == example_trainer_text()
+    texts = {n: f.text for n, f in files.items() if n not in SHIPPED}
+    manifest = manifest_text(manifest_for(plan, files))
+    for n, text_of in SHIPPED.items():
+        if n in files:
+            assert files[n].text == text_of()
+            manifest = manifest.replace(files[n].sha256, f"<sha256 of {n}>")
+    texts["bundle.json"] = manifest
     d = GOLDEN / name
     if UPDATE:
         d.mkdir(parents=True, exist_ok=True)

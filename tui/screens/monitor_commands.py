@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from textual.command import DiscoveryHit, Hit, Hits, Provider
+from tui.commands import ListedCommands
 
 if TYPE_CHECKING:
     from tui.screens.monitor import MonitorScreen
 
 
-class MonitorCommands(Provider):
+class MonitorCommands(ListedCommands):
     """The monitor's actions; "Back to the wizard" only when there is one."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
@@ -47,14 +47,3 @@ class MonitorCommands(Provider):
             ("Monitor: keys (help)", "Every key of the monitor", m.action_help),
         ]
         return cmds
-
-    async def discover(self) -> Hits:
-        for name, help_text, callback in self._commands():
-            yield DiscoveryHit(name, callback, help=help_text)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for name, help_text, callback in self._commands():
-            score = matcher.match(name)
-            if score > 0:
-                yield Hit(score, matcher.highlight(name), callback, help=help_text)
