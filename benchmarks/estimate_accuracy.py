@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 from engine.errors import SpecError  # noqa: E402
 from engine.plan.catalog import get_gpu, list_gpus  # noqa: E402
 from engine.plan.context import hardware  # noqa: E402
-from engine.plan.memory import LayoutDraft, estimate_memory, gpu_usable_bytes  # noqa: E402
+from engine.plan.memory import LayoutDraft  # noqa: E402
 from engine.plan.models import resolve_model  # noqa: E402
 from engine.plan.perf import estimate_time  # noqa: E402
 from engine.plan.planner import plan  # noqa: E402
@@ -148,13 +148,13 @@ def is_fp8(row: dict[str, Any]) -> bool:
 
 
 def _precision(row: dict[str, Any]) -> Precision | None:
-    """bf16/fp16 rows, and FP8 rows as bf16 (their linear layers are re-timed at the FP8 peak
-    by :func:`evaluate`); None for FP4 training and for rows whose precision is not stated."""
+    """bf16/fp16/fp8 rows (fp8: the planner's ``--precision fp8``, linear layers at the FP8
+    peak); None for FP4 training and for rows whose precision is not stated."""
     text = (row["training"].get("precision") or "").lower()
     if not text or "fp4" in text:
         return None
     if is_fp8(row):
-        return Precision.BF16
+        return Precision.FP8
     if "not stated" in text:
         # "mixed precision (fp16/bf16 not stated)": Megatron-LM's 2021 GPT recipes train in
         # fp16 with dynamic loss scaling (``--fp16``), as its A100 runs of that year did.
@@ -173,12 +173,15 @@ def _precision(row: dict[str, Any]) -> Precision | None:
 
 def _network(row_id: str, gpu: str) -> NetworkSpec:
     """The fabric each source ran on: Selene's 8 x HDR, DGX H100's 8 x NDR, Meta's 400 Gb/s
-    RoCE per GPU, Jean Zay's 4 x 100 Gb/s Omni-Path (BLOOM and BigScience's tr11 topology
-    benchmarks)."""
+    RoCE per GPU, and for BLOOM and BigScience's tr11 topology benchmarks Jean Zay's Omni-Path
+    as NCCL measured it: 4 x 100 Gb/s links a node on paper, but "we trained BLOOM on 50Gbps"
+    (S. Bekman, who ran it, on all_reduce_bench's bus bandwidth: stas00/ml-engineering,
+    network/benchmarks/README.md). The measured figure is what a user would enter (or what
+    ``dtrain-tui preflight`` measures), so the row states it."""
     if row_id.startswith(("torchtitan", "llama3")):
         return NetworkSpec(tier=NetworkTier.ROCE, bandwidth_gbps=3200)
     if row_id.startswith(("bloom", "bigscience")):
-        return NetworkSpec(tier=NetworkTier.IB, bandwidth_gbps=400)
+        return NetworkSpec(tier=NetworkTier.IB, bandwidth_gbps=50)
     if gpu.startswith("a100"):
         return NetworkSpec(tier=NetworkTier.IB_HDR)
     return NetworkSpec(tier=NetworkTier.IB_NDR)
@@ -310,7 +313,13 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
         hardware=HardwareSpec(gpu=gpu, gpus_per_node=gpn, nodes=hw["total_gpus"] // gpn),
         network=_network(row["id"], gpu),
         training=TrainingSpec(
-            seq_len=tr["seq_len"], global_batch=tr["global_batch"], precision=precision
+            seq_len=tr["seq_len"],
+            global_batch=tr["global_batch"],
+            precision=precision,
+            # Megatron-Bridge's performance recipes keep bf16 gradients:
+            # ``cfg.ddp.grad_reduce_in_fp32 = False`` (scripts/performance/configs/llama/
+            # llama31_llm_pretrain.py, set_llama31_common_configs).
+            grads_bf16=row["id"].startswith("mbridge") or None,
         ),
         layout=_layout(row, _strategy(row)),
     )
@@ -353,10 +362,8 @@ def evaluate(row: Row) -> None:
     row.predicted = p.recommended
     step = p.recommended.step_time_s
     eager = row.id.startswith("torchtitan") and p.recommended.framework == Framework.MEGATRON
-    if is_fp8(row.raw) and p.recommended.framework == Framework.MEGATRON and not eager:
-        row.predicted = _fp8_refit(row.spec, p.recommended)
-    if is_fp8(row.raw) or eager:
-        step = _retimed(row.spec, row.predicted, fp8=is_fp8(row.raw), eager=eager)
+    if eager:
+        step = _retimed(row.spec, row.predicted, eager=eager)
     if row.measured_s:
         row.error = (step - row.measured_s) / row.measured_s
     elif row.measured_mfu:
@@ -366,49 +373,21 @@ def evaluate(row: Row) -> None:
         row.skip = "no measured time or MFU"
 
 
-def _draft(lay: Layout) -> LayoutDraft:
+def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
     return LayoutDraft(
-        **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)}
+        **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)},
+        grads_bf16=bool(spec.training.grads_bf16),
     )
 
 
-def _fp8_refit(spec: Spec, lay: Layout) -> Layout:
-    """An FP8 (Transformer Engine) row's layout with the least recompute that fits when its
-    linear layers save their inputs in FP8 (:attr:`LayoutDraft.fp8_linears`): the planner has
-    no FP8 precision, so its search sized the activations at 16 bits. A recompute the row
-    states is kept."""
-    if spec.layout.recompute is not None or spec.training.recompute is not None:
-        return lay
-    gpu = get_gpu(spec.hardware.gpu)
-    dims = resolve_model(spec.model)
-    usable = gpu_usable_bytes(gpu.memory_bytes)
-    order = [Recompute.NONE, Recompute.SELECTIVE, Recompute.MLP, Recompute.FULL]
-    for rc in order[: order.index(lay.recompute) + 1]:
-        d = replace(_draft(lay), recompute=rc, fp8_linears=True)
-        mem = estimate_memory(
-            dims,
-            d,
-            seq_len=spec.training.seq_len,
-            optimizer=spec.training.optimizer,
-            flash=True,
-            gpus_per_node=spec.hardware.gpus_per_node,
-        )
-        if mem.total <= usable:
-            return lay.model_copy(update={"recompute": rc, "memory_per_gpu": mem, "fits": True})
-    return lay
-
-
-def _retimed(spec: Spec, lay: Layout, *, fp8: bool, eager: bool) -> float:
-    """The planned layout re-timed as the row ran it. ``fp8``: its linear layers at the GPU's
-    FP8 peak (the planner's precisions are bf16/fp16/fp32; FP8 training keeps attention and the
-    rest in bf16). ``eager``: a torchtitan TP/PP layout, which the planner can only state as a
-    Megatron one, timed as the PyTorch-native (FSDP2) stack it is: SDPA attention, eager
-    element-wise kernels, no Megatron overlap of the backward TP all-reduce."""
+def _retimed(spec: Spec, lay: Layout, *, eager: bool) -> float:
+    """The planned layout re-timed as the row ran it. ``eager``: a torchtitan TP/PP layout,
+    which the planner can only state as a Megatron one, timed as the PyTorch-native (FSDP2)
+    stack it is: SDPA attention, eager element-wise kernels, no Megatron overlap of the
+    backward TP all-reduce."""
     gpu = get_gpu(spec.hardware.gpu)
     hw = hardware(spec, gpu, lay.precision)
-    if fp8:
-        hw = replace(hw, linear_peak_flops=gpu.fp8_tflops * 1e12)
-    draft = _draft(lay)
+    draft = _draft(lay, spec)
     if eager:
         draft = replace(draft, framework=Framework.FSDP)
     dims = resolve_model(spec.model)

@@ -201,6 +201,14 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         help="when no layout trains --global-batch exactly, train the nearest batch one can "
         "(without it the plan refuses and names the nearest batches)",
     )
+    g.add_argument(
+        "--grads-bf16",
+        dest="training__grads_bf16",
+        action="store_true",
+        default=None,
+        help="Megatron layouts keep and reduce gradients in bf16 (--grad-reduce-in-bf16): half "
+        "the gradient memory and traffic; default: fp32 main grads",
+    )
     if launch:
         g = parser.add_argument_group("launch")
         for opt, sec, fld, kw in _LAUNCH_OPTS:

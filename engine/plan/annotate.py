@@ -61,7 +61,9 @@ def describe(d: LayoutDraft | Layout) -> str:
     if d.first_stage_layers or d.last_stage_layers:
         ends = (d.first_stage_layers or "even", d.last_stage_layers or "even")
         parts.append(f"(first/last stage {ends[0]}/{ends[1]} layers)")
-    if d.strategy == Strategy.THREE_D and d.zero_stage:
+    if d.strategy == Strategy.THREE_D and d.zero_stage >= 3:
+        parts.append("+ Megatron-FSDP (params, grads, optimizer sharded)")
+    elif d.strategy == Strategy.THREE_D and d.zero_stage:
         parts.append("+ distributed optimizer")
     if d.offload != Offload.NONE:
         parts.append(f"+ {d.offload.value} offload")
@@ -103,6 +105,12 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
         )
     if d.precision == Precision.FP16:
         out.append("fp16: dynamic loss scaling is on (initial scale 2^16)")
+    if d.precision == Precision.FP8:
+        out.append(
+            f"fp8: linear layers at the FP8 peak ({ctx.gpu.fp8_peak_tflops():g} TFLOP/s), "
+            f"attention and the rest in bf16; MFU is quoted against the bf16 peak "
+            f"({ctx.gpu.peak_tflops(Precision.BF16):g} TFLOP/s)"
+        )
     if ctx.gpu.is_cpu:
         out.append("CPU ranks over gloo: a smoke-test set-up; times are nominal")
     if d.strategy == Strategy.THREE_D and d.sequence_parallel:

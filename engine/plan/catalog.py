@@ -84,7 +84,9 @@ class GpuType:
 
     def peak_tflops(self, precision: Precision) -> float:
         """Dense peak for ``precision`` in TFLOP/s."""
-        if precision == Precision.BF16:
+        if precision in (Precision.BF16, Precision.FP8):
+            # FP8 training: the bf16 peak, which MFU is quoted against and the non-linear work
+            # runs at; its linear GEMMs' FP8 peak is :meth:`fp8_peak_tflops`.
             return self.bf16_tflops if self.has_bf16 else self.fp16_tflops
         if precision == Precision.FP16:
             return self.fp16_tflops

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.errors import SpecError
 from engine.plan.calibration import apply_network, calibrated_usable
-from engine.plan.catalog import GpuType, get_network
+from engine.plan.catalog import GpuType, get_network, list_gpus
 from engine.plan.memory import gpu_usable_bytes, usable_bytes
 from engine.plan.perf import Hardware
 from engine.plan.result import PathStep
@@ -86,6 +87,13 @@ def resolve_precision(
         )
         path.append(PathStep(question="Which precision?", answer=default.value, reason=why))
         return default
+    if asked == Precision.FP8 and not gpu.fp8_peak_tflops():
+        with_fp8 = ", ".join(g.key for g in list_gpus() if g.fp8_peak_tflops())
+        raise SpecError(
+            f"{gpu.name} has no FP8 tensor cores; use --precision bf16, or a GPU with them "
+            f"({with_fp8})",
+            field="training.precision",
+        )
     if asked == Precision.BF16 and not gpu.has_bf16 and not gpu.is_cpu:
         warnings.append(
             f"training.precision: {gpu.name} has no bf16; using fp16 with dynamic loss scaling "
@@ -132,4 +140,5 @@ def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
         scaleup_gpus=gpu.scaleup_gpus,
         attention_eager=gpu.flash_attention_vs_gemm,
         attention_fused=gpu.fused_attention_vs_gemm,
+        linear_peak_flops=(gpu.fp8_peak_tflops() * 1e12 if precision == Precision.FP8 else 0.0),
     )

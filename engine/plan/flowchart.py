@@ -157,15 +157,20 @@ def _last_resort(
 def _fits_class(
     ctx: PlanContext, cands: list[Candidate], strategies: tuple[Strategy, ...]
 ) -> Candidate | None:
-    pool = [
-        c
-        for c in cands
-        if c.draft.strategy in strategies
-        and c.draft.offload == Offload.NONE
-        and c.draft.tp == 1
-        and c.draft.pp == 1
-    ]
+    pool = [c for c in cands if _in_class(c, strategies) and c.draft.offload == Offload.NONE]
     return best(ctx, pool)
+
+
+def _in_class(c: Candidate, strategies: tuple[Strategy, ...]) -> bool:
+    """Whether ``c`` is a layout of the class: one of its strategies without TP or PP. Full
+    sharding with expert parallelism (Megatron-FSDP or FSDP2 with EP: a 3D layout of ZeRO
+    stage 3 without TP or PP) is the full-sharding class of an MoE model."""
+    d = c.draft
+    if d.tp != 1 or d.pp != 1:
+        return False
+    if d.strategy in strategies:
+        return True
+    return strategies == CLASS_SHARD_ALL and d.strategy == Strategy.THREE_D and d.zero_stage >= 3
 
 
 def _need(
@@ -176,7 +181,8 @@ def _need(
 ) -> str:
     """What the leanest layout of a class needs (from the whole search when the pool has none)."""
     pool = [c for c in cands if c.draft.strategy in strategies and c.draft.offload == Offload.NONE]
-    if not pool:
+    set_aside = not pool
+    if set_aside:
         pool = [
             c
             for c in everything
@@ -190,7 +196,28 @@ def _need(
             )
         return "no such layout applies to this world size"
     c = smallest(pool)
+    if set_aside and c.fits:
+        return (
+            f"{describe(c.draft)} would fit ({gib(c.mem.total)} of {gib(ctx.usable)} usable) but "
+            f"{_why_set_aside(ctx, c)}"
+        )
     return f"{describe(c.draft)} needs at least {mem_line(c.mem)} of {gib(ctx.usable)} usable"
+
+
+def _why_set_aside(ctx: PlanContext, c: Candidate) -> str:
+    """Why :func:`narrow` left a fitting layout out of the flowchart's pool."""
+    d = c.draft
+    if ctx.dims.is_moe and d.ep == 1:
+        return (
+            "does not split the experts, and an expert-parallel layout is not clearly slower "
+            "(seed doc 000: MoE → expert parallelism)"
+        )
+    if ctx.spec.training.seq_len >= LONG_SEQUENCE and d.cp == 1:
+        return (
+            "does not split the sequence, and a context-parallel layout is not clearly slower "
+            "(long sequences → context parallelism)"
+        )
+    return "a layout the flowchart prefers is not clearly slower"
 
 
 def choose(

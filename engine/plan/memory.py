@@ -96,6 +96,10 @@ class LayoutDraft:
     fp8_linears: bool = False
     """FP8 linear layers (Transformer Engine): each saves its input for the backward as the
     FP8 copy it made for the forward GEMM (1 byte, not 2); see :func:`layer_activation_bytes`."""
+    grads_bf16: bool = False
+    """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
+    Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
+    sent, not 4. Only read for Megatron bf16 layouts."""
 
     @property
     def world_size(self) -> int:
@@ -118,7 +122,12 @@ def optimizer_state_bytes(optimizer: Optimizer) -> int:
 
 
 def is_mixed(precision: Precision) -> bool:
-    return precision in (Precision.BF16, Precision.FP16)
+    return precision in (Precision.BF16, Precision.FP16, Precision.FP8)
+
+
+def is_bf16(precision: Precision) -> bool:
+    """bf16 training, with or without FP8 linear layers."""
+    return precision in (Precision.BF16, Precision.FP8)
 
 
 def zero_k(precision: Precision, optimizer: Optimizer) -> int:
@@ -168,6 +177,7 @@ def model_states(
     offload: Offload = Offload.NONE,
     largest_layer: float = 0.0,
     grad_accum: int = 1,
+    grads_bf16: bool = False,
 ) -> States:
     """Params, grads and optimizer bytes for ``psi`` parameters held by one GPU (after TP/PP/EP
     splits) and sharded ``nd`` ways by ZeRO / FSDP, in the framework's own convention (checked
@@ -182,7 +192,7 @@ def model_states(
         return _zero3_states(psi, nd, precision, optimizer, offload, largest_layer)
     if framework == Framework.FSDP:
         return _fsdp_states(psi, nd, strategy, precision, optimizer, offload)
-    return _megatron_states(psi, nd, zero_stage, precision, optimizer)
+    return _megatron_states(psi, nd, zero_stage, precision, optimizer, grads_bf16)
 
 
 def _param_bytes(precision: Precision) -> int:
@@ -287,7 +297,12 @@ def _fsdp_states(
 
 
 def _megatron_states(
-    psi: float, nd: int, zero_stage: int, precision: Precision, optimizer: Optimizer
+    psi: float,
+    nd: int,
+    zero_stage: int,
+    precision: Precision,
+    optimizer: Optimizer,
+    grads_bf16: bool = False,
 ) -> States:
     """Megatron (3D): 16-bit params, fp32 main grads, fp32 master + states (18 B/param for
     Adam); the distributed optimizer (``zero_stage=1``) shards master and states over DP;
@@ -296,13 +311,14 @@ def _megatron_states(
     AutoModel run it, whose sharded fp32 parameters are the optimizer's master copy (no separate
     16-bit copy, ``MixedPrecisionPolicy`` casts each gathered unit): ``(4 + 4 + K - 4)Ψ/N``,
     experts sharded over their own EP x FSDP mesh (``nd`` is the caller's), plus the gathered
-    units (:func:`estimate_memory`)."""
+    units (:func:`estimate_memory`). ``grads_bf16``: bf16 main grads (2 B/param, not 4)."""
     k = zero_k(precision, optimizer)
+    g = 2 if grads_bf16 and is_bf16(precision) else 4
     if zero_stage >= 3:
         master = 4 if is_mixed(precision) else 0
-        return States(4 * psi / nd, 4 * psi / nd, (k - master) * psi / nd)
+        return States(4 * psi / nd, g * psi / nd, (k - master) * psi / nd)
     opt = k * psi / nd if zero_stage >= 1 else k * psi
-    grads = 4 * psi / nd if zero_stage >= 2 else 4 * psi
+    grads = g * psi / nd if zero_stage >= 2 else g * psi
     if precision == Precision.FP16 and zero_stage < 2:
         # fp16 accumulates and all-reduces its grads in fp16 (``accumulate_allreduce_grads_in_fp32``
         # is forced on for bf16 only); the optimizer step makes an fp32 copy of them beside the
@@ -514,6 +530,7 @@ def _layout_states(
         precision=d.precision,
         optimizer=optimizer,
         offload=d.offload,
+        grads_bf16=d.grads_bf16,
     )
     st_dense = states(dense, nd, largest_layer=largest_layer_params(dims, d.tp))
     st_exp = states(expert, expert_shard, largest_layer=0.0) if expert else States(0.0, 0.0, 0.0)
@@ -535,7 +552,7 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
         flash=flash,
         dropout=dropout,
         bytes_per_value=bpv,
-        fp8_linears=d.fp8_linears,
+        fp8_linears=d.fp8_linears or d.precision == Precision.FP8,
     )
     # The stage holding the most: the first under an even split; a lighter first stage can
     # leave the peak to the second, which holds one micro-batch fewer of more layers.
@@ -553,7 +570,7 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
             flash=flash,
             dropout=dropout,
             bytes_per_value=bpv,
-            fp8_linears=d.fp8_linears,
+            fp8_linears=d.fp8_linears or d.precision == Precision.FP8,
         )
         acts += full - per_layer
     if d.recompute == Recompute.FULL:

@@ -421,7 +421,7 @@ def fused_attention(d: LayoutDraft) -> bool:
     (Megatron-LM's fused scale-mask-softmax between two batched GEMMs, as in Narayanan et al.
     2021, Korthikanti et al. 2022 and BLOOM), and V100s, which only have fp16, have no
     FlashAttention 2 at all."""
-    return d.precision == Precision.BF16
+    return d.precision in (Precision.BF16, Precision.FP8)
 
 
 def _attention_forward(
@@ -624,7 +624,7 @@ def estimate_time(
     step = compute + exposed
     tokens_per_s = tokens / step
     mfu = model_flops_per_token(dims, seq_len) * tokens / (step * world * hw.peak_flops)
-    ideal = model_flops_per_token(dims, seq_len) * tokens / (world * hw.peak_flops * hw.gemm)
+    ideal = model_flops_per_token(dims, seq_len) * tokens / (world * hw.linear_rate)
     gpu_hours = cost = None
     if tokens_budget:
         gpu_hours = tokens_budget / tokens * step * world / 3600
@@ -667,12 +667,12 @@ def _step_comm(
 
 def _grad_reduce_bytes(d: LayoutDraft) -> int:
     """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32
-    (``accumulate_allreduce_grads_in_fp32``, on for bf16); DDP, FSDP and DeepSpeed in the
-    training precision."""
+    (``accumulate_allreduce_grads_in_fp32``, on for bf16) unless told to keep them in bf16
+    (:attr:`LayoutDraft.grads_bf16`); DDP, FSDP and DeepSpeed in the training precision."""
     if d.precision == Precision.FP32:
         return 4
-    if d.framework == Framework.MEGATRON and d.precision == Precision.BF16:
-        return 4
+    if d.framework == Framework.MEGATRON and d.precision in (Precision.BF16, Precision.FP8):
+        return 2 if d.grads_bf16 else 4
     return 2
 
 

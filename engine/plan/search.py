@@ -218,8 +218,9 @@ def _strategies(ctx: PlanContext, g: Degrees) -> list[Strategy]:
         if s == Strategy.THREE_D:
             if ctx.gpu.is_cpu and lay.strategy is None and lay.framework is None:
                 continue  # Megatron needs CUDA
-            if g.tp == 1 and g.pp == 1 and lay.strategy is None and lay.framework is None:
-                continue
+            if g.tp == 1 and g.pp == 1 and g.ep == 1 and lay.strategy is None:
+                if lay.framework is None:
+                    continue
             out.append(s)
             continue
         if g.tp > 1 or g.pp > 1:
@@ -252,7 +253,14 @@ def _zero_stages(ctx: PlanContext, s: Strategy, g: Degrees) -> list[int]:
     # The distributed optimizer only matters with data parallelism, and there it is never
     # worse: the same traffic as the all-reduce it replaces (a reduce-scatter and an
     # all-gather, Megatron-LM docs/source/distrib_optimizer.md) for less memory.
-    return [1] if g.dp * g.cp > 1 else [0]
+    if g.dp * g.cp <= 1:
+        return [0]
+    if ctx.dims.is_moe and g.ep > 1 and g.pp == 1:
+        # An MoE model's experts are most of its parameters: sharding them over the expert
+        # data-parallel group too (Megatron-FSDP with EP, FSDP2 + EP as torchtitan and NeMo
+        # AutoModel train) is what fits many experts on few GPUs without TP or PP.
+        return [1, 3]
+    return [1]
 
 
 def _offloads(ctx: PlanContext, s: Strategy) -> list[Offload]:
@@ -375,6 +383,7 @@ def _micro_steps(
                 virtual_stages=v,
                 first_stage_layers=first,
                 last_stage_layers=last,
+                grads_bf16=bool(ctx.spec.training.grads_bf16),
             )
             c = _weigh(ctx, d)
             out.append(c)

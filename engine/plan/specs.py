@@ -26,11 +26,14 @@ from pydantic import (
 
 
 class Precision(StrEnum):
-    """Training precision. bf16/fp16 are mixed precision with fp32 master weights."""
+    """Training precision. bf16/fp16 are mixed precision with fp32 master weights; fp8 is bf16
+    mixed precision whose linear layers run their GEMMs in FP8 (Transformer Engine's hybrid
+    recipe, torchao float8), attention and the rest in bf16."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
+    FP8 = "fp8"
 
 
 class Optimizer(StrEnum):
@@ -382,6 +385,10 @@ class TrainingSpec(_Strict):
     """adamw, sgd (with momentum) or adam8bit."""
     recompute: Recompute | None = None
     """Activation recompute: none, selective, full; None lets the planner choose."""
+    grads_bf16: bool | None = None
+    """Megatron (3D) layouts keep and reduce their gradients in bf16 (``--grad-reduce-in-bf16``,
+    as Megatron-Bridge's performance recipes do): half the gradient memory and traffic, at some
+    risk to accuracy over long runs; None or False: fp32 main grads (Megatron's default)."""
     lr: float | None = Field(default=None, gt=0, le=10)
     """Learning rate at ``reference_batch``; used for the linear LR-scaling advice."""
     reference_batch: int | None = Field(default=None, ge=1)

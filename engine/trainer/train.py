@@ -323,7 +323,8 @@ def pick_device(c: Config, local_rank: int) -> tuple[torch.device, str]:
 
 
 def dtype_of(precision: str, device: torch.device) -> torch.dtype:
-    if precision == "bf16":
+    # fp8 plans: the example trainer has no FP8 linears; it runs their bf16 mixed precision.
+    if precision in ("bf16", "fp8"):
         return torch.bfloat16
     if precision == "fp16" and device.type == "cuda":
         return torch.float16

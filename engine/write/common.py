@@ -201,6 +201,7 @@ def torch_dtype_name(precision: Precision) -> str:
     """``bfloat16`` / ``float16`` / ``float32`` as torch spells them."""
     return {
         Precision.BF16: "bfloat16",
+        Precision.FP8: "bfloat16",  # FP8 linears inside bf16 mixed precision
         Precision.FP16: "float16",
         Precision.FP32: "float32",
     }[precision]

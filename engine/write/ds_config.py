@@ -79,7 +79,8 @@ def _zero_block(plan: Plan, auto: bool) -> dict[str, Any]:
 
 
 def _precision_block(precision: Precision, auto: bool) -> dict[str, Any]:
-    if precision == Precision.BF16:
+    if precision in (Precision.BF16, Precision.FP8):
+        # FP8 linears (Transformer Engine in the model code) run inside bf16 mixed precision.
         return {"bf16": {"enabled": AUTO if auto else True}}
     if precision == Precision.FP16:
         # Dynamic loss scaling (loss_scale 0) starting at 2^16, halving on overflow after

@@ -153,6 +153,8 @@ def accelerate_config(plan: Plan, *, version: int = FSDP_VERSION) -> str:
         "debug": False,
         "downcast_bf16": "no",
         "mixed_precision": "no" if lay.precision == Precision.FP32 else lay.precision.value,
+        # FP8 under FSDP: torchao's float8 linears (Accelerate's "AO" backend), as torchtitan.
+        **({"fp8_config": {"backend": "AO"}} if lay.precision == Precision.FP8 else {}),
         "num_machines": plan.nodes,
         "num_processes": plan.world_size,
         "machine_rank": 0,

@@ -135,10 +135,28 @@ def megatron_args_list(plan: Plan) -> list[str]:
             "--recompute-method uniform",
             "--recompute-num-layers 1",
         ]
-    if lay.precision == Precision.BF16:
+    if lay.precision in (Precision.BF16, Precision.FP8):
         out.append("--bf16")
+        if tr.grads_bf16:
+            out.append("--grad-reduce-in-bf16")
+    if lay.precision == Precision.FP8:
+        # Transformer Engine's hybrid recipe (E4M3 forward, E5M2 gradients), delayed scaling.
+        out += [
+            "--fp8-format hybrid",
+            "--fp8-amax-history-len 1024",
+            "--fp8-amax-compute-algo max",
+        ]
     elif lay.precision == Precision.FP16:
         out.append("--fp16")
+    if lay.zero_stage >= 3:
+        # Megatron-FSDP: parameters, gradients and optimizer states sharded (its required
+        # flags, Megatron-LM megatron/core/distributed/fsdp/README.md).
+        out += [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy optim_grads_params",
+            "--no-gradient-accumulation-fusion",
+            "--ckpt-format fsdp_dtensor",
+        ]
     if lay.zero_stage >= 1:
         out.append("--use-distributed-optimizer")
     out += [

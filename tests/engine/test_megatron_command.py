@@ -177,3 +177,27 @@ def test_recompute_flags_follow_the_layout(recompute: str, flags: list[str]) -> 
     )
     lines = [line for line in megatron_args(plan).splitlines() if line.startswith("--recompute")]
     assert all(f in lines for f in flags) and len(lines) == len(flags) + (recompute == "full")
+
+
+def test_a_sharded_moe_layout_writes_megatron_fsdp() -> None:
+    # Qwen3-30B-A3B on one H100 node: the planner shards the experts' states over the data
+    # parallel ranks (Megatron-FSDP with EP); the arguments must ask Megatron for exactly that.
+    from engine.plan.planner import plan as make
+    from engine.plan.specs import HardwareSpec, Spec, TrainingSpec
+
+    p = make(
+        Spec(
+            model=ModelSpec(preset="qwen3-30b-a3b"),
+            hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=1),
+            training=TrainingSpec(seq_len=4096, global_batch=512),
+        )
+    )
+    assert p.recommended.zero_stage == 3 and p.recommended.ep > 1
+    lines = [line for line in megatron_args(p).splitlines() if not line.startswith("#")]
+    for flag in (
+        "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy optim_grads_params",
+        "--use-distributed-optimizer",
+        f"--expert-model-parallel-size {p.recommended.ep}",
+    ):
+        assert flag in lines, flag

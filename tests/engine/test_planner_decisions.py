@@ -295,3 +295,30 @@ def test_mi300x_70b_does_not_blame_communication() -> None:
     assert not any("communication dominates" in w for w in p.warnings) or (
         r.comm_time_s >= 0.25 * r.step_time_s
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Full sharding with expert parallelism
+
+
+def test_an_moe_model_on_one_node_is_fully_sharded_with_expert_parallelism() -> None:
+    # Qwen3-30B-A3B on 8 H100s at batch 512 x 4K: NeMo AutoModel trains it with FSDP2 + EP8
+    # (tests/data/published_runs.json, 21.8 s a step). The search offers full sharding with EP
+    # (Megatron-FSDP), the flowchart's full-sharding question answers with it, and no TP2 x PP2
+    # pipeline with micro-batches of 16 sequences is chosen for a 3B-active model.
+    p = plan(_spec("qwen3-30b-a3b", seq_len=4096, global_batch=512))
+    lay = p.recommended
+    assert lay.fits and lay.zero_stage == 3 and lay.ep > 1
+    assert (lay.tp, lay.pp) == (1, 1)
+    step = next(s for s in p.path if s.question.startswith("Does it fit with full sharding"))
+    assert step.answer == "yes" and "Megatron-FSDP" in step.reason
+
+
+def test_a_fitting_layout_set_aside_is_not_said_to_need_more_memory() -> None:
+    # A 124M model at a 32K sequence: DDP fits, but the pool keeps context-parallel layouts.
+    # The answer must say why DDP was set aside, not "needs 24 GiB of 75.6 GiB usable".
+    p = plan(_spec("gpt2", seq_len=32_768, global_batch=16))
+    step = next(s for s in p.path if s.question.startswith("Does the model fit on one GPU"))
+    assert step.answer == "no"
+    assert "would fit" in step.reason and "context parallelism" in step.reason
+    assert "needs at least" not in step.reason

@@ -90,6 +90,14 @@ def _cases() -> dict[str, Plan]:
         ),
         "zero1-8": make_plan(**a100, gpus_per_node=8, strategy=Strategy.ZERO1, micro_batch=4),
         "zero2-8": make_plan(**a100, gpus_per_node=8, strategy=Strategy.ZERO2, grad_accum=4),
+        # FP8 linears (Transformer Engine in the model code) inside bf16 mixed precision.
+        "zero2-8-fp8": make_plan(
+            model=llama,
+            gpu="h100-sxm",
+            precision=Precision.FP8,
+            gpus_per_node=8,
+            strategy=Strategy.ZERO2,
+        ),
         "zero2-offload-16": make_plan(
             **a100, gpus_per_node=8, nodes=2, strategy=Strategy.ZERO2, offload=Offload.OPTIMIZER
         ),
@@ -170,7 +178,7 @@ def test_deepspeed_accepts_every_written_config(name: str, ds_comm: Any) -> None
     assert c.train_micro_batch_size_per_gpu == lay.micro_batch
     assert c.gradient_accumulation_steps == lay.grad_accum
     assert c.zero_optimization_stage == lay.zero_stage
-    assert c.bfloat16_config.enabled == (lay.precision == Precision.BF16)
+    assert c.bfloat16_config.enabled == (lay.precision in (Precision.BF16, Precision.FP8))
     assert c.float16_config.enabled == (lay.precision == Precision.FP16)
     zc = c.zero_config
     if lay.offload != Offload.NONE:

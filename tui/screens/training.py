@@ -15,6 +15,7 @@ from textual.containers import Horizontal
 from textual.widget import Widget
 from textual.widgets import Button, Input, Select, Static
 
+from engine.plan.catalog import get_gpu, list_gpus
 from engine.plan.result import BatchChoice
 from engine.plan.specs import Optimizer, Precision, Recompute, Spec, TrainingSpec
 from tui.format import count
@@ -118,6 +119,12 @@ class TrainingStep(StepPane):
             value = self.select_value(name)
             if value:
                 data[name] = value
+        if data.get("precision") == Precision.FP8.value:
+            gpu = self.session.spec.hardware.gpu
+            if gpu in {g.key for g in list_gpus()} and not get_gpu(gpu).fp8_peak_tflops():
+                errs["precision"] = (
+                    f"{gpu} has no FP8 tensor cores; pick bf16, or a GPU with them on Hardware"
+                )
         old = self.session.spec.training
         # Fields this step does not show are kept as they were (profiles may set them).
         for name in ("reference_batch", "grad_clip"):

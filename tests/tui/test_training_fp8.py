@@ -1,0 +1,44 @@
+"""FP8 in the wizard (issue 12): the Training step's precision list offers fp8, and choosing it
+for a GPU without FP8 tensor cores is refused at the step, in words, until bf16 is chosen."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from textual.widgets import Select
+
+from engine.plan.specs import HardwareSpec, ModelSpec, Precision, Spec, TrainingSpec
+from tests.tui.wizard_support import at_step, settle, until
+from tui.app import DtrainApp
+
+
+def test_fp8_on_a_gpu_without_fp8_is_refused_at_the_training_step(tmp_path: Path) -> None:
+    asyncio.run(_fp8(tmp_path))
+
+
+async def _fp8(tmp_path: Path) -> None:
+    spec = Spec(
+        model=ModelSpec(preset="llama-3-8b"),
+        hardware=HardwareSpec(gpu="a100-80gb", gpus_per_node=8, nodes=1),
+        training=TrainingSpec(seq_len=4096, global_batch=64),
+    )
+    app = DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        for _ in range(3):
+            await pilot.press("ctrl+n")
+        await at_step(pilot, "training")
+        select = app.screen.query_one("#f-precision", Select)
+        assert (Precision.FP8.value, Precision.FP8.value) in [
+            (str(label), value) for label, value in select._options
+        ]
+        select.value = Precision.FP8.value
+        await until(pilot, lambda: bool(app.session.step_errors["training"]), "fp8 refused")
+        problem = " ".join(app.session.step_errors["training"])
+        assert "a100-80gb has no FP8 tensor cores" in problem and "bf16" in problem
+        await pilot.press("ctrl+n")
+        await at_step(pilot, "training")  # refused while the choice stands
+        select.value = Precision.BF16.value
+        await until(pilot, lambda: not app.session.step_errors["training"], "bf16 accepted")
+        assert app.spec.training.precision == Precision.BF16
