@@ -450,9 +450,12 @@ def _attention_forward(
 
 
 def _head_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
-    """The LM head and the loss of one micro-batch, forward (the last stage runs it)."""
+    """The LM head and the loss of one micro-batch, forward (the last stage runs it). The head
+    stays in bf16 under FP8 training: Megatron-Core's output layer is a plain
+    ``ColumnParallelLinear``, not a Transformer Engine module, and torchtitan's float8
+    converter skips it (``filter_fqns``: ``output``)."""
     t = d.micro_batch * seq_len / d.cp
-    rate = hw.linear_rate
+    rate = hw.peak_flops * hw.gemm
     n = dims.vocab / d.tp
     gemm = 2 * t * n * dims.hidden / (rate * gemm_shape_efficiency(t, n, dims.hidden))
     softmax = 3 * 4 * t * n / hw.hbm_bytes_per_s  # fp32 logits: write, read, write grad
