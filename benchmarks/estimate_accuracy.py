@@ -497,6 +497,11 @@ def _line(r: Row) -> str:
     )
 
 
+def _kind(r: Row) -> str:
+    assert r.spec is not None
+    return "moe" if resolve_model(r.spec.model).is_moe else "dense"
+
+
 def report(rows: list[Row], verbose: bool) -> dict[str, float]:
     """Print the figures; return the key=value summary."""
     ok = [r for r in rows if not math.isnan(r.error)]
@@ -519,6 +524,13 @@ def report(rows: list[Row], verbose: bool) -> dict[str, float]:
     ):
         out[f"{name}_n"] = len(subset)
         out[f"{name}_mape"] = mape([r.error for r in subset])
+    print("\nMAPE by kind of model (dense transformers, mixtures of experts):")
+    for name, held in (("cal", False), ("held", True)):
+        for kind in ("dense", "moe"):
+            errs = [r.error for r in ok if r.held_out == held and _kind(r) == kind]
+            if errs:
+                out[f"{name}_{kind}_mape"] = mape(errs)
+                print(f"  {name:4s} {kind:5s} n={len(errs):3d} MAPE {mape(errs):6.1%}")
     print("\nSweeps (Spearman of tokens/s per GPU; predicted fastest within 5 % of measured best):")
     for tag in ("cal", "held"):
         rhos, hits = [], []
