@@ -79,9 +79,10 @@ out."""
 BEST_WITHIN = 0.05
 GIB = 1024**3
 
-# GPU strings as the sources print them -> catalog key (first match). B300 / GB300 are not in
-# the catalog.
+# GPU strings as the sources print them -> catalog key (first match).
 _GPU_KEYS = (
+    ("gb300", "gb300"),
+    ("b300", "b300"),
     ("gb200", "gb200"),
     ("h800", "h800"),
     ("h200", "h200"),
@@ -133,8 +134,6 @@ def source_of(row_id: str) -> str:
 
 def _gpu_key(text: str) -> str | None:
     low = text.lower().replace(" ", "")
-    if "b300" in low:
-        return None
     for needle, key in _GPU_KEYS:
         if needle in low:
             return key
@@ -184,6 +183,9 @@ def _network(row_id: str, gpu: str) -> NetworkSpec:
         return NetworkSpec(tier=NetworkTier.IB, bandwidth_gbps=50)
     if gpu.startswith("a100"):
         return NetworkSpec(tier=NetworkTier.IB_HDR)
+    if gpu in ("b300", "gb300"):
+        # Blackwell Ultra systems: a ConnectX-8 at 800 Gb/s per GPU (HGX B300 datasheet).
+        return NetworkSpec(tier=NetworkTier.IB_NDR, bandwidth_gbps=6400)
     return NetworkSpec(tier=NetworkTier.IB_NDR)
 
 

@@ -342,6 +342,55 @@ _GPUS: tuple[GpuType, ...] = (
         scaleup_gpus=72,
     ),
     GpuType(
+        "b300",
+        "NVIDIA B300 (Blackwell Ultra) 288GB",
+        Vendor.NVIDIA,
+        288 * GB,
+        2250.0,
+        2250.0,
+        1100.0,
+        True,
+        IntraNodeLink.NVLINK,
+        900.0,
+        128.0,
+        0.40,
+        0.0,
+        "NVIDIA HGX B300 datasheet: 288 GB HBM3e per GPU at 8 TB/s, 2.25 PFLOPS bf16 and 4.5 "
+        "PFLOPS FP8 dense (as B200), NVLink5 1.8 TB/s (both ways), 800 Gb/s ConnectX-8 per GPU; "
+        "no list price in the catalog (pass --price)",
+        # HGX B300 NVL16 (8 packages): 72 PFLOPS FP8 and 36 PFLOPS bf16 with sparsity, the same as
+        # HGX B200; its gains are FP4 and "2x attention performance" (twice the exponentials per
+        # clock, which bound Blackwell's attention kernels): twice B200's 0.5 of a large GEMM.
+        gemm_efficiency=0.7,
+        hbm_gbps=8000.0,
+        fused_attention_vs_gemm=1.0,
+        fp8_tflops=4500.0,
+    ),
+    GpuType(
+        "gb300",
+        "NVIDIA GB300 NVL72 288GB",
+        Vendor.NVIDIA,
+        288 * GB,
+        2500.0,
+        2500.0,
+        1250.0,
+        True,
+        IntraNodeLink.NVLINK,
+        900.0,
+        128.0,
+        0.40,
+        0.0,
+        "NVIDIA GB300 NVL72 datasheet: 360 PFLOPS FP8 dense over 72 GPUs (5.0 each, bf16 2.5), "
+        "288 GB HBM3e per GPU at 8 TB/s, NVLink5 1.8 TB/s per GPU (both ways) across the rack; "
+        "no list price in the catalog (pass --price)",
+        # Blackwell Ultra's attention, as B300: twice B200's 0.5 of a large GEMM.
+        gemm_efficiency=0.70,
+        hbm_gbps=8000.0,
+        fused_attention_vs_gemm=1.0,
+        fp8_tflops=5000.0,
+        scaleup_gpus=72,
+    ),
+    GpuType(
         "mi325x",
         "AMD Instinct MI325X 256GB",
         Vendor.AMD,
