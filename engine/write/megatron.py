@@ -171,6 +171,15 @@ def megatron_args_list(plan: Plan) -> list[str]:
         out.append("--swiglu")
     if m.is_moe:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}"]
+        # What the time model assumes: tokens moved by all-to-all (Megatron's default is an
+        # all-gather dispatcher) into one grouped GEMM per rank, balanced by the auxiliary loss
+        # (Megatron-LM's Mixtral example).
+        out += [
+            "--moe-token-dispatcher-type alltoall",
+            "--moe-grouped-gemm",
+            "--moe-router-load-balancing-type aux_loss",
+            "--moe-aux-loss-coeff 1e-2",
+        ]
     if not m.tie_embeddings:
         out.append("--untie-embeddings-and-output-weights")
     out += architecture_args(m)

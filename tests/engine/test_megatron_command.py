@@ -199,5 +199,7 @@ def test_a_sharded_moe_layout_writes_megatron_fsdp() -> None:
         "--data-parallel-sharding-strategy optim_grads_params",
         "--use-distributed-optimizer",
         f"--expert-model-parallel-size {p.recommended.ep}",
+        "--moe-token-dispatcher-type alltoall",
+        "--moe-grouped-gemm",
     ):
         assert flag in lines, flag
