@@ -659,8 +659,11 @@ def _step_comm(
     step; the optimizer step's HBM traffic over the parameters this GPU updates."""
     dense, expert = stage_params(dims, d)
     units = max(stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers))
-    exposed = _data_parallel_exposed(d, hw, dense, mb, units, dims.gated_mlp)
-    if expert:
+    sharded_3d = d.strategy == Strategy.THREE_D and d.zero_stage >= 3
+    exposed = _data_parallel_exposed(
+        d, hw, dense, mb, units, dims.gated_mlp, expert if sharded_3d else 0.0
+    )
+    if expert and not sharded_3d:
         ep_dp = max(1, d.dp * d.cp // d.ep)
         comm = allreduce_time(hw, expert * _grad_reduce_bytes(d), ep_dp, d.tp * d.ep)
         exposed += max(0.0, comm - _megatron_overlap(d) * mb.backward)
@@ -684,7 +687,13 @@ def _grad_reduce_bytes(d: LayoutDraft) -> int:
 
 
 def _data_parallel_exposed(
-    d: LayoutDraft, hw: Hardware, dense: float, mb: MicroBatch, units: int, gated: bool = False
+    d: LayoutDraft,
+    hw: Hardware,
+    dense: float,
+    mb: MicroBatch,
+    units: int,
+    gated: bool = False,
+    expert: float = 0.0,
 ) -> float:
     """Exposed seconds of the data-parallel gradient / parameter traffic of the ``dense``
     parameters. A once-per-step reduction hides only behind the last micro-batch's backward;
@@ -708,7 +717,7 @@ def _data_parallel_exposed(
     if d.strategy in (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID) or (
         d.zero_stage >= 3
     ):
-        return _sharded_exposed(d, hw, dense, mb, units, gated)
+        return _sharded_exposed(d, hw, dense, mb, units, gated, expert)
     if d.strategy == Strategy.FSDP_GRAD_OP:
         comm = gather_time(hw, dense * 2, n, stride) + gather_time(hw, dense * g, n, stride)
         return m * max(0.0, comm - Overlap.fsdp * mb.compute)
@@ -728,7 +737,13 @@ def _megatron_overlap(d: LayoutDraft) -> float:
 
 
 def _sharded_exposed(
-    d: LayoutDraft, hw: Hardware, dense: float, mb: MicroBatch, units: int, gated: bool
+    d: LayoutDraft,
+    hw: Hardware,
+    dense: float,
+    mb: MicroBatch,
+    units: int,
+    gated: bool,
+    expert: float = 0.0,
 ) -> float:
     """ZeRO-3 / FSDP: every micro-batch gathers each block's parameters for the forward and
     again for the backward and reduce-scatters its gradients; prefetch hides part of it behind
@@ -741,7 +756,9 @@ def _sharded_exposed(
     steps), which is why ZeRO-3 measured 2-5x slower than PTD-P in Narayanan et al. 2021
     (Table 2). HYBRID_SHARD shards inside a node and all-reduces the shards across nodes once
     per step. Fully sharded 3D (``zero_stage=3``: FSDP2 or Megatron-FSDP under TP/PP/EP) gathers
-    block by block as FSDP does. ``units``: the blocks."""
+    block by block as FSDP does, the ``expert`` parameters (this EP rank's) sharded over the
+    expert data-parallel group (DP x CP / EP ranks, ``tp x ep`` apart) and gathered with the
+    block, so they share its compute to hide behind. ``units``: the blocks."""
     n = d.dp * d.cp
     shard = n
     replicas = 1
@@ -753,13 +770,19 @@ def _sharded_exposed(
         pieces = 5 if gated else 4
         gathers = 3 if d.recompute == Recompute.FULL else 2
         eff, overlap = DS_GATHER_EFFICIENCY, Overlap.zero3
-    piece = dense * 2 / units / pieces
-    one = gathers * gather_time(hw, piece / eff, shard, d.tp) + gather_time(hw, piece, shard, d.tp)
-    comm = one * pieces * units
-    # The first block's gather and the last one's reduce-scatter have no compute to hide behind.
-    edges = (
-        gather_time(hw, piece / eff, shard, d.tp) + gather_time(hw, piece, shard, d.tp)
-    ) * pieces
+    groups = [(dense, shard, d.tp)]
+    expert_shard = max(1, n // max(1, d.ep))
+    if expert and expert_shard > 1:
+        groups.append((expert, expert_shard, d.tp * d.ep))
+    comm = edges = 0.0
+    for params, size, stride in groups:
+        piece = params * 2 / units / pieces
+        gather = gather_time(hw, piece / eff, size, stride)
+        scatter = gather_time(hw, piece, size, stride)
+        comm += (gathers * gather + scatter) * pieces * units
+        # The first block's gather and the last one's reduce-scatter have no compute to hide
+        # behind.
+        edges += (gather + scatter) * pieces
     exposed = d.grad_accum * max(edges, comm - overlap * mb.compute)
     if replicas > 1:
         exposed += allreduce_time(hw, dense * 2 / shard, replicas, d.tp * shard)

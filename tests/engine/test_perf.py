@@ -515,3 +515,22 @@ def test_small_expert_gemms_are_host_bound_under_megatron() -> None:
     assert big.mlp > 2 * local * 2 * perf.MOE_EXPERT_KERNEL_S
     # The busiest rank sets the pace of the expert GEMMs (dropless routing).
     assert perf.MOE_IMBALANCE > 1.0
+
+
+def test_fully_sharded_experts_are_gathered_every_micro_batch() -> None:
+    # Megatron-FSDP / FSDP2 with EP: a rank's experts are sharded over the expert data-parallel
+    # group and gathered with each block like the dense weights; before, only the dense part
+    # was gathered and the experts were costed as a once-a-step all-reduce.
+    dims = resolve_model(ModelSpec(preset="qwen3-30b-a3b"))
+    hw = _hw(nodes=2)
+    d = LayoutDraft(
+        Strategy.THREE_D, Framework.MEGATRON, dp=16, ep=2, zero_stage=3, micro_batch=1, grad_accum=4
+    )
+    mb = perf.MicroBatch(compute=0.0, comm=0.0, backward=0.0)  # nothing to hide behind
+    dense, expert = perf.stage_params(dims, d)
+    alone = perf._sharded_exposed(d, hw, dense, mb, dims.layers, True)
+    both = perf._sharded_exposed(d, hw, dense, mb, dims.layers, True, expert)
+    assert expert > 5 * dense
+    assert both > 5 * alone  # the experts are most of the bytes
+    step = perf.estimate_time(dims, d, hw, seq_len=4096)
+    assert step.comm_time_s > both / 2  # two nodes of gathers hide only partly behind compute
