@@ -107,6 +107,7 @@ def render(p: Plan, out: TextIO) -> None:
     w(
         f"  micro-batch {r.micro_batch} x grad-accum {r.grad_accum} x dp {r.dp} = global batch "
         f"{r.global_batch}; recompute {r.recompute.value}"
+        + (f" (the first {r.recompute_layers} layers of each stage)" if r.recompute_layers else "")
         + ("; sequence parallel" if r.sequence_parallel else "")
         + "\n"
     )

@@ -96,7 +96,12 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     """What a person should know about the recommended layout's costs."""
     d = c.draft
     out: list[str] = []
-    if d.recompute == Recompute.FULL:
+    if d.recompute == Recompute.FULL and d.recompute_layers:
+        out.append(
+            f"full recompute of only the first {d.recompute_layers} layers of each pipeline "
+            "stage (Megatron's --recompute-method block): the least that fits"
+        )
+    elif d.recompute == Recompute.FULL:
         out.append("full activation recompute: about 33% more compute per step")
     if d.offload != Offload.NONE:
         out.append(

@@ -96,6 +96,11 @@ class LayoutDraft:
     fp8_linears: bool = False
     """FP8 linear layers (Transformer Engine): each saves its input for the backward as the
     FP8 copy it made for the forward GEMM (1 byte, not 2); see :func:`layer_activation_bytes`."""
+    recompute_layers: int = 0
+    """Under full recompute, how many layers of each model chunk are recomputed (Megatron's
+    ``--recompute-method block --recompute-num-layers N``: the first N of each pipeline stage,
+    or of each virtual chunk under interleaving, keep only their input, the rest keep
+    everything); 0: every layer."""
     grads_bf16: bool = False
     """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
     Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
@@ -559,6 +564,28 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
     split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
     v = d.virtual_stages if d.pp_schedule == PPSchedule.INTERLEAVED else 1
     acts = per_layer * max(n * in_flight(d.pp, d.grad_accum, v, i) for i, n in enumerate(split))
+    if d.recompute == Recompute.FULL and d.recompute_layers:
+        # Block recompute: the first N layers of a stage keep their input only, the others
+        # everything (as without recompute).
+        kept = layer_activation_bytes(
+            dims,
+            s_local,
+            d.micro_batch,
+            t=d.tp,
+            sp=d.sequence_parallel,
+            flash=flash,
+            dropout=dropout,
+            bytes_per_value=bpv,
+            fp8_linears=d.fp8_linears or d.precision == Precision.FP8,
+        )
+        acts = max(
+            in_flight(d.pp, d.grad_accum, v, i)
+            * (
+                min(v * d.recompute_layers, n) * per_layer
+                + max(0, n - v * d.recompute_layers) * kept
+            )
+            for i, n in enumerate(split)
+        )
     if d.recompute == Recompute.MLP:
         # Recomputing one layer's MLP in backward materialises its intermediates again.
         full = layer_activation_bytes(

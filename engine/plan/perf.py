@@ -233,18 +233,20 @@ def flops_per_token(
     *,
     attention: bool = True,
     causal: bool = True,
+    share: float = 1.0,
 ) -> float:
     """Training FLOPs executed per token: ``6·N_active`` for the weights, attention ``12·L·d·s``
     (``d`` = heads x head_dim) halved for a causal kernel, and for a full recompute one more
     forward (``2·N_active`` and a third of the attention); selective recompute redoes only the
-    attention, MLP-only recompute the MLP's ``2·N_mlp``."""
+    attention, MLP-only recompute the MLP's ``2·N_mlp``; ``share``: the layers a full recompute
+    redoes (Megatron's block method)."""
     n = dims.params_active
     attn = 12 * dims.layers * _attention_dim(dims) * seq_len if attention else 0.0
     if causal:
         attn /= 2
     f = 6 * n + attn
     if recompute == Recompute.FULL:
-        f += 2 * n + attn / 3
+        f += share * (2 * n + attn / 3)
     elif recompute == Recompute.SELECTIVE:
         f += attn / 3
     elif recompute == Recompute.MLP:
@@ -472,7 +474,9 @@ def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad:
     one = allreduce_time(hw, size, d.tp, 1)
     if d.sequence_parallel:
         one = 2 * gather_time(hw, size, d.tp, 1)
-    again = {Recompute.FULL: 2.0, Recompute.MLP: 1.5}.get(d.recompute, 1.0)
+    again = {Recompute.FULL: 1.0 + _recomputed_share(dims, d), Recompute.MLP: 1.5}.get(
+        d.recompute, 1.0
+    )
     forward = 2 * one * again  # a recomputed forward repeats its all-reduces (the MLP's one)
     backward = 2 * one
     if d.framework == Framework.MEGATRON and fused_attention(d):
@@ -548,8 +552,17 @@ def _host_bound_gap(
         return 0.0
     size = d.micro_batch * seq_len / d.cp * dims.hidden * _act_bytes(d)
     tp_fwd = 2 * allreduce_time(hw, size, d.tp, 1) if d.tp > 1 else 0.0
-    passes = 2 if d.recompute == Recompute.FULL else 1
+    passes = 1.0 + (_recomputed_share(dims, d) if d.recompute == Recompute.FULL else 0.0)
     return passes * max(0.0, CLASSIC_LAYER_HOST_S - layer_fwd - tp_fwd)
+
+
+def _recomputed_share(dims: ModelDims, d: LayoutDraft) -> float:
+    """Share of the heaviest stage's layers a full recompute runs again: all of them, or the
+    first ``recompute_layers`` of each of its model chunks (Megatron's block method)."""
+    if not d.recompute_layers:
+        return 1.0
+    heaviest = max(stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers))
+    return min(max(1, d.virtual_stages) * d.recompute_layers, heaviest) / heaviest
 
 
 def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> MicroBatch:
@@ -562,7 +575,7 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     attn_bwd = FLASH_BACKWARD if fused_attention(d) else 2.0
     layer_bwd = 2 * f.gemm + attn_bwd * f.attention + 2 * f.elementwise
     if d.recompute == Recompute.FULL:
-        layer_bwd += layer_fwd
+        layer_bwd += layer_fwd * _recomputed_share(dims, d)
     elif d.recompute == Recompute.SELECTIVE:
         layer_bwd += f.attention
     elif d.recompute == Recompute.MLP:
@@ -619,7 +632,8 @@ def estimate_time(
     order), so TP stays inside a node, PP spans nodes."""
     world = d.world_size
     tokens = d.global_batch * seq_len
-    total_flops = flops_per_token(dims, seq_len, d.recompute) * tokens
+    share = _recomputed_share(dims, d)
+    total_flops = flops_per_token(dims, seq_len, d.recompute, share=share) * tokens
     mb = micro_batch_time(dims, d, hw, seq_len)
     m = d.grad_accum
     v = max(1, d.virtual_stages)

@@ -62,6 +62,9 @@ class Layout(_Frozen):
     grad_accum: int = 1
     global_batch: int = 1
     recompute: Recompute = Recompute.NONE
+    recompute_layers: int = 0
+    """Full recompute of only the first N layers of each pipeline stage (Megatron's block
+    method); 0: every layer (or no full recompute)."""
     sequence_parallel: bool = False
     precision: Precision = Precision.BF16
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, estimate_memory
 from engine.plan.perf import Estimate, estimate_time
 from engine.plan.result import Layout, MemoryBreakdown
-from engine.plan.specs import Offload, PPSchedule, Recompute, Strategy
-from engine.plan.stages import uneven_splits, virtual_options
+from engine.plan.specs import Framework, Offload, PPSchedule, Recompute, Strategy
+from engine.plan.stages import stage_layers, uneven_splits, virtual_options
 from engine.plan.strategies import (
     FRAMEWORK_OF,
     OFFLOADS_OF,
@@ -82,6 +82,7 @@ class Candidate:
             grad_accum=d.grad_accum,
             global_batch=d.global_batch,
             recompute=d.recompute,
+            recompute_layers=d.recompute_layers,
             sequence_parallel=d.sequence_parallel,
             precision=d.precision,
             pp_schedule=d.pp_schedule,
@@ -356,12 +357,14 @@ def _micro_steps(
     first, last, v = shape
     per_replica = batch // g.dp
     out: list[Candidate] = []
+    rcs = recomputes or _recomputes(ctx)
     for mb in _micro_batches(per_replica, lay.micro_batch or ctx.spec.training.micro_batch):
         m = per_replica // mb
         if v > 1 and m % g.pp:
             continue  # Megatron's interleaved schedule: micro-batches divisible by pp
         fitted = False
-        for rc in recomputes or _recomputes(ctx):
+        partial: Candidate | None = None
+        for rc in rcs:
             d = LayoutDraft(
                 strategy=s,
                 framework=lay.framework or FRAMEWORK_OF[s],
@@ -385,14 +388,57 @@ def _micro_steps(
                 last_stage_layers=last,
                 grads_bf16=bool(ctx.spec.training.grads_bf16),
             )
+            blocks = _block_recompute_applies(ctx, d, rcs)
+            if rc == Recompute.FULL and blocks:
+                partial = partial or _block_recompute(ctx, d)
+                if partial is not None:
+                    out.append(partial)
+                    fitted = True
+                    break
             c = _weigh(ctx, d)
             out.append(c)
             if c.fits:
                 fitted = True
                 break
+            if rc == Recompute.NONE and blocks:
+                # A few recomputed layers can be cheaper than recomputing a part of every
+                # layer (selective, MLP): weigh the least block recompute that fits beside them.
+                partial = _block_recompute(ctx, replace(d, recompute=Recompute.FULL))
+                if partial is not None:
+                    out.append(partial)
         if not fitted:
             break
     return out
+
+
+def _block_recompute_applies(ctx: PlanContext, d: LayoutDraft, rcs: list[Recompute]) -> bool:
+    """Whether a full recompute of only some layers of each model chunk is searched for ``d``:
+    Megatron layouts (``--recompute-method block``), when the planner chooses the recompute."""
+    forced = ctx.spec.layout.recompute or ctx.spec.training.recompute
+    return d.framework == Framework.MEGATRON and forced is None and Recompute.FULL in rcs
+
+
+def _block_recompute(ctx: PlanContext, d: LayoutDraft) -> Candidate | None:
+    """``d`` (a full recompute) with the fewest recomputed layers a model chunk that fits, or
+    None when recomputing all but one of the smallest chunk's layers still does not fit (plain
+    full recompute is then weighed as before). Memory falls as layers are added, so a
+    bisection finds the count."""
+    split = stage_layers(ctx.dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
+    heaviest = min(split) // max(1, d.virtual_stages)  # N applies to every chunk
+    if heaviest < 2:
+        return None
+    best = _weigh(ctx, replace(d, recompute_layers=heaviest - 1))
+    if not best.fits:
+        return None
+    lo, hi = 1, heaviest - 1  # hi fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        c = _weigh(ctx, replace(d, recompute_layers=mid))
+        if c.fits:
+            hi, best = mid, c
+        else:
+            lo = mid + 1
+    return best
 
 
 def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candidate]:

@@ -209,6 +209,8 @@ class Config:
             fw = "ddp"
         self.framework = str(fw)
         self.recompute = str(layout.get("recompute") or "none")
+        # Full recompute of only the first N blocks (Megatron's block method); 0: every block.
+        self.recompute_layers = int(layout.get("recompute_layers") or 0)
         self.sleep = float(args.sleep_per_step)
         self.seed = int(args.seed)
         self.device_pref = args.device
@@ -280,12 +282,14 @@ class GPT(nn.Module):
         if c.tie:
             self.head.weight = self.embed.weight
         self.recompute = c.recompute == "full"
+        self.recompute_layers = getattr(c, "recompute_layers", 0)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.embed(idx) + self.pos(pos)
-        for blk in self.blocks:
-            if self.recompute and self.training:
+        for i, blk in enumerate(self.blocks):
+            block_recomputes = not self.recompute_layers or i < self.recompute_layers
+            if self.recompute and self.training and block_recomputes:
                 from torch.utils.checkpoint import checkpoint
 
                 x = checkpoint(blk, x, use_reentrant=False)

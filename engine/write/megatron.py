@@ -129,6 +129,13 @@ def megatron_args_list(plan: Plan) -> list[str]:
     elif lay.recompute == Recompute.MLP:
         # Megatron-Core's selective recompute of named submodules (arguments.py --recompute-modules).
         out += ["--recompute-granularity selective", "--recompute-modules mlp"]
+    elif lay.recompute == Recompute.FULL and lay.recompute_layers:
+        # Block method: the first N layers of each stage recompute, the rest keep everything.
+        out += [
+            "--recompute-granularity full",
+            "--recompute-method block",
+            f"--recompute-num-layers {lay.recompute_layers}",
+        ]
     elif lay.recompute == Recompute.FULL:
         out += [
             "--recompute-granularity full",

@@ -322,3 +322,62 @@ def test_a_fitting_layout_set_aside_is_not_said_to_need_more_memory() -> None:
     assert step.answer == "no"
     assert "would fit" in step.reason and "context parallelism" in step.reason
     assert "needs at least" not in step.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial recompute: N layers of each stage (Megatron's block method)
+
+
+def test_block_recompute_recomputes_only_the_layers_memory_needs() -> None:
+    from dataclasses import replace
+
+    from engine.plan.memory import estimate_memory
+    from engine.plan.perf import estimate_time
+    from engine.plan.specs import Recompute
+    from engine.write import megatron_args
+
+    # Llama 3 70B on 64 H100 at 8K, batch 512: no recompute does not fit TP4 x PP4; recomputing
+    # every layer is a third more compute. The plan recomputes the first few layers of each
+    # stage, the least that fits, and says so.
+    p = plan(_spec("llama-3-70b", nodes=8, seq_len=8192, global_batch=512))
+    lay = p.recommended
+    assert lay.fits and lay.recompute == Recompute.FULL
+    assert 0 < lay.recompute_layers < 80 // lay.pp
+    note = next(n for n in lay.notes if "first" in n and "recompute" in n)
+    assert f"first {lay.recompute_layers} layers" in note
+    lines = megatron_args(p).splitlines()
+    assert "--recompute-method block" in lines
+    assert f"--recompute-num-layers {lay.recompute_layers}" in lines
+    # Memory falls and time rises with every recomputed layer.
+    ctx = _ctx(p.spec)
+    from engine.plan.memory import LayoutDraft
+
+    d = LayoutDraft(
+        **{k: getattr(lay, k) for k in LayoutDraft.__dataclass_fields__ if hasattr(lay, k)}
+    )
+    mems, times = [], []
+    for n in (1, lay.recompute_layers, 80 // lay.pp - 1, 0):
+        dn = replace(d, recompute_layers=n)
+        mems.append(
+            estimate_memory(ctx.dims, dn, seq_len=8192, optimizer=p.spec.training.optimizer).total
+        )
+        times.append(estimate_time(ctx.dims, dn, ctx.hw, seq_len=8192).step_time_s)
+    assert mems == sorted(mems, reverse=True)  # 0: every layer, the least memory
+    assert times == sorted(times)
+    less = replace(d, recompute_layers=lay.recompute_layers - 1)
+    if lay.recompute_layers > 1:
+        m = estimate_memory(ctx.dims, less, seq_len=8192, optimizer=p.spec.training.optimizer)
+        assert m.total > ctx.usable  # one fewer does not fit: it is the least
+
+
+def test_plan_text_names_the_block_recompute() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "plan", "--model", "llama-3-70b", "--gpu", "h100"]
+        + ["--gpus-per-node", "8", "--nodes", "8", "--network", "ib-ndr"]
+        + ["--seq-len", "8192", "--global-batch", "512"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "recompute full (the first " in out and "layers of each stage)" in out

@@ -17,9 +17,10 @@ import torch
 spec = importlib.util.spec_from_file_location("dtrain_train", sys.argv[1])
 train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)
 
-def run(mode):
+def run(mode, recompute_layers=0):
     c = types.SimpleNamespace(hidden=32, heads=4, kv_heads=2, ffn=64, gated=True, recompute=mode,
-                              vocab=50, seq_len=8, layers=2, tie=False)
+                              vocab=50, seq_len=8, layers=2, tie=False,
+                              recompute_layers=recompute_layers)
     torch.manual_seed(0)
     model = train.GPT(c)
     calls = [0]
@@ -32,7 +33,10 @@ def run(mode):
 
 n_none, g_none = run("none")
 n_mlp, g_mlp = run("mlp")
-print(json.dumps({"none": n_none, "mlp": n_mlp, "same": bool(torch.allclose(g_none, g_mlp, atol=1e-6))}))
+n_full, g_full = run("full")
+n_block, g_block = run("full", 1)
+same = all(torch.allclose(g_none, g, atol=1e-6) for g in (g_mlp, g_full, g_block))
+print(json.dumps({"none": n_none, "mlp": n_mlp, "full": n_full, "block": n_block, "same": same}))
 """
 
 
@@ -47,4 +51,6 @@ def test_mlp_recompute_reruns_each_mlp_forward_and_keeps_the_gradients() -> None
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["none"] == 2  # one MLP forward per block
     assert got["mlp"] == 4  # and once more in backward
+    assert got["full"] == 4  # every block's forward again
+    assert got["block"] == 3  # block recompute of the first layer only (Megatron's block method)
     assert got["same"]
