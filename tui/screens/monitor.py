@@ -89,22 +89,24 @@ class MonitorScreen(Screen[None]):
     COMMANDS: ClassVar[set[Any]] = {lambda: _monitor_commands()}
 
     BINDINGS = [
+        # The footer shows these in this order and cuts what a narrow terminal cannot hold:
+        # the keys a person needs in trouble first (all of them are in ? and the palette).
         Binding("b", "back", "Back to wizard"),
         Binding("q", "quit", "Quit"),  # shown where no wizard lies beneath; else "leave" below
         Binding("question_mark", "help", "Help"),
+        Binding("ctrl+x", "stop_run", "Stop run"),
+        Binding("e", "next_error", "Next error"),
+        Binding("slash", "search", "Filter"),
         Binding("tab", "cycle(1)", "Next pane", show=False, priority=True),
         Binding("shift+tab", "cycle(-1)", "Prev pane", show=False, priority=True),
         Binding("z", "zoom", "Zoom"),
         Binding("v", "toggle_view", "Rank/node"),
         Binding("right_square_bracket", "page(1)", "Page →"),
         Binding("left_square_bracket", "page(-1)", "← Page", show=False),
-        Binding("slash", "search", "Filter"),
-        Binding("e", "next_error", "Next error"),
         Binding("f", "follow", "Follow", show=False),
         Binding("c", "toggle_nccl", "NCCL pane"),
         Binding("t", "toggle_side", "Table"),
         Binding("escape", "clear", "Clear", show=False),
-        Binding("ctrl+x", "stop_run", "Stop run"),
         Binding("d", "diagnose", "Diagnose", show=False),
         Binding("w", "toggle_sideways", "Long lines", show=False),
         Binding("q", "leave", "Leave", show=False),
