@@ -290,6 +290,14 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
             f"dominates ({lay.comm_time_s:.3g} s of the {lay.step_time_s:.3g} s step is exposed); "
             "a faster network, a larger micro-batch or fewer GPUs would help"
         )
+    if spec.training.grads_bf16 and (
+        lay.framework != Framework.MEGATRON or lay.precision not in (Precision.BF16, Precision.FP8)
+    ):
+        out.append(
+            f"training.grads_bf16: only Megatron layouts in bf16 keep their gradients in bf16; "
+            f"this plan ({lay.framework.value}, {lay.precision.value}) reduces them as its "
+            "framework does (drop --grads-bf16, or force --framework megatron)"
+        )
     if ctx.nodes > 1 and spec.network.tier == NetworkTier.TCP:
         out.append(
             "network.tier: multi-node over plain TCP; inter-node gradients will bottleneck (use "

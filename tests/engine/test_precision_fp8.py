@@ -167,3 +167,17 @@ def test_fp8_catalog_peaks_are_the_datasheets() -> None:
     assert get_gpu("h100-sxm").fp8_peak_tflops() == 1979
     assert get_gpu("b200").fp8_peak_tflops() == 4500
     assert get_gpu("a100-80gb").fp8_peak_tflops() == 0
+
+
+def test_bf16_grads_on_a_layout_that_cannot_keep_them_is_said() -> None:
+    # Llama 2 7B on 8 A100s plans ZeRO-2 (DeepSpeed): --grads-bf16 has nothing to act on.
+    spec = _spec(Precision.BF16, gpu="a100-80gb", grads_bf16=True).model_copy(
+        update={"layout": LayoutSpec()}
+    )
+    p = plan(spec)
+    assert p.recommended.framework != Framework.MEGATRON
+    assert any(w.startswith("training.grads_bf16:") for w in p.warnings)
+    assert not any(
+        w.startswith("training.grads_bf16:")
+        for w in plan(_spec(Precision.BF16, grads_bf16=True)).warnings
+    )
