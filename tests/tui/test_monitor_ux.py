@@ -492,3 +492,22 @@ def test_state_keeps_slow_after_every_rank_ended_and_names_the_root_cause() -> N
     assert st.root_cause is None
     st.apply([RunStateChanged("failed", "rank 2 exited 1", CLOCK, (2,))], CLOCK)
     assert st.root_cause == 2
+
+
+def test_a_run_ending_while_the_monitor_has_no_widgets_is_not_a_crash(tmp_path: Path) -> None:
+    # A run can finish while the app tears the monitor down (the user quit, a test ends): the
+    # message reaches a screen whose widgets are gone. It used to raise NoMatches
+    # ('MonitorHeader') from the handler; now the state is kept and nothing is drawn.
+    from textual.app import App
+
+    from engine.rundir.record import RunState
+    from tui.messages import RunFinished
+
+    async def go() -> None:
+        async with App().run_test() as pilot:
+            m = MonitorScreen(ListSource([]), tmp_path)  # never pushed: no widgets
+            m.on_run_finished(RunFinished(RunState.FAILED, "rank 1 exited 1"))
+            await pilot.pause()
+            assert m.finished == RunState.FAILED
+
+    asyncio.run(go())

@@ -42,3 +42,25 @@ async def _fp8(tmp_path: Path) -> None:
         select.value = Precision.BF16.value
         await until(pilot, lambda: not app.session.step_errors["training"], "bf16 accepted")
         assert app.spec.training.precision == Precision.BF16
+
+
+def test_bf16_gradients_are_chosen_at_the_training_step(tmp_path: Path) -> None:
+    asyncio.run(_grads(tmp_path))
+
+
+async def _grads(tmp_path: Path) -> None:
+    spec = Spec(
+        model=ModelSpec(preset="llama-3-8b"),
+        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=1),
+        training=TrainingSpec(seq_len=4096, global_batch=64),
+    )
+    app = DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        for _ in range(3):
+            await pilot.press("ctrl+n")
+        await at_step(pilot, "training")
+        app.screen.query_one("#f-grads_bf16", Select).value = "bf16"
+        await until(pilot, lambda: bool(app.spec.training.grads_bf16), "bf16 grads in the spec")
+        app.screen.query_one("#f-grads_bf16", Select).value = "auto"
+        await until(pilot, lambda: not app.spec.training.grads_bf16, "back to fp32 main grads")

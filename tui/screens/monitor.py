@@ -234,6 +234,9 @@ class MonitorScreen(Screen[None]):
         self.post_message(RunFinished(state, message))
 
     async def on_rank_lines_received(self, msg: RankLinesReceived) -> None:
+        if not self._composed():
+            self.reader.taken()  # torn down (or not built yet): nothing to draw the lines on
+            return
         t0 = time.perf_counter()
         try:
             self.grid.root_cause = self.reader.state.root_cause
@@ -272,8 +275,10 @@ class MonitorScreen(Screen[None]):
     def on_run_finished(self, msg: RunFinished) -> None:
         from tui.screens.calibrate_offer import offer_calibration
 
-        offer_calibration(self, msg.state, self.run_dir)
         self.finished = msg.state
+        if not self._composed():
+            return  # the app is closing (or the screen not built yet): nothing to draw on
+        offer_calibration(self, msg.state, self.run_dir)
         if msg.message and msg.state != RunState.SUCCEEDED:
             failed = msg.state == RunState.FAILED
             self.notify(msg.message, severity="error" if failed else "warning")
@@ -281,7 +286,14 @@ class MonitorScreen(Screen[None]):
 
     # ---- chrome ----------------------------------------------------------------------------
 
+    def _composed(self) -> bool:
+        """Whether the screen's widgets exist: a run can end while the app tears the screen
+        down (or before it is composed), and a message handled then has nothing to draw on."""
+        return bool(self.query(MonitorHeader))
+
     def _render_chrome(self) -> None:
+        if not self._composed():
+            return
         self._chrome_at = time.monotonic()
         snap, grid = self.snapshot, self.grid
         run_state = self.finished or snap.run_state

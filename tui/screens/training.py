@@ -1,5 +1,6 @@
-"""Step 4, the training set-up: sequence length, batch, precision, optimizer, recompute, and the
-token budget and price the cost estimate uses.
+"""Step 4, the training set-up: sequence length, batch, precision (fp8 where the GPU has it),
+Megatron's gradient precision, optimizer, recompute, and the token budget and price the cost
+estimate uses.
 
 The global batch is the user's: when no layout can split it over the GPUs, the planner's refusal
 is shown here, at the field, with the nearest batches that can be trained as buttons (the
@@ -69,6 +70,17 @@ class TrainingStep(StepPane):
             compact=True,
             id="f-precision",
         )
+        yield Static("Gradients (Megatron)", classes="select-label")
+        yield Select(
+            [
+                ("fp32 main grads (Megatron's default)", AUTO),
+                ("bf16 (--grad-reduce-in-bf16)", "bf16"),
+            ],
+            value=AUTO,
+            allow_blank=False,
+            compact=True,
+            id="f-grads_bf16",
+        )
         yield Static("Optimizer", classes="select-label")
         yield Select(
             [(o.value, o.value) for o in Optimizer],
@@ -107,6 +119,7 @@ class TrainingStep(StepPane):
         rows["lr"].value = "" if t.lr is None else f"{t.lr:g}"
         rows["steps"].value = str(t.steps)
         self.query_one("#f-precision", Select).value = t.precision.value if t.precision else AUTO
+        self.query_one("#f-grads_bf16", Select).value = "bf16" if t.grads_bf16 else AUTO
         self.query_one("#f-optimizer", Select).value = t.optimizer.value
         self.query_one("#f-recompute", Select).value = t.recompute.value if t.recompute else AUTO
 
@@ -125,6 +138,8 @@ class TrainingStep(StepPane):
                 errs["precision"] = (
                     f"{gpu} has no FP8 tensor cores; pick bf16, or a GPU with them on Hardware"
                 )
+        if self.select_value("grads_bf16"):
+            data["grads_bf16"] = True
         old = self.session.spec.training
         # Fields this step does not show are kept as they were (profiles may set them).
         for name in ("reference_batch", "grad_clip"):
