@@ -545,74 +545,38 @@ def _layout_states(
 def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> float:
     """Activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
     rank. Gated-MLP (Llama-family) models train without dropout, so no dropout masks."""
-    bpv = 2 if is_mixed(d.precision) else 4
-    dropout = not dims.gated_mlp
-    per_layer = layer_activation_bytes(
+    layer = partial(
+        layer_activation_bytes,
         dims,
         s_local,
         d.micro_batch,
         t=d.tp,
         sp=d.sequence_parallel,
-        recompute=d.recompute,
         flash=flash,
-        dropout=dropout,
-        bytes_per_value=bpv,
-        fp8_linears=d.fp8_linears or d.precision == Precision.FP8,
+        dropout=not dims.gated_mlp,
+        bytes_per_value=2 if is_mixed(d.precision) else 4,
     )
+    fp8 = d.fp8_linears or d.precision == Precision.FP8
+    per_layer = layer(recompute=d.recompute, fp8_linears=fp8)
+    kept = layer(fp8_linears=fp8)  # a layer that keeps everything (no recompute)
     # The stage holding the most: the first under an even split; a lighter first stage can
     # leave the peak to the second, which holds one micro-batch fewer of more layers.
     split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
     v = d.virtual_stages if d.pp_schedule == PPSchedule.INTERLEAVED else 1
-    acts = per_layer * max(n * in_flight(d.pp, d.grad_accum, v, i) for i, n in enumerate(split))
-    if d.recompute == Recompute.FULL and d.recompute_layers:
-        # Block recompute: the first N layers of a stage keep their input only, the others
-        # everything (as without recompute).
-        kept = layer_activation_bytes(
-            dims,
-            s_local,
-            d.micro_batch,
-            t=d.tp,
-            sp=d.sequence_parallel,
-            flash=flash,
-            dropout=dropout,
-            bytes_per_value=bpv,
-            fp8_linears=d.fp8_linears or d.precision == Precision.FP8,
-        )
-        acts = max(
-            in_flight(d.pp, d.grad_accum, v, i)
-            * (
-                min(v * d.recompute_layers, n) * per_layer
-                + max(0, n - v * d.recompute_layers) * kept
-            )
-            for i, n in enumerate(split)
-        )
+    # Block recompute (a full recompute of only the first N layers of each model chunk): those
+    # keep their input only, the others everything. 0: every layer recomputes.
+    redone = v * d.recompute_layers if d.recompute == Recompute.FULL else 0
+    acts = max(
+        in_flight(d.pp, d.grad_accum, v, i)
+        * (n * per_layer if not redone else min(redone, n) * per_layer + max(0, n - redone) * kept)
+        for i, n in enumerate(split)
+    )
     if d.recompute == Recompute.MLP:
         # Recomputing one layer's MLP in backward materialises its intermediates again.
-        full = layer_activation_bytes(
-            dims,
-            s_local,
-            d.micro_batch,
-            t=d.tp,
-            sp=d.sequence_parallel,
-            flash=flash,
-            dropout=dropout,
-            bytes_per_value=bpv,
-            fp8_linears=d.fp8_linears or d.precision == Precision.FP8,
-        )
-        acts += full - per_layer
+        acts += kept - per_layer
     if d.recompute == Recompute.FULL:
         # Recomputing one layer in backward materialises that layer's full activations again.
-        acts += layer_activation_bytes(
-            dims,
-            s_local,
-            d.micro_batch,
-            t=d.tp,
-            sp=d.sequence_parallel,
-            recompute=Recompute.SELECTIVE if flash else Recompute.NONE,
-            flash=flash,
-            dropout=dropout,
-            bytes_per_value=bpv,
-        )
+        acts += layer(recompute=Recompute.SELECTIVE if flash else Recompute.NONE)
     return acts
 
 

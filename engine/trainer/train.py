@@ -282,7 +282,7 @@ class GPT(nn.Module):
         if c.tie:
             self.head.weight = self.embed.weight
         self.recompute = c.recompute == "full"
-        self.recompute_layers = getattr(c, "recompute_layers", 0)
+        self.recompute_layers = c.recompute_layers
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from textual.pilot import Pilot
 from textual.widgets import Select
 
 from engine.plan.specs import HardwareSpec, ModelSpec, Precision, Spec, TrainingSpec
@@ -13,22 +14,30 @@ from tests.tui.wizard_support import at_step, settle, until
 from tui.app import DtrainApp
 
 
+def _app(tmp_path: Path, gpu: str) -> DtrainApp:
+    spec = Spec(
+        model=ModelSpec(preset="llama-3-8b"),
+        hardware=HardwareSpec(gpu=gpu, gpus_per_node=8, nodes=1),
+        training=TrainingSpec(seq_len=4096, global_batch=64),
+    )
+    return DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
+
+
+async def _to_training(pilot: Pilot[int]) -> None:
+    await settle(pilot)
+    for _ in range(3):
+        await pilot.press("ctrl+n")
+    await at_step(pilot, "training")
+
+
 def test_fp8_on_a_gpu_without_fp8_is_refused_at_the_training_step(tmp_path: Path) -> None:
     asyncio.run(_fp8(tmp_path))
 
 
 async def _fp8(tmp_path: Path) -> None:
-    spec = Spec(
-        model=ModelSpec(preset="llama-3-8b"),
-        hardware=HardwareSpec(gpu="a100-80gb", gpus_per_node=8, nodes=1),
-        training=TrainingSpec(seq_len=4096, global_batch=64),
-    )
-    app = DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
+    app = _app(tmp_path, "a100-80gb")
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        for _ in range(3):
-            await pilot.press("ctrl+n")
-        await at_step(pilot, "training")
+        await _to_training(pilot)
         select = app.screen.query_one("#f-precision", Select)
         assert (Precision.FP8.value, Precision.FP8.value) in [
             (str(label), value) for label, value in select._options
@@ -49,17 +58,9 @@ def test_bf16_gradients_are_chosen_at_the_training_step(tmp_path: Path) -> None:
 
 
 async def _grads(tmp_path: Path) -> None:
-    spec = Spec(
-        model=ModelSpec(preset="llama-3-8b"),
-        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=1),
-        training=TrainingSpec(seq_len=4096, global_batch=64),
-    )
-    app = DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
+    app = _app(tmp_path, "h100-sxm")
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
-        for _ in range(3):
-            await pilot.press("ctrl+n")
-        await at_step(pilot, "training")
+        await _to_training(pilot)
         app.screen.query_one("#f-grads_bf16", Select).value = "bf16"
         await until(pilot, lambda: bool(app.spec.training.grads_bf16), "bf16 grads in the spec")
         app.screen.query_one("#f-grads_bf16", Select).value = "auto"
