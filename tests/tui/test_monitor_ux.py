@@ -511,3 +511,29 @@ def test_a_run_ending_while_the_monitor_has_no_widgets_is_not_a_crash(tmp_path: 
             assert m.finished == RunState.FAILED
 
     asyncio.run(go())
+
+
+def test_a_run_ending_while_the_monitor_is_half_removed_is_not_a_crash() -> None:
+    # CI saw the second form of the teardown race: Textual had begun removing the monitor (its
+    # header still there, the side panel's chart already gone) when RunFinished arrived, and the
+    # handler raised NoMatches('RankChart'). Here the removal is begun and the chart removed
+    # first, as the teardown does, before the message is handled.
+    from engine.rundir.record import RunState
+    from tui.messages import RunFinished
+    from tui.widgets.rank_chart import RankChart
+
+    async def go() -> None:
+        app = app_for([canned(4)], world=4)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            m = app.screen
+            assert isinstance(m, MonitorScreen)
+            chart = m.query_one(RankChart)
+            removal = app._prune(m)  # what App._close_all does to each screen on exit
+            await chart.remove()
+            assert m.query(MonitorHeader) and not m.query(RankChart)
+            m.on_run_finished(RunFinished(RunState.FAILED, "rank 1 exited 1"))
+            assert m.finished == RunState.FAILED
+            await removal
+
+    asyncio.run(go())

@@ -288,7 +288,12 @@ class MonitorScreen(Screen[None]):
 
     def _composed(self) -> bool:
         """Whether the screen's widgets exist: a run can end while the app tears the screen
-        down (or before it is composed), and a message handled then has nothing to draw on."""
+        down (or before it is composed), and a message handled then has nothing to draw on.
+        Textual marks a screen and all its widgets ``_pruning`` when it starts removing them
+        and then removes the children one by one, so a header still there is no proof that
+        the side panel's chart is."""
+        if self._pruning or self._closing or self._closed:
+            return False
         return bool(self.query(MonitorHeader))
 
     def _render_chrome(self) -> None:
