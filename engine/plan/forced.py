@@ -96,11 +96,11 @@ def _check_ep(ctx: PlanContext, ep: int) -> None:
             f"{dims.num_experts}",
             field="layout.ep",
         )
-    dpcp = ctx.world // ((ctx.spec.layout.tp or 1) * (ctx.spec.layout.pp or 1))
-    if dpcp % ep:
+    stage = ctx.world // (ctx.spec.layout.pp or 1)
+    if stage % ep:
         raise SpecError(
-            f"ep({ep}) must divide dp * cp = {dpcp} (experts are spread over data-parallel "
-            "ranks); pick an ep that divides it",
+            f"ep({ep}) must divide tp * dp * cp = {stage} (the GPUs of a pipeline stage, over "
+            "which the experts are spread); pick an ep that divides it",
             field="layout.ep",
         )
 

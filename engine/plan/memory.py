@@ -114,6 +114,27 @@ class LayoutDraft:
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
 
+    @property
+    def expert_tp(self) -> int:
+        """Tensor parallelism inside each expert (:func:`expert_tp`)."""
+        return expert_tp(self.tp, self.ep)
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks of a pipeline stage holding the same experts (:func:`expert_tp`)."""
+        return max(1, self.tp * self.dp * self.cp // (self.expert_tp * self.ep))
+
+
+def expert_tp(tp: int, ep: int) -> int:
+    """Tensor parallelism inside each expert. With expert parallelism the experts are whole on
+    their GPU and the expert-parallel group is carved out of the stage's TP x DP x CP ranks
+    (Megatron-Core's "MoE parallel folding", ``--expert-tensor-parallel-size 1``, which every
+    Megatron-Bridge MoE recipe sets: Qwen3-235B on H100 as TP2 with EP32 over 16 data-parallel
+    ranks): each rank routes its own sequence-parallel share of the tokens and the experts'
+    GEMMs see whole expert widths. Without EP the experts are split by TP like a dense MLP
+    (Megatron's default ``expert_tensor_parallel_size = tp``)."""
+    return 1 if ep > 1 else tp
+
 
 # --------------------------------------------------------------------------------------------
 # Bytes per parameter
@@ -432,14 +453,14 @@ def per_layer_params(dims: ModelDims) -> tuple[float, float]:
 def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
     """(dense, expert) parameters held by the heaviest GPU: its pipeline stage's layers (the first
     stage also holds the input embedding; the last the head -- we take the larger) split by TP,
-    experts split further by EP."""
+    experts split by EP (and by TP only without EP: :func:`expert_tp`)."""
     dense_l, expert_l = per_layer_params(dims)
     layers = math.ceil(dims.layers / d.pp)
     if d.pp == 1:
         dense = layers * dense_l + dims.params_embedding
     else:
         dense = layers * dense_l + dims.vocab * dims.hidden
-    return dense / d.tp, layers * expert_l / (d.tp * d.ep)
+    return dense / d.tp, layers * expert_l / (d.expert_tp * d.ep)
 
 
 def largest_layer_params(dims: ModelDims, tp: int = 1) -> float:
@@ -483,9 +504,11 @@ def estimate_memory(
         buffers += 3 * block_params(dims, d.tp) * (2 if is_mixed(d.precision) else 4)
     elif d.framework == Framework.MEGATRON and d.zero_stage >= 3 and d.dp * d.cp > 1:
         # The same for fully sharded 3D: one block's dense part, and this rank's experts where
-        # FSDP shards them further (DP x CP > EP; with EP = DP x CP they stay whole).
+        # FSDP shards them further (over the expert data-parallel ranks; with none they stay
+        # whole).
         dense_l, expert_l = per_layer_params(dims)
-        unit = (dense_l + (expert_l / d.ep if d.dp * d.cp > d.ep else 0.0)) / d.tp
+        experts = expert_l / (d.expert_tp * d.ep) if d.expert_dp > 1 else 0.0
+        unit = dense_l / d.tp + experts
         buffers += 3 * unit * (2 if is_mixed(d.precision) else 4)
     parts = [
         int(st_dense.params + st_exp.params),
@@ -522,7 +545,7 @@ def _layout_states(
     """Model states of the dense and the expert parameters the heaviest GPU holds."""
     dense, expert = stage_params(dims, d)
     shard = d.dp * d.cp  # CP ranks hold the same weights and reduce gradients with DP
-    expert_shard = max(1, shard // d.ep)
+    expert_shard = d.expert_dp
     nd = shard
     if d.strategy == Strategy.FSDP_HYBRID and gpus_per_node:
         nd = max(1, math.gcd(shard, gpus_per_node))  # shard inside a node, replicate across

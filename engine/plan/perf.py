@@ -400,8 +400,11 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
     mats = 2 if dims.gated_mlp else 1
     k_active = dims.experts_per_token if dims.is_moe else 1
     if dims.is_moe:
-        per_expert = t * k_active * d.ep / dims.num_experts
-        mlp = gemm(per_expert, mats * dims.ffn / tp, h) + gemm(per_expert, h, dims.ffn / tp)
+        # Folded experts (EP over TP ranks, :func:`expert_tp`) route each TP rank's own
+        # sequence-parallel share of the tokens and run whole expert widths.
+        etp = d.expert_tp
+        per_expert = t * etp / tp * k_active * d.ep / dims.num_experts
+        mlp = gemm(per_expert, mats * dims.ffn / etp, h) + gemm(per_expert, h, dims.ffn / etp)
         local = dims.num_experts / d.ep
         mlp = mlp * local * MOE_IMBALANCE
         if d.framework == Framework.MEGATRON:
@@ -477,8 +480,11 @@ def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad:
     again = {Recompute.FULL: 1.0 + _recomputed_share(dims, d), Recompute.MLP: 1.5}.get(
         d.recompute, 1.0
     )
-    forward = 2 * one * again  # a recomputed forward repeats its all-reduces (the MLP's one)
-    backward = 2 * one
+    # Folded experts (:func:`expert_tp`) take each rank's sequence-parallel tokens as they are:
+    # an MoE layer's MLP then has no tensor-parallel collective, only its attention.
+    pairs = 1 if dims.is_moe and d.expert_tp == 1 else 2
+    forward = pairs * one * again  # a recomputed forward repeats its all-reduces
+    backward = pairs * one
     if d.framework == Framework.MEGATRON and fused_attention(d):
         backward = max(0.0, backward - wgrad)
     return forward + backward
@@ -497,8 +503,10 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
     if dims.is_moe and d.ep > 1:
         routed = s_local * d.micro_batch * dims.hidden * act_b * dims.experts_per_token / d.tp
         passes = 6 if d.recompute in (Recompute.FULL, Recompute.MLP) else 4
+        # The expert-parallel group is consecutive ranks (Megatron-Core orders expert ranks
+        # tp-ep-dp-pp with the expert TP of :func:`expert_tp`, 1 under EP).
         one = alltoall_time(
-            hw, routed * MOE_IMBALANCE, d.ep, d.tp * d.cp, copies=dims.experts_per_token
+            hw, routed * MOE_IMBALANCE, d.ep, d.expert_tp, copies=dims.experts_per_token
         )
         out += passes * one * (1 - Overlap.ep)
     return out
@@ -678,12 +686,12 @@ def _step_comm(
         d, hw, dense, mb, units, dims.gated_mlp, expert if sharded_3d else 0.0
     )
     if expert and not sharded_3d:
-        ep_dp = max(1, d.dp * d.cp // d.ep)
-        comm = allreduce_time(hw, expert * _grad_reduce_bytes(d), ep_dp, d.tp * d.ep)
+        stride = d.expert_tp * d.ep
+        comm = allreduce_time(hw, expert * _grad_reduce_bytes(d), d.expert_dp, stride)
         exposed += max(0.0, comm - _megatron_overlap(d) * mb.backward)
     local = dense + expert
     if d.zero_stage >= 1 or d.framework == Framework.FSDP:
-        local /= max(1, d.dp * d.cp)
+        local = dense / max(1, d.dp * d.cp) + expert / d.expert_dp
     if d.offload != Offload.NONE:
         return exposed + _offload(d, hw, dense + expert, local), 0.0
     return exposed, local * OPTIMIZER_BYTES_PER_PARAM / hw.hbm_bytes_per_s
@@ -771,7 +779,7 @@ def _sharded_exposed(
     (Table 2). HYBRID_SHARD shards inside a node and all-reduces the shards across nodes once
     per step. Fully sharded 3D (``zero_stage=3``: FSDP2 or Megatron-FSDP under TP/PP/EP) gathers
     block by block as FSDP does, the ``expert`` parameters (this EP rank's) sharded over the
-    expert data-parallel group (DP x CP / EP ranks, ``tp x ep`` apart) and gathered with the
+    expert data-parallel group (:attr:`LayoutDraft.expert_dp` ranks, ``ep`` apart) and gathered with the
     block, so they share its compute to hide behind. ``units``: the blocks."""
     n = d.dp * d.cp
     shard = n
@@ -785,9 +793,8 @@ def _sharded_exposed(
         gathers = 3 if d.recompute == Recompute.FULL else 2
         eff, overlap = DS_GATHER_EFFICIENCY, Overlap.zero3
     groups = [(dense, shard, d.tp)]
-    expert_shard = max(1, n // max(1, d.ep))
-    if expert and expert_shard > 1:
-        groups.append((expert, expert_shard, d.tp * d.ep))
+    if expert and d.expert_dp > 1:
+        groups.append((expert, d.expert_dp, d.expert_tp * d.ep))
     comm = edges = 0.0
     for params, size, stride in groups:
         piece = params * 2 / units / pieces

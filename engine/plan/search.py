@@ -107,7 +107,7 @@ class Candidate:
 
 class Degrees(NamedTuple):
     """Parallel degrees whose product ``tp * pp * cp * dp`` is the world size (EP splits the
-    experts over ``dp * cp``)."""
+    experts over a stage's ``tp * dp * cp`` ranks: :func:`engine.plan.memory.expert_tp`)."""
 
     tp: int
     pp: int
@@ -164,15 +164,16 @@ def _cp_degrees(ctx: PlanContext) -> list[int]:
     return [c for c in cps if c <= enough[:3][-1]] if enough else cps
 
 
-def _ep_degrees(ctx: PlanContext, dp: int, cp: int) -> list[int]:
+def _ep_degrees(ctx: PlanContext, tp: int, dp: int, cp: int) -> list[int]:
     dims = ctx.dims
     if ctx.spec.layout.ep is not None:
         return [ctx.spec.layout.ep]
     if not dims.is_moe:
         return [1]
-    # Every divisor of the experts that divides the ranks holding replicas (a 256-expert
-    # model on 2048 GPUs may want ep=64): the all-to-all and the expert GEMMs decide.
-    return [e for e in divisors(dims.num_experts) if (dp * cp) % e == 0]
+    # Every divisor of the experts that divides a stage's ranks (a 256-expert model on 2048
+    # GPUs may want ep=64; the experts fold over TP ranks too: memory.expert_tp): the
+    # all-to-all and the expert GEMMs decide.
+    return [e for e in divisors(dims.num_experts) if (tp * dp * cp) % e == 0]
 
 
 def _degrees(ctx: PlanContext, batch: int) -> Iterator[Degrees]:
@@ -192,7 +193,7 @@ def _degrees(ctx: PlanContext, batch: int) -> Iterator[Degrees]:
                     continue
                 if batch % dp:
                     continue
-                for ep in _ep_degrees(ctx, dp, cp):
+                for ep in _ep_degrees(ctx, tp, dp, cp):
                     yield Degrees(tp, pp, cp, dp, ep)
 
 

@@ -1,0 +1,92 @@
+"""Experts folded over TP ranks (Megatron-Core's MoE parallel folding,
+``--expert-tensor-parallel-size 1``): the layout Megatron-Bridge trains Qwen3-235B with on H100
+(TP2 x PP8, EP32 over 16 data-parallel ranks) was refused before ("ep must divide dp * cp")."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import SpecError
+from engine.plan import perf
+from engine.plan.memory import LayoutDraft, expert_tp, stage_params
+from engine.plan.models import resolve_model
+from engine.plan.perf import Hardware
+from engine.plan.planner import plan
+from engine.plan.specs import (
+    Framework,
+    HardwareSpec,
+    LayoutSpec,
+    ModelSpec,
+    NetworkSpec,
+    NetworkTier,
+    Precision,
+    Spec,
+    Strategy,
+    TrainingSpec,
+)
+from engine.write.megatron import megatron_args
+
+
+def _qwen235_on_h100(**layout: object) -> Spec:
+    return Spec(
+        model=ModelSpec(preset="qwen3-235b-a22b"),
+        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=32),
+        network=NetworkSpec(tier=NetworkTier.IB_NDR),
+        training=TrainingSpec(seq_len=4096, global_batch=2048, precision=Precision.FP8),
+        layout=LayoutSpec(**layout),
+    )
+
+
+def _draft(ep: int) -> LayoutDraft:
+    """Qwen3-235B's Megatron-Bridge H100 degrees: TP2 x PP8 x DP16."""
+    return LayoutDraft(
+        Strategy.THREE_D, Framework.MEGATRON, tp=2, pp=8, dp=16, ep=ep, sequence_parallel=True
+    )
+
+
+def test_megatron_bridges_h100_layout_for_qwen3_235b_is_planned_and_written() -> None:
+    p = plan(_qwen235_on_h100(tp=2, pp=8, ep=32, micro_batch=1))
+    lay = p.recommended
+    assert (lay.tp, lay.pp, lay.dp, lay.ep) == (2, 8, 16, 32)
+    lines = [x for x in megatron_args(p).splitlines() if not x.startswith("#")]
+    assert "--expert-model-parallel-size 32" in lines
+    assert "--expert-tensor-parallel-size 1" in lines
+    assert "--sequence-parallel" in lines  # Megatron asserts it for MoE under TP
+
+
+def test_an_ep_that_does_not_divide_a_stage_is_one_line_naming_the_field() -> None:
+    # 256 GPUs, PP8: a stage has 32 GPUs; ep 64 cannot be carved out of them.
+    with pytest.raises(SpecError) as e:
+        plan(_qwen235_on_h100(tp=2, pp=8, ep=64))
+    assert e.value.field == "layout.ep"
+    assert "tp * dp * cp = 32" in str(e.value)
+
+
+def test_folded_experts_are_whole_and_split_only_by_ep() -> None:
+    dims = resolve_model(ModelSpec(preset="qwen3-235b-a22b"))
+    folded = _draft(ep=32)
+    no_ep = _draft(ep=1)
+    assert (folded.expert_tp, folded.expert_dp) == (1, 1)
+    assert (no_ep.expert_tp, no_ep.expert_dp) == (2, 16)
+    assert expert_tp(4, 1) == 4 and expert_tp(4, 8) == 1
+    _, experts_folded = stage_params(dims, folded)
+    _, experts_tp = stage_params(dims, no_ep)
+    assert experts_folded == pytest.approx(experts_tp * 2 / 32)
+
+
+def test_an_moe_layer_under_folded_experts_has_only_its_attentions_tp_collectives() -> None:
+    # Each TP rank routes its own sequence-parallel tokens to the experts: the MLP half of the
+    # layer has no all-gather / reduce-scatter (Megatron-Core's MoE layer with ETP 1).
+    dims = resolve_model(ModelSpec(preset="qwen3-235b-a22b"))
+    hw = Hardware(
+        peak_flops=989e12,
+        achievable_mfu=0.45,
+        intra_bytes_per_s=450e9,
+        inter_bytes_per_s=400e9,
+        pcie_bytes_per_s=64e9,
+        gpus_per_node=8,
+        nodes=32,
+    )
+    folded = perf._tp_comm(dims, _draft(ep=32), hw, 4096, 0.0)
+    split = perf._tp_comm(dims, _draft(ep=1), hw, 4096, 0.0)
+    assert folded == pytest.approx(split / 2)
