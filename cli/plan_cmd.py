@@ -81,7 +81,7 @@ def _duration(s: float) -> str:
 
 def render(p: Plan, out: TextIO) -> None:
     """The human report."""
-    from engine.plan.annotate import describe
+    from engine.plan.annotate import describe, recompute_scope
 
     m = p.model
     r = p.recommended
@@ -107,7 +107,7 @@ def render(p: Plan, out: TextIO) -> None:
     w(
         f"  micro-batch {r.micro_batch} x grad-accum {r.grad_accum} x dp {r.dp} = global batch "
         f"{r.global_batch}; recompute {r.recompute.value}"
-        + (f" (the first {r.recompute_layers} layers of each stage)" if r.recompute_layers else "")
+        + (f" ({recompute_scope(r)})" if r.recompute_layers else "")
         + ("; sequence parallel" if r.sequence_parallel else "")
         + "\n"
     )

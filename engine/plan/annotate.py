@@ -51,6 +51,17 @@ def mem_line(m: MemoryBreakdown) -> str:
     )
 
 
+def recompute_scope(d: LayoutDraft | Layout) -> str:
+    """Which layers a block recompute (``recompute_layers`` > 0) covers, in words: the first N
+    of each pipeline stage, of each model chunk under interleaving, or of the model."""
+    n = d.recompute_layers
+    if d.pp == 1:
+        return f"the first {n} layers"
+    if d.virtual_stages > 1:
+        return f"the first {n} layers of each model chunk"
+    return f"the first {n} layers of each stage"
+
+
 def describe(d: LayoutDraft | Layout) -> str:
     """A short human name for a layout: ``ZeRO-2 (DeepSpeed) dp=8``."""
     parts = [f"{DISPLAY_NAME[d.strategy]} ({d.framework.value})"]
@@ -98,8 +109,8 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     out: list[str] = []
     if d.recompute == Recompute.FULL and d.recompute_layers:
         out.append(
-            f"full recompute of only the first {d.recompute_layers} layers of each pipeline "
-            "stage (Megatron's --recompute-method block): the least that fits"
+            f"full recompute of only {recompute_scope(d)} (Megatron's --recompute-method "
+            "block): the least that fits"
         )
     elif d.recompute == Recompute.FULL:
         out.append("full activation recompute: about 33% more compute per step")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -381,3 +382,20 @@ def test_plan_text_names_the_block_recompute() -> None:
         timeout=60,
     ).stdout
     assert "recompute full (the first " in out and "layers of each stage)" in out
+
+
+def test_the_block_recompute_is_worded_for_the_layout_it_covers() -> None:
+    # "of each stage" only where there are stages; chunks under interleaving (Megatron counts
+    # --recompute-num-layers per model chunk there).
+    from engine.plan.annotate import recompute_scope
+    from engine.plan.memory import LayoutDraft
+    from engine.plan.specs import Framework, Recompute, Strategy
+
+    base = LayoutDraft(
+        Strategy.THREE_D, Framework.MEGATRON, recompute=Recompute.FULL, recompute_layers=2
+    )
+    assert recompute_scope(base) == "the first 2 layers"
+    assert recompute_scope(replace(base, pp=4)) == "the first 2 layers of each stage"
+    assert recompute_scope(replace(base, pp=4, virtual_stages=2)) == (
+        "the first 2 layers of each model chunk"
+    )
