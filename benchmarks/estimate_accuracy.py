@@ -247,6 +247,11 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
         # experts over their EP x FSDP mesh (DP x CP / EP).
         zero = 1 if z is None else z
     sp = lay.get("sequence_parallel")
+    etp = lay.get("expert_tp")
+    if etp is None and row["id"].startswith("mbridge") and row["model"].get("moe") and tp > 1:
+        # Megatron-Bridge's MoE recipes keep experts whole: ``expert_tensor_parallel_size=1``
+        # (scripts/performance/configs/qwen/qwen3_workload_base_configs.py).
+        etp = 1
     return LayoutSpec(
         strategy=strategy,
         tp=tp,
@@ -254,6 +259,7 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
         dp=lay["dp"],
         cp=lay.get("cp") or 1,
         ep=lay.get("ep") or None,
+        expert_tp=etp,
         zero_stage=zero,
         micro_batch=mb,
         recompute=recompute,

@@ -114,6 +114,16 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--dp", "layout", "dp", {"type": whole_number}),
     ("--cp", "layout", "cp", {"type": whole_number}),
     ("--ep", "layout", "ep", {"type": whole_number}),
+    (
+        "--expert-tp",
+        "layout",
+        "expert_tp",
+        {
+            "type": whole_number,
+            "help": "tensor parallelism inside each expert: 1 (experts whole, EP folded over "
+            "TP ranks) or the tp (Megatron's default); default: the faster",
+        },
+    ),
     ("--zero-stage", "layout", "zero_stage", {"type": whole_number}),
     ("--offload", "layout", "offload", {"choices": _choices(Offload)}),
     ("--virtual-stages", "layout", "virtual_stages", {"type": whole_number}),

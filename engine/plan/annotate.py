@@ -68,6 +68,8 @@ def describe(d: LayoutDraft | Layout) -> str:
     degrees = [f"{k}={getattr(d, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(d, k) > 1]
     if d.virtual_stages > 1:
         degrees.insert(2 if d.tp > 1 else 1, f"vp={d.virtual_stages}")
+    if d.ep > 1 and d.tp > 1:
+        degrees.append(f"etp={d.expert_tp}")  # experts whole (1) or split like the MLP (tp)
     parts.append(" ".join([*degrees, f"dp={d.dp}"]))
     if d.first_stage_layers or d.last_stage_layers:
         ends = (d.first_stage_layers or "even", d.last_stage_layers or "even")
@@ -349,6 +351,7 @@ def _draft_of(lay: Layout) -> LayoutDraft:
         dp=lay.dp,
         cp=lay.cp,
         ep=lay.ep,
+        etp=lay.expert_tp,
         zero_stage=lay.zero_stage,
         offload=lay.offload,
         micro_batch=lay.micro_batch,

@@ -75,6 +75,8 @@ def _check_model_split(ctx: PlanContext) -> None:
         )
     if lay.ep is not None and lay.ep > 1:
         _check_ep(ctx, lay.ep)
+    if lay.expert_tp is not None:
+        _check_expert_tp(ctx, lay.expert_tp)
     if lay.cp is not None and ctx.spec.training.seq_len % lay.cp:
         raise SpecError(
             f"seq_len {ctx.spec.training.seq_len} is not divisible by cp={lay.cp}; pass a cp that "
@@ -102,6 +104,39 @@ def _check_ep(ctx: PlanContext, ep: int) -> None:
             f"ep({ep}) must divide tp * dp * cp = {stage} (the GPUs of a pipeline stage, over "
             "which the experts are spread); pick an ep that divides it",
             field="layout.ep",
+        )
+
+
+def _check_expert_tp(ctx: PlanContext, etp: int) -> None:
+    """``expert_tp`` is 1 or the forced tp (Megatron's two mappings: whole experts, or experts
+    split like the dense MLP), and ``expert_tp x ep`` divides a stage's GPUs."""
+    lay = ctx.spec.layout
+    tp = lay.tp
+    if not ctx.dims.is_moe:
+        raise SpecError(
+            f"expert_tp={etp} needs a mixture-of-experts model, and {ctx.dims.name} is dense; "
+            "drop --expert-tp",
+            field="layout.expert_tp",
+        )
+    if etp > 1 and tp is None:
+        raise SpecError(
+            f"expert_tp={etp} splits the experts like tp: force --tp {etp} too, or pass "
+            "--expert-tp 1",
+            field="layout.expert_tp",
+        )
+    if etp not in (1, tp):
+        raise SpecError(
+            f"expert_tp={etp} must be 1 (experts whole) or tp={tp} (experts split like the "
+            "dense MLP); pass one of them",
+            field="layout.expert_tp",
+        )
+    stage = ctx.world // (lay.pp or 1)
+    ep = lay.ep or 1
+    if stage % (etp * ep):
+        raise SpecError(
+            f"expert_tp x ep = {etp * ep} must divide tp * dp * cp = {stage} (the GPUs of a "
+            "pipeline stage); pass --expert-tp 1 or a smaller ep",
+            field="layout.expert_tp",
         )
 
 

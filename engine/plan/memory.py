@@ -101,6 +101,8 @@ class LayoutDraft:
     ``--recompute-method block --recompute-num-layers N``: the first N of each pipeline stage,
     or of each virtual chunk under interleaving, keep only their input, the rest keep
     everything); 0: every layer."""
+    etp: int = 0
+    """Tensor parallelism inside each expert; 0: ``tp`` (see :attr:`expert_tp`)."""
     grads_bf16: bool = False
     """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
     Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
@@ -116,24 +118,19 @@ class LayoutDraft:
 
     @property
     def expert_tp(self) -> int:
-        """Tensor parallelism inside each expert (:func:`expert_tp`)."""
-        return expert_tp(self.tp, self.ep)
+        """Tensor parallelism inside each expert (Megatron's ``--expert-tensor-parallel-size``,
+        which defaults to ``tp``). At 1 the experts are whole on their GPU and the
+        expert-parallel group is carved out of the stage's TP x DP x CP ranks (Megatron-Core's
+        "MoE parallel folding", which every Megatron-Bridge MoE recipe sets: Qwen3-235B on H100
+        as TP2 with EP32 over 16 data-parallel ranks): each rank routes its own
+        sequence-parallel share of the tokens, the experts' GEMMs see whole expert widths and an
+        MoE layer's MLP has no tensor-parallel collective."""
+        return self.etp or self.tp
 
     @property
     def expert_dp(self) -> int:
-        """Ranks of a pipeline stage holding the same experts (:func:`expert_tp`)."""
+        """Ranks of a pipeline stage holding the same experts: ``tp·dp·cp / (expert_tp·ep)``."""
         return max(1, self.tp * self.dp * self.cp // (self.expert_tp * self.ep))
-
-
-def expert_tp(tp: int, ep: int) -> int:
-    """Tensor parallelism inside each expert. With expert parallelism the experts are whole on
-    their GPU and the expert-parallel group is carved out of the stage's TP x DP x CP ranks
-    (Megatron-Core's "MoE parallel folding", ``--expert-tensor-parallel-size 1``, which every
-    Megatron-Bridge MoE recipe sets: Qwen3-235B on H100 as TP2 with EP32 over 16 data-parallel
-    ranks): each rank routes its own sequence-parallel share of the tokens and the experts'
-    GEMMs see whole expert widths. Without EP the experts are split by TP like a dense MLP
-    (Megatron's default ``expert_tensor_parallel_size = tp``)."""
-    return 1 if ep > 1 else tp
 
 
 # --------------------------------------------------------------------------------------------

@@ -56,6 +56,9 @@ class Layout(_Frozen):
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    expert_tp: int = 1
+    """Tensor parallelism inside each expert (``--expert-tensor-parallel-size``): 1 keeps the
+    experts whole with EP folded over the TP ranks; ``tp`` splits them like a dense MLP."""
     zero_stage: int = 0
     offload: Offload = Offload.NONE
     micro_batch: int = 1

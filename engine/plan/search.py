@@ -76,6 +76,7 @@ class Candidate:
             dp=d.dp,
             cp=d.cp,
             ep=d.ep,
+            expert_tp=d.expert_tp,
             zero_stage=d.zero_stage,
             offload=d.offload,
             micro_batch=d.micro_batch,
@@ -114,6 +115,8 @@ class Degrees(NamedTuple):
     cp: int
     dp: int
     ep: int
+    etp: int = 0
+    """Tensor parallelism inside each expert; 0: ``tp`` (:attr:`LayoutDraft.expert_tp`)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -176,6 +179,20 @@ def _ep_degrees(ctx: PlanContext, tp: int, dp: int, cp: int) -> list[int]:
     return [e for e in divisors(dims.num_experts) if (tp * dp * cp) % e == 0]
 
 
+def _etp_degrees(ctx: PlanContext, tp: int, dp: int, cp: int, ep: int) -> list[int]:
+    """Tensor parallelism inside each expert: Megatron's default (``tp``, the experts split
+    like a dense MLP, EP inside DP x CP) and, under TP with EP, whole experts with EP folded
+    over the TP ranks (1) -- the only choice where EP does not divide DP x CP."""
+    forced = ctx.spec.layout.expert_tp
+    if forced is not None:
+        return [forced]
+    if not ctx.dims.is_moe:
+        return [1]  # no experts: the plan says 1
+    if tp == 1 or ep == 1:
+        return [tp]
+    return ([tp] if (dp * cp) % ep == 0 else []) + [1]
+
+
 def _degrees(ctx: PlanContext, batch: int) -> Iterator[Degrees]:
     """Degrees that multiply to the world size, respect the model and the forced settings, and
     give each data-parallel replica a whole number of the ``batch`` sequences."""
@@ -194,7 +211,8 @@ def _degrees(ctx: PlanContext, batch: int) -> Iterator[Degrees]:
                 if batch % dp:
                     continue
                 for ep in _ep_degrees(ctx, tp, dp, cp):
-                    yield Degrees(tp, pp, cp, dp, ep)
+                    for etp in _etp_degrees(ctx, tp, dp, cp, ep):
+                        yield Degrees(tp, pp, cp, dp, ep, etp)
 
 
 def dp_degrees(ctx: PlanContext) -> list[int]:
@@ -374,6 +392,7 @@ def _micro_steps(
                 dp=g.dp,
                 cp=g.cp,
                 ep=g.ep,
+                etp=g.etp,
                 zero_stage=z,
                 offload=off,
                 micro_batch=mb,
@@ -453,7 +472,7 @@ def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candi
     seen: set[tuple[object, ...]] = set()
     for c in piped[:REFINED]:
         d = c.draft
-        g = Degrees(d.tp, d.pp, d.cp, d.dp, d.ep)
+        g = Degrees(d.tp, d.pp, d.cp, d.dp, d.ep, d.etp)
         for shape in _pipeline_shapes(ctx, d.pp)[1:]:
             key = (g, d.strategy, d.zero_stage, d.offload, shape)
             if key in seen:

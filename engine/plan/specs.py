@@ -423,6 +423,10 @@ class LayoutSpec(_Strict):
     """Context-parallel degree (sequence split across GPUs)."""
     ep: int | None = Field(default=None, ge=1, le=4096)
     """Expert-parallel degree (MoE)."""
+    expert_tp: int | None = Field(default=None, ge=1, le=1024)
+    """Tensor parallelism inside each expert (Megatron's ``--expert-tensor-parallel-size``):
+    1 keeps experts whole and lets EP fold over the TP ranks, ``tp`` (Megatron's default)
+    splits them like a dense MLP; None: the search weighs both."""
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     offload: Offload | None = None
     sequence_parallel: bool | None = None

@@ -94,10 +94,10 @@ def megatron_args_list(plan: Plan) -> list[str]:
     ]
     if m.is_moe:
         out.append(f"--expert-model-parallel-size {lay.ep}")
-        if lay.ep > 1 and lay.tp > 1:
-            # Experts whole on their GPU, EP folded over the TP ranks (the planner's model:
-            # engine.plan.memory.expert_tp); Megatron's default would split them by TP.
-            out.append("--expert-tensor-parallel-size 1")
+        if lay.tp > 1 or lay.expert_tp > 1:
+            # 1: experts whole, EP folded over the TP ranks; tp: split like the dense MLP
+            # (Megatron's default, said explicitly). LayoutDraft.expert_tp has the model.
+            out.append(f"--expert-tensor-parallel-size {lay.expert_tp}")
     if lay.sequence_parallel:
         if lay.tp == 1:
             raise DtrainError(
@@ -210,7 +210,7 @@ def megatron_args(plan: Plan) -> str:
     header = [
         "# Megatron-LM (pretrain_gpt.py) arguments for this plan, written by dtrain-tui.",
         f"# tp {lay.tp} x pp {lay.pp} x cp {lay.cp} x dp {lay.dp} = {lay.world_size} GPUs"
-        + (f"; ep {lay.ep} inside tp x dp x cp, experts whole" if lay.ep > 1 else ""),
+        + (f"; ep {lay.ep}, expert tp {lay.expert_tp}" if lay.ep > 1 else ""),
         "# pretrain_gpt.sh runs Megatron-LM with these, adding the data and tokenizer; add your",
         "# checkpoint flags (--save, --load) here. By hand: $(grep -v '^#' megatron_args.txt)",
     ]

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine.errors import SpecError
 from engine.plan import perf
-from engine.plan.memory import LayoutDraft, expert_tp, stage_params
+from engine.plan.memory import LayoutDraft, stage_params
 from engine.plan.models import resolve_model
 from engine.plan.perf import Hardware
 from engine.plan.planner import plan
@@ -37,10 +39,17 @@ def _qwen235_on_h100(**layout: object) -> Spec:
     )
 
 
-def _draft(ep: int) -> LayoutDraft:
+def _draft(ep: int, etp: int = 1) -> LayoutDraft:
     """Qwen3-235B's Megatron-Bridge H100 degrees: TP2 x PP8 x DP16."""
     return LayoutDraft(
-        Strategy.THREE_D, Framework.MEGATRON, tp=2, pp=8, dp=16, ep=ep, sequence_parallel=True
+        Strategy.THREE_D,
+        Framework.MEGATRON,
+        tp=2,
+        pp=8,
+        dp=16,
+        ep=ep,
+        etp=etp,
+        sequence_parallel=True,
     )
 
 
@@ -65,13 +74,13 @@ def test_an_ep_that_does_not_divide_a_stage_is_one_line_naming_the_field() -> No
 def test_folded_experts_are_whole_and_split_only_by_ep() -> None:
     dims = resolve_model(ModelSpec(preset="qwen3-235b-a22b"))
     folded = _draft(ep=32)
-    no_ep = _draft(ep=1)
+    split = _draft(ep=8, etp=2)  # Megatron's default mapping: experts split like the MLP
     assert (folded.expert_tp, folded.expert_dp) == (1, 1)
-    assert (no_ep.expert_tp, no_ep.expert_dp) == (2, 16)
-    assert expert_tp(4, 1) == 4 and expert_tp(4, 8) == 1
+    assert (split.expert_tp, split.expert_dp) == (2, 2)
+    assert replace(split, etp=0).expert_tp == 2  # unset: Megatron's default, tp
     _, experts_folded = stage_params(dims, folded)
-    _, experts_tp = stage_params(dims, no_ep)
-    assert experts_folded == pytest.approx(experts_tp * 2 / 32)
+    _, experts_split = stage_params(dims, split)
+    assert experts_folded == pytest.approx(experts_split * (2 * 8) / 32)
 
 
 def test_an_moe_layer_under_folded_experts_has_only_its_attentions_tp_collectives() -> None:
@@ -88,5 +97,35 @@ def test_an_moe_layer_under_folded_experts_has_only_its_attentions_tp_collective
         nodes=32,
     )
     folded = perf._tp_comm(dims, _draft(ep=32), hw, 4096, 0.0)
-    split = perf._tp_comm(dims, _draft(ep=1), hw, 4096, 0.0)
+    split = perf._tp_comm(dims, _draft(ep=8, etp=2), hw, 4096, 0.0)
     assert folded == pytest.approx(split / 2)
+
+
+def test_the_search_weighs_both_expert_mappings_and_a_forced_one_is_kept() -> None:
+    from engine.plan.catalog import get_gpu
+    from engine.plan.context import PlanContext
+    from engine.plan.search import candidates
+
+    spec = _qwen235_on_h100(tp=2, pp=8)
+    ctx = PlanContext.build(spec, resolve_model(spec.model), get_gpu("h100-sxm"), Precision.FP8)
+    got = {(c.draft.ep, c.draft.expert_tp) for c in candidates(ctx)}
+    assert (8, 2) in got and (8, 1) in got  # EP inside DP: both mappings
+    assert (32, 1) in got and (32, 2) not in got  # EP folded over TP: whole experts only
+    p = plan(_qwen235_on_h100(tp=2, pp=8, ep=8, expert_tp=2, micro_batch=1))
+    assert p.recommended.expert_tp == 2
+    args = [x for x in megatron_args(p).splitlines() if not x.startswith("#")]
+    assert "--expert-tensor-parallel-size 2" in args
+
+
+def test_a_forced_expert_tp_that_megatron_cannot_map_is_one_line() -> None:
+    with pytest.raises(SpecError) as e:
+        plan(_qwen235_on_h100(tp=4, pp=8, ep=8, expert_tp=2))
+    assert e.value.field == "layout.expert_tp"
+    dense = Spec(
+        model=ModelSpec(preset="llama-3-8b"),
+        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=1),
+        layout=LayoutSpec(tp=2, expert_tp=1),
+    )
+    with pytest.raises(SpecError) as e:
+        plan(dense)
+    assert e.value.field == "layout.expert_tp" and "dense" in str(e.value)
