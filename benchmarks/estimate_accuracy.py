@@ -62,6 +62,7 @@ from engine.plan.specs import (  # noqa: E402
     HardwareSpec,
     LayoutSpec,
     ModelSpec,
+    MoeDispatcher,
     NetworkSpec,
     NetworkTier,
     Offload,
@@ -271,6 +272,18 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
     )
 
 
+def _dispatcher(row: dict[str, Any]) -> MoeDispatcher | None:
+    """Hierarchical MoE dispatch where the source says so: NeMo AutoModel's rows name DeepEP
+    ("kernel optimizations: TE + DeepEP"), and Megatron-Bridge's MoE hardware guide gives
+    DeepEP as the dispatcher on H100 and B200 and HybridEP on GB200 / GB300
+    (docs.nvidia.com/nemo/megatron-bridge, perf-techniques "MoE Hardware Configuration
+    Reference"); both send a token once per remote node. Otherwise NCCL all-to-all."""
+    if not row["model"].get("moe"):
+        return None
+    named = any("DeepEP" in c for c in row.get("caveats") or [])
+    return MoeDispatcher.DEEPEP if named or row["id"].startswith("mbridge") else None
+
+
 def _tp_pp(row: dict[str, Any]) -> tuple[int, int]:
     """The row's TP and PP; Narayanan 2021 Table 2 states only the model-parallel size, which
     Table 1 splits as TP 8 within a node and PP across (96 = 8 x 12, 280 = 8 x 35)."""
@@ -328,6 +341,7 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # ``cfg.ddp.grad_reduce_in_fp32 = False`` (scripts/performance/configs/llama/
             # llama31_llm_pretrain.py, set_llama31_common_configs).
             grads_bf16=row["id"].startswith("mbridge") or None,
+            moe_dispatcher=_dispatcher(row),
         ),
         layout=_layout(row, _strategy(row)),
     )

@@ -16,6 +16,7 @@ from engine.plan.specs import (
     Backend,
     Framework,
     IntraNodeLink,
+    MoeDispatcher,
     NetworkTier,
     Offload,
     Optimizer,
@@ -98,6 +99,16 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--precision", "training", "precision", {"choices": _choices(Precision)}),
     ("--optimizer", "training", "optimizer", {"choices": _choices(Optimizer)}),
     ("--recompute", "training", "recompute", {"choices": _choices(Recompute)}),
+    (
+        "--moe-dispatcher",
+        "training",
+        "moe_dispatcher",
+        {
+            "choices": _choices(MoeDispatcher),
+            "help": "MoE token dispatch: alltoall (default) or deepep (a token crosses the "
+            "network once per remote node)",
+        },
+    ),
     ("--tokens", "training", "tokens", {"help": "token budget for the cost estimate, e.g. 1e12"}),
     ("--price", "training", "price_per_gpu_hour", {"type": number, "help": "USD per GPU-hour"}),
     ("--lr", "training", "lr", {"type": number}),

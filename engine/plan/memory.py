@@ -103,6 +103,9 @@ class LayoutDraft:
     everything); 0: every layer."""
     etp: int = 0
     """Tensor parallelism inside each expert; 0: ``tp`` (see :attr:`expert_tp`)."""
+    deepep: bool = False
+    """MoE tokens dispatched by DeepEP (:class:`engine.plan.specs.MoeDispatcher`), not NCCL
+    all-to-all: each token crosses the network once per remote node."""
     grads_bf16: bool = False
     """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
     Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and

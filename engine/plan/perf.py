@@ -505,9 +505,9 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
         passes = 6 if d.recompute in (Recompute.FULL, Recompute.MLP) else 4
         # The expert-parallel group is consecutive ranks (Megatron-Core orders expert ranks
         # tp-ep-dp-pp with the expert TP of :func:`expert_tp`, 1 under EP).
-        one = alltoall_time(
-            hw, routed * MOE_IMBALANCE, d.ep, d.expert_tp, copies=dims.experts_per_token
-        )
+        # NCCL's all-to-all sends every routed copy; DeepEP one per remote node (copies).
+        copies = dims.experts_per_token if d.deepep else 1
+        one = alltoall_time(hw, routed * MOE_IMBALANCE, d.ep, d.expert_tp, copies=copies)
         out += passes * one * (1 - Overlap.ep)
     return out
 

@@ -25,7 +25,7 @@ from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, estimate_memory
 from engine.plan.perf import Estimate, estimate_time
 from engine.plan.result import Layout, MemoryBreakdown
-from engine.plan.specs import Framework, Offload, PPSchedule, Recompute, Strategy
+from engine.plan.specs import Framework, MoeDispatcher, Offload, PPSchedule, Recompute, Strategy
 from engine.plan.stages import stage_layers, uneven_splits, virtual_options
 from engine.plan.strategies import (
     FRAMEWORK_OF,
@@ -407,6 +407,7 @@ def _micro_steps(
                 first_stage_layers=first,
                 last_stage_layers=last,
                 grads_bf16=bool(ctx.spec.training.grads_bf16),
+                deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
             )
             blocks = _block_recompute_applies(ctx, d, rcs)
             if rc == Recompute.FULL and blocks:

@@ -44,6 +44,19 @@ class Optimizer(StrEnum):
     ADAM8BIT = "adam8bit"
 
 
+class MoeDispatcher(StrEnum):
+    """How Megatron moves an MoE layer's tokens to their experts and back."""
+
+    ALLTOALL = "alltoall"
+    """NCCL all-to-all (``--moe-token-dispatcher-type alltoall``): every routed copy of a token
+    travels to its expert's rank, over the network when that rank is on another node."""
+    DEEPEP = "deepep"
+    """DeepEP's hierarchical kernels (``--moe-token-dispatcher-type flex --moe-enable-deepep``;
+    DeepSeek-V3 report §3.2.2): a token crosses the network once per remote node holding one of
+    its experts and fans out over NVLink there. Needs Hopper-class GPUs with InfiniBand or
+    RoCE (NVSHMEM)."""
+
+
 class Recompute(StrEnum):
     """Activation recomputation (checkpointing) granularity, as in Korthikanti et al. 2022."""
 
@@ -389,6 +402,8 @@ class TrainingSpec(_Strict):
     """Megatron (3D) layouts keep and reduce their gradients in bf16 (``--grad-reduce-in-bf16``,
     as Megatron-Bridge's performance recipes do): half the gradient memory and traffic, at some
     risk to accuracy over long runs; None or False: fp32 main grads (Megatron's default)."""
+    moe_dispatcher: MoeDispatcher | None = None
+    """MoE token dispatch: alltoall (None) or deepep (:class:`MoeDispatcher`)."""
     lr: float | None = Field(default=None, gt=0, le=10)
     """Learning rate at ``reference_batch``; used for the linear LR-scaling advice."""
     reference_batch: int | None = Field(default=None, ge=1)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from engine.errors import DtrainError
 from engine.plan.result import Plan
-from engine.plan.specs import ModelDims, PPSchedule, Precision, Recompute
+from engine.plan.specs import ModelDims, MoeDispatcher, PPSchedule, Precision, Recompute
 from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
 
 PRETRAIN_GPT = "pretrain_gpt.sh"
@@ -182,11 +182,14 @@ def megatron_args_list(plan: Plan) -> list[str]:
         out.append("--swiglu")
     if m.is_moe:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}"]
-        # What the time model assumes: tokens moved by all-to-all (Megatron's default is an
-        # all-gather dispatcher) into one grouped GEMM per rank, balanced by the auxiliary loss
-        # (Megatron-LM's Mixtral example).
+        # What the time model assumes: tokens moved by all-to-all or DeepEP (Megatron's
+        # default is an all-gather dispatcher) into one grouped GEMM per rank, balanced by the
+        # auxiliary loss (Megatron-LM's Mixtral example).
+        if tr.moe_dispatcher == MoeDispatcher.DEEPEP:
+            out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
+        else:
+            out.append("--moe-token-dispatcher-type alltoall")
         out += [
-            "--moe-token-dispatcher-type alltoall",
             "--moe-grouped-gemm",
             "--moe-router-load-balancing-type aux_loss",
             "--moe-aux-loss-coeff 1e-2",

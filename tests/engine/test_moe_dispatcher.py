@@ -1,0 +1,105 @@
+"""How MoE tokens travel: NCCL all-to-all sends every routed copy of a token to its expert's
+rank; DeepEP (``--moe-dispatcher deepep``) sends a token once per remote node. The plan used to
+cost every layout as DeepEP while writing ``--moe-token-dispatcher-type alltoall``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.plan import perf
+from engine.plan.memory import LayoutDraft
+from engine.plan.models import resolve_model
+from engine.plan.perf import Hardware
+from engine.plan.planner import plan
+from engine.plan.specs import (
+    Framework,
+    HardwareSpec,
+    ModelSpec,
+    MoeDispatcher,
+    NetworkSpec,
+    NetworkTier,
+    Spec,
+    Strategy,
+    TrainingSpec,
+)
+from engine.write.megatron import megatron_args
+
+ROOT = Path(__file__).resolve().parents[2]
+DSV3_SHAPE = ModelSpec(
+    layers=61,
+    hidden=7168,
+    heads=128,
+    kv_heads=128,
+    vocab=129280,
+    ffn=2048,
+    num_experts=256,
+    experts_per_token=8,
+)
+
+
+def _hw(nodes: int) -> Hardware:
+    return Hardware(
+        peak_flops=989e12,
+        achievable_mfu=0.45,
+        intra_bytes_per_s=450e9,
+        inter_bytes_per_s=400e9,
+        pcie_bytes_per_s=64e9,
+        gpus_per_node=8,
+        nodes=nodes,
+    )
+
+
+def test_all_to_all_across_nodes_carries_every_routed_copy() -> None:
+    dims = resolve_model(DSV3_SHAPE)
+    d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=16, ep=16)
+    nccl = perf._cp_ep_comm(dims, d, _hw(32), 4096)
+    deepep = perf._cp_ep_comm(dims, replace(d, deepep=True), _hw(32), 4096)
+    # Over two nodes, top-8: all-to-all sends half of the 8 copies across (4 a token), DeepEP
+    # one copy to the other node when any of the 8 experts is there (~1 a token).
+    assert nccl > 2.5 * deepep
+    inside = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=16, ep=8)
+    a = perf._cp_ep_comm(dims, inside, _hw(32), 4096)
+    b = perf._cp_ep_comm(dims, replace(inside, deepep=True), _hw(32), 4096)
+    assert a == pytest.approx(b)  # inside a node both ride NVLink
+
+
+def _spec(dispatcher: MoeDispatcher | None) -> Spec:
+    return Spec(
+        model=DSV3_SHAPE,
+        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=256),
+        network=NetworkSpec(tier=NetworkTier.IB_NDR),
+        training=TrainingSpec(seq_len=4096, global_batch=4096, moe_dispatcher=dispatcher),
+    )
+
+
+def test_the_plan_keeps_all_to_all_inside_a_node_unless_deepep_is_asked_for() -> None:
+    nccl = plan(_spec(None)).recommended
+    deepep = plan(_spec(MoeDispatcher.DEEPEP)).recommended
+    assert nccl.ep * nccl.expert_tp <= 8  # the EP group (consecutive ranks) stays in a node
+    assert deepep.step_time_s < nccl.step_time_s
+
+
+def test_the_dispatcher_is_written_as_it_was_costed() -> None:
+    nccl = [x for x in megatron_args(plan(_spec(None))).splitlines() if not x.startswith("#")]
+    assert "--moe-token-dispatcher-type alltoall" in nccl
+    deepep = megatron_args(plan(_spec(MoeDispatcher.DEEPEP))).splitlines()
+    assert "--moe-token-dispatcher-type flex" in deepep and "--moe-enable-deepep" in deepep
+
+
+def test_the_cli_takes_the_dispatcher() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "plan", "--model", "qwen3-30b-a3b", "--gpu", "h100"]
+        + ["--gpus-per-node", "8", "--nodes", "4", "--moe-dispatcher", "deepep", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spec"]["training"]["moe_dispatcher"] == "deepep"
