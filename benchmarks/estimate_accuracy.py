@@ -74,7 +74,7 @@ from engine.plan.specs import (  # noqa: E402
 )
 
 DATA = ROOT / "tests" / "data" / "published_runs.json"
-CALIBRATION = ("narayanan2021", "korthikanti2022", "torchtitan")
+CALIBRATION = ("narayanan2021", "korthikanti2022", "torchtitan", "liu2025")
 """Sources (row-id prefixes) the global parameters were chosen on; every other source is held
 out."""
 BEST_WITHIN = 0.05
@@ -280,7 +280,12 @@ def _dispatcher(row: dict[str, Any]) -> MoeDispatcher | None:
     Reference"); both send a token once per remote node. Otherwise NCCL all-to-all."""
     if not row["model"].get("moe"):
         return None
-    named = any("DeepEP" in c for c in row.get("caveats") or [])
+    stated = row["training"].get("moe_dispatcher")
+    if stated:
+        return MoeDispatcher(stated)
+    named = row["id"].startswith("automodel") and any(
+        "DeepEP" in c for c in row.get("caveats") or []
+    )
     return MoeDispatcher.DEEPEP if named or row["id"].startswith("mbridge") else None
 
 
@@ -342,6 +347,7 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # llama31_llm_pretrain.py, set_llama31_common_configs).
             grads_bf16=row["id"].startswith("mbridge") or None,
             moe_dispatcher=_dispatcher(row),
+            moe_capacity_factor=tr.get("moe_capacity_factor"),
         ),
         layout=_layout(row, _strategy(row)),
     )

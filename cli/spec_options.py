@@ -109,6 +109,16 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
             "network once per remote node)",
         },
     ),
+    (
+        "--moe-capacity-factor",
+        "training",
+        "moe_capacity_factor",
+        {
+            "type": number,
+            "help": "drop MoE tokens beyond this multiple of an expert's mean load (e.g. 1.0); "
+            "default: dropless",
+        },
+    ),
     ("--tokens", "training", "tokens", {"help": "token budget for the cost estimate, e.g. 1e12"}),
     ("--price", "training", "price_per_gpu_hour", {"type": number, "help": "USD per GPU-hour"}),
     ("--lr", "training", "lr", {"type": number}),

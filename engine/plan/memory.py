@@ -103,6 +103,8 @@ class LayoutDraft:
     everything); 0: every layer."""
     etp: int = 0
     """Tensor parallelism inside each expert; 0: ``tp`` (see :attr:`expert_tp`)."""
+    capacity: float = 0.0
+    """MoE expert capacity factor (tokens beyond it dropped); 0: dropless routing."""
     deepep: bool = False
     """MoE tokens dispatched by DeepEP (:class:`engine.plan.specs.MoeDispatcher`), not NCCL
     all-to-all: each token crosses the network once per remote node."""

@@ -97,6 +97,10 @@ per expert to the host to size the grouped GEMM and the all-to-all (a device-to-
 the GPU then waits on the CPU to launch the rest of the layer's ~100 small kernels (router,
 top-k, permute, token-count exchange, unpermute; ~10 us each). Backward pays it twice, like the
 other per-layer work."""
+MOE_DROP_DISPATCH_S: Final = 0.3e-3
+"""The same with a capacity factor: every shape is known before the layer runs (padded to
+capacity), so there is no device-to-host sync and the host launches ahead; what remains is the
+GPU time of the router's and the permutations' small kernels."""
 CLASSIC_LAYER_HOST_S: Final = 1.2e-3
 """Host time to issue one GPT layer's forward on the classic fp16 Megatron-LM stack (2021-22,
 PyTorch eager): about 60 Python-dispatched operations (two fused layer norms, four linears
@@ -406,7 +410,7 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         per_expert = t * etp / tp * k_active * d.ep / dims.num_experts
         mlp = gemm(per_expert, mats * dims.ffn / etp, h) + gemm(per_expert, h, dims.ffn / etp)
         local = dims.num_experts / d.ep
-        mlp = mlp * local * MOE_IMBALANCE
+        mlp = mlp * local * _moe_imbalance(d)
         if d.framework == Framework.MEGATRON:
             # The expert loop is host bound when each expert's GEMM takes less than launching it.
             kernels = 3 if hw.linear_peak_flops > hw.peak_flops else 1
@@ -419,8 +423,21 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
     width = h / (tp if d.sequence_parallel else 1) + dims.ffn * k_active / tp / 4
     elem_bytes = ELEMENTWISE_BYTES * (1.0 if d.framework == Framework.MEGATRON else EAGER_PASSES)
     elem = elem_bytes * t * width * _act_bytes(d) / 2 / hw.hbm_bytes_per_s
-    fixed = LAYER_OVERHEAD_S + (MOE_DISPATCH_S if dims.is_moe else 0.0)
+    fixed = LAYER_OVERHEAD_S
+    if dims.is_moe:
+        fixed += MOE_DROP_DISPATCH_S if d.capacity else MOE_DISPATCH_S
+        # Permutation: the k routed copies of each of the rank's tokens are gathered into
+        # expert order before the dispatch and scattered back (weighted) after the combine,
+        # each copy read and written once each way.
+        routed = t * d.expert_tp / tp * k_active * _moe_imbalance(d)
+        elem += 4 * routed * h * _act_bytes(d) / hw.hbm_bytes_per_s
     return LayerForward(sec, attn, elem + fixed, mlp)
+
+
+def _moe_imbalance(d: LayoutDraft) -> float:
+    """The busiest expert-parallel rank's load over the mean: :data:`MOE_IMBALANCE` under
+    dropless routing; a capacity factor caps it (tokens beyond capacity are dropped)."""
+    return min(MOE_IMBALANCE, d.capacity) if d.capacity else MOE_IMBALANCE
 
 
 def fused_attention(d: LayoutDraft) -> bool:
@@ -480,11 +497,18 @@ def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad:
     again = {Recompute.FULL: 1.0 + _recomputed_share(dims, d), Recompute.MLP: 1.5}.get(
         d.recompute, 1.0
     )
-    # Folded experts (:func:`expert_tp`) take each rank's sequence-parallel tokens as they are:
-    # an MoE layer's MLP then has no tensor-parallel collective, only its attention.
-    pairs = 1 if dims.is_moe and d.expert_tp == 1 else 2
-    forward = pairs * one * again  # a recomputed forward repeats its all-reduces
-    backward = pairs * one
+    mlp = one
+    if dims.is_moe and d.expert_tp == 1:
+        # Whole experts (LayoutDraft.expert_tp) take each rank's sequence-parallel tokens as
+        # they are: an MoE layer's MLP has no tensor-parallel collective, only its attention.
+        mlp = 0.0
+    elif dims.is_moe:
+        # Experts split over TP: Megatron's all-to-all dispatcher all-gathers the routed tokens
+        # (k copies of each) over the expert-TP group and reduce-scatters the experts' output.
+        routed = size * dims.experts_per_token
+        mlp = 2 * gather_time(hw, routed, d.expert_tp, 1)
+    forward = (one + mlp) * again  # a recomputed forward repeats its all-reduces
+    backward = one + mlp
     if d.framework == Framework.MEGATRON and fused_attention(d):
         backward = max(0.0, backward - wgrad)
     return forward + backward
@@ -507,7 +531,7 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
         # tp-ep-dp-pp with the expert TP of :func:`expert_tp`, 1 under EP).
         # NCCL's all-to-all sends every routed copy; DeepEP one per remote node (copies).
         copies = dims.experts_per_token if d.deepep else 1
-        one = alltoall_time(hw, routed * MOE_IMBALANCE, d.ep, d.expert_tp, copies=copies)
+        one = alltoall_time(hw, routed * _moe_imbalance(d), d.ep, d.expert_tp, copies=copies)
         out += passes * one * (1 - Overlap.ep)
     return out
 
@@ -745,9 +769,13 @@ def _data_parallel_exposed(
         return m * max(0.0, comm - Overlap.fsdp * mb.compute)
     # 3D: Megatron's all-reduce, or reduce-scatter + all-gather with the distributed optimizer.
     if d.zero_stage >= 1:
+        # --overlap-grad-reduce hides the reduce-scatter behind the last backward,
+        # --overlap-param-gather the all-gather behind the next step's first forward.
         rs = gather_time(hw, dense * g, n, stride)
-        rs_exposed = max(0.0, rs - _megatron_overlap(d) * mb.backward)
-        return rs_exposed + gather_time(hw, dense * 2, n, stride)
+        ag = gather_time(hw, dense * 2, n, stride)
+        overlap = _megatron_overlap(d)
+        forward = max(0.0, mb.compute - mb.backward)
+        return max(0.0, rs - overlap * mb.backward) + max(0.0, ag - overlap * forward)
     return max(0.0, allreduce_time(hw, dense * g, n, stride) - _megatron_overlap(d) * mb.backward)
 
 

@@ -408,6 +408,7 @@ def _micro_steps(
                 last_stage_layers=last,
                 grads_bf16=bool(ctx.spec.training.grads_bf16),
                 deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
+                capacity=ctx.spec.training.moe_capacity_factor or 0.0,
             )
             blocks = _block_recompute_applies(ctx, d, rcs)
             if rc == Recompute.FULL and blocks:

@@ -404,6 +404,10 @@ class TrainingSpec(_Strict):
     risk to accuracy over long runs; None or False: fp32 main grads (Megatron's default)."""
     moe_dispatcher: MoeDispatcher | None = None
     """MoE token dispatch: alltoall (None) or deepep (:class:`MoeDispatcher`)."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0, le=16)
+    """MoE expert capacity as a multiple of the mean load: tokens beyond it are dropped
+    (Megatron's ``--moe-expert-capacity-factor``, padded to capacity so every shape is static);
+    None: dropless routing (Megatron's default)."""
     lr: float | None = Field(default=None, gt=0, le=10)
     """Learning rate at ``reference_batch``; used for the linear LR-scaling advice."""
     reference_batch: int | None = Field(default=None, ge=1)

@@ -189,6 +189,13 @@ def megatron_args_list(plan: Plan) -> list[str]:
             out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
         else:
             out.append("--moe-token-dispatcher-type alltoall")
+        if tr.moe_capacity_factor:
+            # Token-drop training as the time model assumes it: every expert's input padded to
+            # capacity, so the shapes are static and the host never waits for token counts.
+            out += [
+                f"--moe-expert-capacity-factor {tr.moe_capacity_factor:g}",
+                "--moe-pad-expert-input-to-capacity",
+            ]
         out += [
             "--moe-grouped-gemm",
             "--moe-router-load-balancing-type aux_loss",

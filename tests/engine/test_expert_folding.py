@@ -98,7 +98,14 @@ def test_an_moe_layer_under_folded_experts_has_only_its_attentions_tp_collective
     )
     folded = perf._tp_comm(dims, _draft(ep=32), hw, 4096, 0.0)
     split = perf._tp_comm(dims, _draft(ep=8, etp=2), hw, 4096, 0.0)
-    assert folded == pytest.approx(split / 2)
+    d = _draft(ep=32)
+    size = d.micro_batch * 4096 * dims.hidden * 2
+    attention = 2 * perf.gather_time(hw, size, d.tp, 1)
+    assert folded == pytest.approx(2 * attention)  # forward + backward, attention only
+    # Split experts add the all-to-all dispatcher's all-gather of every routed copy (top-8)
+    # over the expert-TP group and its reduce-scatter of the experts' output.
+    routed = 2 * perf.gather_time(hw, size * dims.experts_per_token, 2, 1)
+    assert split == pytest.approx(2 * (attention + routed))
 
 
 def test_the_search_weighs_both_expert_mappings_and_a_forced_one_is_kept() -> None:
