@@ -202,6 +202,7 @@ def _model(m: dict[str, Any]) -> ModelSpec:
         "hidden": m["hidden"],
         "heads": m["heads"],
         "kv_heads": m.get("kv_heads") or m["heads"],
+        "head_dim": m.get("head_dim"),
         "vocab": m.get("vocab") or 129280,
         "gated_mlp": gated,
     }

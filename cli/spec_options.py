@@ -67,6 +67,11 @@ _MODEL_OPTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--hidden", "hidden", {"type": whole_number}),
     ("--heads", "heads", {"type": whole_number}),
     ("--kv-heads", "kv_heads", {"type": whole_number}),
+    (
+        "--head-dim",
+        "head_dim",
+        {"type": whole_number, "help": "width of one attention head; default hidden/heads"},
+    ),
     ("--vocab", "vocab", {"type": whole_number}),
     ("--ffn", "ffn", {"type": whole_number, "help": "MLP intermediate size"}),
     ("--experts", "num_experts", {"type": whole_number, "help": "MoE experts per layer"}),

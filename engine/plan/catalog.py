@@ -71,6 +71,12 @@ class GpuType:
     """The same for the attention kernel Megatron-Core runs through Transformer Engine (cuDNN
     fused attention, FlashAttention-3 class on Hopper, see :data:`HOPPER_FA3`); 0: as
     ``flash_attention_vs_gemm``."""
+    exp_tops: float = 0.0
+    """Special-function (exponential) rate, T ops/s: NVIDIA's SFUs, 16 a clock per SM, times the
+    SMs and the boost clock. A fused attention kernel computes one exponential per score
+    beside ``4 x head_dim`` matmul FLOPs, so heads narrower than the 128 its rate is stated at
+    leave the tensor cores waiting on the SFUs (:func:`engine.plan.perf.head_dim_factor`).
+    0: not modelled for this GPU."""
 
     @property
     def is_cpu(self) -> bool:
@@ -112,6 +118,11 @@ HOPPER_FA3 = 0.62
 up to 75 % of peak forward (740 TFLOP/s bf16), the backward 1.5-1.75x FA2's (Shah et al. 2024):
 about 0.46 of peak forward and backward together for a causal kernel, 0.62 of a large GEMM."""
 
+# exp_tops: A100 108 SMs x 16 x 1.41 GHz = 2.44; H100 SXM 3.9 ("989 TFLOPS of FP16 matmul but
+# only 3.9 TFLOPS of special functions", Shah et al. 2024, FlashAttention-3, section 3); H100 PCIe
+# 114 x 16 x 1.755 GHz = 3.2; the 500 W SXM part at its lower clock (3.9 x 912 / 989); H200 and
+# H800 the H100 SXM die; B200 / GB200 148 x 16 x 1.965 GHz = 4.65; Blackwell Ultra (B300 /
+# GB300) twice that, NVIDIA's "2x attention-layer acceleration" being doubled SFU throughput.
 _GPUS: tuple[GpuType, ...] = (
     GpuType(
         "v100-32gb",
@@ -148,6 +159,7 @@ _GPUS: tuple[GpuType, ...] = (
         "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
         gemm_efficiency=0.80,
         hbm_gbps=1555.0,
+        exp_tops=2.44,
     ),
     GpuType(
         "a100-80gb",
@@ -166,6 +178,7 @@ _GPUS: tuple[GpuType, ...] = (
         "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
         gemm_efficiency=0.80,
         hbm_gbps=2039.0,
+        exp_tops=2.44,
     ),
     GpuType(
         "h100-sxm",
@@ -187,6 +200,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=1979.0,
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
+        exp_tops=3.9,
     ),
     GpuType(
         "h100-pcie",
@@ -208,6 +222,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=1513.0,
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
+        exp_tops=3.2,
     ),
     GpuType(
         "h100-sxm-500w",
@@ -233,6 +248,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=1824.0,
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
+        exp_tops=3.6,
     ),
     GpuType(
         "h200",
@@ -254,6 +270,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=1979.0,
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
+        exp_tops=3.9,
     ),
     GpuType(
         "b200",
@@ -275,6 +292,7 @@ _GPUS: tuple[GpuType, ...] = (
         gemm_efficiency=0.7,
         hbm_gbps=8000.0,
         fp8_tflops=4500.0,
+        exp_tops=4.65,
     ),
     GpuType(
         "mi300x",
@@ -316,6 +334,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=1979.0,
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
+        exp_tops=3.9,
     ),
     GpuType(
         "gb200",
@@ -340,6 +359,7 @@ _GPUS: tuple[GpuType, ...] = (
         hbm_gbps=8000.0,
         fp8_tflops=5000.0,
         scaleup_gpus=72,
+        exp_tops=4.65,
     ),
     GpuType(
         "b300",
@@ -365,6 +385,7 @@ _GPUS: tuple[GpuType, ...] = (
         hbm_gbps=8000.0,
         fused_attention_vs_gemm=1.0,
         fp8_tflops=4500.0,
+        exp_tops=9.3,
     ),
     GpuType(
         "gb300",
@@ -389,6 +410,7 @@ _GPUS: tuple[GpuType, ...] = (
         fused_attention_vs_gemm=1.0,
         fp8_tflops=5000.0,
         scaleup_gpus=72,
+        exp_tops=9.3,
     ),
     GpuType(
         "mi325x",

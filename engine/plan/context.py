@@ -140,5 +140,8 @@ def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
         scaleup_gpus=gpu.scaleup_gpus,
         attention_eager=gpu.flash_attention_vs_gemm,
         attention_fused=gpu.fused_attention_vs_gemm,
+        softmax_head_dim=(
+            gpu.peak_tflops(Precision.BF16) / (4 * gpu.exp_tops) if gpu.exp_tops else 0.0
+        ),
         linear_peak_flops=(gpu.fp8_peak_tflops() * 1e12 if precision == Precision.FP8 else 0.0),
     )

@@ -67,6 +67,8 @@ timings (Table 4) and Narayanan et al. 2021's weak-scaling sweep (1.7B at TP1 to
 ATTENTION_EFFICIENCY: Final = 0.5
 """Attention kernels (FlashAttention 2/3 forward and backward averaged) relative to a large GEMM,
 where the catalog gives no figure for the GPU (FlashAttention-2 on Ampere: Dao 2023)."""
+ATTENTION_HEAD_DIM: Final = 128
+"""Head width at which the catalog's attention rates are stated (Llama, the calibration rows)."""
 SCORE_BYTES: Final = 13.0
 """HBM bytes per attention score and forward on the classic (unfused) path, 16-bit: the
 ``QK^T`` GEMM writes it (2), the fused scale-mask-softmax reads and writes it (4), dropout reads
@@ -183,6 +185,10 @@ class Hardware:
     attention_fused: float = 0.0
     """The same for Megatron-Core's Transformer Engine kernel (cuDNN, FlashAttention-3 class on
     Hopper); 0: ``attention_eager``."""
+    softmax_head_dim: float = 0.0
+    """The head width at which a fused attention kernel's exponentials take as long as its
+    matmuls: dense peak / (4 x the GPU's exp rate); 0: head width not modelled
+    (:func:`head_dim_factor`)."""
 
     def attention(self, framework: Framework) -> float:
         """The attention kernel's rate relative to a large GEMM under ``framework``."""
@@ -464,11 +470,25 @@ def _attention_forward(
     q = _attention_dim(dims) / d.tp
     flops = 4 * t * seq_len * q
     if fused_attention(d):
-        return flops / 2 / (hw.peak_flops * hw.gemm * hw.attention(d.framework))
+        rate = hw.peak_flops * hw.gemm * hw.attention(d.framework)
+        return flops / 2 / (rate * head_dim_factor(dims.head_dim, hw.softmax_head_dim))
     shape = gemm_shape_efficiency(seq_len / d.cp, seq_len, dims.head_dim)
     scores = t * seq_len * dims.heads / d.tp
     score_bytes = SCORE_BYTES if not dims.gated_mlp else SCORE_BYTES_NO_DROPOUT
     return flops / (hw.peak_flops * hw.gemm * shape) + scores * score_bytes / hw.hbm_bytes_per_s
+
+
+def head_dim_factor(head_dim: int, softmax_head_dim: float) -> float:
+    """A fused attention kernel's rate at ``head_dim`` relative to its rate at
+    :data:`ATTENTION_HEAD_DIM`, where the catalog states it. Each score costs ``4 x head_dim``
+    matmul FLOPs and one exponential on the special-function units, which run some hundred
+    times slower than the tensor cores, so the kernel's time per FLOP grows as
+    ``1 + softmax_head_dim / head_dim``. FlashAttention-3 measures it (Shah et al. 2024,
+    Fig. 5, H100 bf16 forward at 4k): head width 64 at 476 TFLOP/s against 638 at 128 (0.75;
+    this model: 0.75). Wider heads gain nothing measured (their tiles shrink): capped at 1."""
+    if not softmax_head_dim or head_dim >= ATTENTION_HEAD_DIM:
+        return 1.0
+    return (1 + softmax_head_dim / ATTENTION_HEAD_DIM) / (1 + softmax_head_dim / head_dim)
 
 
 def _head_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:

@@ -200,6 +200,10 @@ class ModelSpec(_Strict):
     """Attention heads."""
     kv_heads: int | None = Field(default=None, ge=1, le=4096)
     """Key/value heads (GQA/MQA); defaults to ``heads``."""
+    head_dim: int | None = Field(default=None, ge=1, le=1024)
+    """Width of one attention head (Megatron's ``kv_channels``); defaults to hidden / heads.
+    Qwen3, Gemma and GPT-OSS set it apart from the hidden size (Qwen3-30B-A3B: hidden 2048,
+    32 heads of 128), which changes the attention's projections and its score FLOPs."""
     vocab: int | None = Field(default=None, ge=2, le=10_000_000)
     """Vocabulary size."""
     ffn: int | None = Field(default=None, ge=1, le=1_048_576)
@@ -247,10 +251,15 @@ class ModelSpec(_Strict):
                 f"model.kv_heads: {self.kv_heads} must divide model.heads ({self.heads}); "
                 "pass a kv_heads that divides heads"
             )
-        if self.hidden is not None and self.heads is not None and self.hidden % self.heads:
+        if (
+            self.hidden is not None
+            and self.heads is not None
+            and self.head_dim is None
+            and self.hidden % self.heads
+        ):
             raise ValueError(
                 f"model.heads: hidden size {self.hidden} is not divisible by {self.heads} heads; "
-                "pass a head count that divides hidden"
+                "pass a head count that divides hidden, or give head_dim"
             )
         if (
             self.num_experts is not None
@@ -275,6 +284,7 @@ _DIMENSION_FIELDS = (
     "hidden",
     "heads",
     "kv_heads",
+    "head_dim",
     "vocab",
     "ffn",
     "gated_mlp",

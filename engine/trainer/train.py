@@ -165,6 +165,10 @@ class Config:
         self.layers = int(pick(args.layers, model.get("layers"), default=2))
         self.hidden = int(pick(args.hidden, model.get("hidden"), default=128))
         self.heads = int(pick(args.heads, model.get("heads"), default=4))
+        # The model's own head width (Qwen3, GPT-OSS: not hidden / heads), unless the command
+        # line reshaped the model.
+        head_dim = model.get("head_dim") if args.hidden is None and args.heads is None else None
+        self.head_dim = int(head_dim or self.hidden // self.heads)
         kv = model.get("kv_heads") or self.heads
         self.kv_heads = int(kv) if self.heads % int(kv) == 0 else self.heads
         self.vocab = int(pick(args.vocab, model.get("vocab"), default=512))
@@ -231,7 +235,7 @@ class Block(nn.Module):
     def __init__(self, c: Config) -> None:
         super().__init__()
         self.heads, self.kv_heads = c.heads, c.kv_heads
-        self.head_dim = c.hidden // c.heads
+        self.head_dim = c.head_dim
         self.ln1 = nn.LayerNorm(c.hidden)
         self.q = nn.Linear(c.hidden, c.heads * self.head_dim, bias=False)
         self.kv = nn.Linear(c.hidden, 2 * c.kv_heads * self.head_dim, bias=False)

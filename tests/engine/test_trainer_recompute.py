@@ -18,7 +18,7 @@ spec = importlib.util.spec_from_file_location("dtrain_train", sys.argv[1])
 train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)
 
 def run(mode, recompute_layers=0):
-    c = types.SimpleNamespace(hidden=32, heads=4, kv_heads=2, ffn=64, gated=True, recompute=mode,
+    c = types.SimpleNamespace(hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, gated=True, recompute=mode,
                               vocab=50, seq_len=8, layers=2, tie=False,
                               recompute_layers=recompute_layers)
     torch.manual_seed(0)

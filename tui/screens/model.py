@@ -34,6 +34,7 @@ _DIMS = {
     "hidden": "int",
     "heads": "int",
     "kv_heads": "int",
+    "head_dim": "int",
     "vocab": "int",
     "ffn": "int",
     "num_experts": "int",
@@ -44,6 +45,7 @@ _DIM_LABELS = {
     "hidden": "Hidden size",
     "heads": "Attention heads",
     "kv_heads": "KV heads (GQA)",
+    "head_dim": "Head width",
     "vocab": "Vocabulary",
     "ffn": "MLP size",
     "num_experts": "Experts (MoE)",
@@ -68,6 +70,7 @@ _HF_KEYS = {
     "hidden": ("hidden_size", "n_embd", "d_model"),
     "heads": ("num_attention_heads", "n_head"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "head_dim": ("head_dim", "kv_channels"),
     "vocab": ("vocab_size",),
     "ffn": ("intermediate_size", "n_inner", "ffn_hidden_size"),
     "num_experts": ("num_local_experts", "num_experts"),
@@ -85,7 +88,8 @@ def summarize(dims: ModelDims) -> str:
         )
     shape = (
         f"{dims.layers} layers · hidden {dims.hidden} · {dims.heads} heads"
-        f" ({dims.kv_heads} kv) · MLP {dims.ffn}{' gated' if dims.gated_mlp else ''}"
+        + (f" of {dims.head_dim}" if dims.head_dim * dims.heads != dims.hidden else "")
+        + f" ({dims.kv_heads} kv) · MLP {dims.ffn}{' gated' if dims.gated_mlp else ''}"
         f" · vocab {dims.vocab}"
     )
     return f"{head}\n{shape}"
