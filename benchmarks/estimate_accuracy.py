@@ -191,9 +191,13 @@ def _network(row_id: str, gpu: str) -> NetworkSpec:
 
 
 def _model(m: dict[str, Any]) -> ModelSpec:
-    """Explicit dimensions; an MLP is gated unless its width is 4h. MoE: the shared expert is counted as one more active expert (its FFN
-    equals a routed expert's in DeepSeek-V3 / Kimi K2), and the first dense layers as MoE layers
-    with the same active FFN width (DeepSeek-V3: 18432 = 9 x 2048)."""
+    """The row's preset where it names one (DeepSeek-V3, Kimi K2: multi-head latent attention,
+    shared experts, leading dense layers); otherwise explicit dimensions, an MLP gated unless
+    its width is 4h. A shared expert left in the flat fields counts as one more active expert."""
+    if m.get("preset"):
+        # DeepSeek-V3 and Kimi K2: their MLA, shared experts and leading dense layers are in
+        # the preset (the model's own configuration), not in the flat fields.
+        return ModelSpec(preset=m["preset"])
     moe = m.get("moe")
     # The schema stores 4h for GPT-style two-matrix MLPs and the stated width for SwiGLU ones.
     gated = bool(moe) or (m.get("ffn") or 4 * m["hidden"]) != 4 * m["hidden"]

@@ -82,14 +82,17 @@ def _duration(s: float) -> str:
 def render(p: Plan, out: TextIO) -> None:
     """The human report."""
     from engine.plan.annotate import describe, recompute_scope
+    from engine.plan.models import architecture_notes
 
     m = p.model
     r = p.recommended
     w = out.write
     moe = f", MoE {m.num_experts}x top-{m.experts_per_token}" if m.is_moe else ""
+    notes = "".join(f", {n}" for n in architecture_notes(m))
     w(
         f"Model     {m.name}: {_count(m.params_total)} params ({_count(m.params_active)} active{moe}), "
-        f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), vocab {m.vocab}\n"
+        f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), vocab {m.vocab}"
+        f"{notes}\n"
     )
     w(
         f"Hardware  {p.nodes} node(s) x {p.gpus_per_node} {p.gpu.name} = {p.world_size} "

@@ -34,6 +34,14 @@ def resolve_model(model: ModelSpec) -> ModelDims:
     return resolve_model(model)
 
 
+def architecture_notes(dims: ModelDims) -> list[str]:
+    """What the model line adds to the shape: latent attention, head width, shared experts,
+    leading dense layers."""
+    from engine.plan.models import architecture_notes
+
+    return architecture_notes(dims)
+
+
 def list_gpus() -> list[GpuType]:
     """The accelerator catalog."""
     from engine.plan.catalog import list_gpus

@@ -410,8 +410,10 @@ def layer_activation_bytes(
     h = dims.hidden
     r = dims.kv_heads * dims.head_dim / h
     q = dims.heads * dims.head_dim / h
+    rv = dims.kv_heads * dims.value_head_dim / h  # V (MLA: narrower than K)
+    qo = dims.heads * dims.value_head_dim / h  # the output projection's input
     f = dims.ffn / h
-    k = dims.experts_per_token if dims.is_moe else 1
+    k = dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
     scale = bytes_per_value / 2
     sbh = s * b * h
     if recompute == Recompute.FULL:
@@ -423,7 +425,7 @@ def layer_activation_bytes(
     if fp8_linears and bytes_per_value == 2:
         replicated -= 2  # the attention and MLP inputs (LN outputs) in FP8
         mlp -= f * k if mlp else 0.0  # the second MLP matrix's input
-    split = 2 * q + 2 * r + 2 * r + (q if fp8_linears and bytes_per_value == 2 else 2 * q) + mlp
+    split = 2 * q + 2 * r + 2 * rv + (qo if fp8_linears and bytes_per_value == 2 else 2 * qo) + mlp
     score = 0.0
     if recompute in (Recompute.NONE, Recompute.MLP) and not flash:
         score = (5 if dropout else 2) * dims.heads * s / h
@@ -446,36 +448,53 @@ def pipeline_in_flight(pp: int, grad_accum: int, schedule: PPSchedule, v: int) -
 
 
 def per_layer_params(dims: ModelDims) -> tuple[float, float]:
-    """(dense, expert) parameters of one transformer block."""
-    experts = dims.params_experts / dims.layers
-    dense = (dims.params_total - dims.params_embedding - dims.params_experts) / dims.layers
-    return dense, experts
+    """(dense, expert) parameters of one transformer block (an MoE block where an MoE model
+    leads with dense layers: those hold :attr:`ModelDims.params_dense_mlp` more dense
+    parameters and no experts)."""
+    experts = dims.params_experts / max(1, dims.moe_layers) if dims.is_moe else 0.0
+    leading = dims.dense_layers * dims.params_dense_mlp
+    other = dims.params_total - dims.params_embedding - dims.params_experts - leading
+    return other / dims.layers, experts
 
 
 def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
     """(dense, expert) parameters held by the heaviest GPU: its pipeline stage's layers (the first
     stage also holds the input embedding; the last the head -- we take the larger) split by TP,
-    experts split by EP (and by TP only without EP: :func:`expert_tp`)."""
+    experts split by EP (and by TP only without EP: :func:`expert_tp`). An MoE model's leading
+    dense layers sit on the first stage."""
     dense_l, expert_l = per_layer_params(dims)
     layers = math.ceil(dims.layers / d.pp)
-    if d.pp == 1:
-        dense = layers * dense_l + dims.params_embedding
-    else:
-        dense = layers * dense_l + dims.vocab * dims.hidden
-    return dense / d.tp, layers * expert_l / (d.expert_tp * d.ep)
+    # The first stage's leading dense layers trade experts for a dense MLP; the heaviest of
+    # the first stage and a stage of MoE layers only.
+    leading = min(layers, dims.dense_layers)
+    ends = dims.params_embedding if d.pp == 1 else dims.vocab * dims.hidden
+    first = (
+        (layers * dense_l + leading * dims.params_dense_mlp + ends) / d.tp,
+        (layers - leading) * expert_l / (d.expert_tp * d.ep),
+    )
+    if not leading or d.pp == 1:
+        return first
+    rest = (
+        (layers * dense_l + dims.vocab * dims.hidden) / d.tp,
+        layers * expert_l / (d.expert_tp * d.ep),
+    )
+    return max(first, rest, key=sum)
 
 
 def largest_layer_params(dims: ModelDims, tp: int = 1) -> float:
     """The largest single module (DeepSpeed's ``largest_layer_params``): the embedding, one MLP
     matrix or the fused QKV projection, split by TP."""
     qkv = dims.hidden * (dims.heads + 2 * dims.kv_heads) * dims.head_dim
-    return max(dims.vocab * dims.hidden, dims.hidden * dims.ffn, qkv) / tp
+    if dims.is_mla:
+        qkv = (dims.q_lora_rank or dims.hidden) * dims.heads * dims.head_dim
+    mlp = dims.hidden * max(dims.ffn * max(1, dims.shared_experts), dims.dense_ffn)
+    return max(dims.vocab * dims.hidden, mlp, qkv) / tp
 
 
 def block_params(dims: ModelDims, tp: int = 1) -> float:
     """Parameters of one FSDP unit (a transformer block, or the embedding when larger)."""
     dense_l, expert_l = per_layer_params(dims)
-    return max(dense_l + expert_l, dims.vocab * dims.hidden) / tp
+    return max(dense_l + max(expert_l, dims.params_dense_mlp), dims.vocab * dims.hidden) / tp
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ _SUPPORTED = (
     "gpt2",
     "gpt_neox",
     "falcon",
+    "deepseek_v3",
+    "kimi_k2",
 )
 
 
@@ -94,6 +96,23 @@ class _Shape(NamedTuple):
     max_pos: int | None = None
     experts: int = 1
     top_k: int = 1
+    mla: _Mla | None = None
+    shared: int = 0
+    """Shared experts (each ``ffn`` wide) in every MoE layer."""
+    dense_layers: int = 0
+    """Leading layers with a dense MLP of ``dense_ffn`` instead of experts."""
+    dense_ffn: int = 0
+
+
+class _Mla(NamedTuple):
+    """Multi-head latent attention's widths (DeepSeek-V2/V3 configs)."""
+
+    q_lora_rank: int
+    """0: queries projected directly (``q_lora_rank: null``)."""
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 def _max_pos(c: dict[str, Any], *keys: str, default: Any = None) -> int | None:
@@ -219,7 +238,64 @@ def _gated_decoder(c: dict[str, Any], mt: str) -> _Shape:
     )
 
 
-_READERS = {"gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon}
+def _deepseek_v3(c: dict[str, Any]) -> _Shape:
+    """DeepSeek-V3 (and Kimi K2, the same architecture): multi-head latent attention, routed
+    plus shared experts, the first ``first_k_dense_replace`` layers dense (transformers'
+    ``DeepseekV3ForCausalLM``; its multi-token-prediction layer is not part of the model)."""
+    h = _need_int(c, "hidden", "hidden_size")
+    heads = _need_int(c, "heads", "num_attention_heads")
+    q_lora = _cfg(c, "q_lora_rank")
+    mla = _Mla(
+        q_lora_rank=_need_int(c, "q_lora_rank", "q_lora_rank") if q_lora is not None else 0,
+        kv_lora_rank=_need_int(c, "kv_lora_rank", "kv_lora_rank"),
+        qk_nope_head_dim=_need_int(c, "qk_nope_head_dim", "qk_nope_head_dim"),
+        qk_rope_head_dim=_need_int(c, "qk_rope_head_dim", "qk_rope_head_dim"),
+        v_head_dim=_need_int(c, "v_head_dim", "v_head_dim"),
+    )
+    if c.get("moe_layer_freq", 1) != 1:
+        raise SpecError(
+            "this deepseek_v3 config puts experts in only some layers after the first dense "
+            "ones (moe_layer_freq), which the planner does not model; give its dimensions with "
+            "--layers/--hidden/--heads/--ffn/--experts instead",
+            field="model.config_path",
+        )
+    layers = _need_int(c, "layers", "num_hidden_layers")
+    dense = _cfg(c, "first_k_dense_replace", default=0)
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense < layers:
+        raise SpecError(
+            f"config.json's first_k_dense_replace must be a whole number below "
+            f"num_hidden_layers ({layers}); fix the file",
+            field="model.config_path (first_k_dense_replace)",
+        )
+    ab = bool(c.get("attention_bias", False))
+    return _Shape(
+        layers=layers,
+        hidden=h,
+        heads=heads,
+        kv_heads=heads,
+        head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim,
+        ffn=_need_int(c, "moe_intermediate_size", "moe_intermediate_size"),
+        vocab=_need_int(c, "vocab", "vocab_size"),
+        arch=_Arch(qkv_bias=ab, o_bias=ab),
+        gated=True,
+        tie=bool(c.get("tie_word_embeddings", False)),
+        max_pos=_max_pos(c, "max_position_embeddings"),
+        experts=_need_int(c, "n_routed_experts", "n_routed_experts", "num_local_experts"),
+        top_k=_need_int(c, "experts_per_token", "num_experts_per_tok", default=8),
+        mla=mla,
+        shared=_cfg(c, "n_shared_experts", default=0) or 0,
+        dense_layers=dense,
+        dense_ffn=_need_int(c, "ffn", "intermediate_size"),
+    )
+
+
+_READERS = {
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "falcon": _falcon,
+    "deepseek_v3": _deepseek_v3,
+    "kimi_k2": _deepseek_v3,
+}
 """Readers of the architectures whose config keys differ from the Llama family's."""
 
 
@@ -267,34 +343,37 @@ def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
     arch = shape.arch
     experts = shape.experts
     head_dim = shape.head_dim
-    q = shape.heads * head_dim
-    k = shape.kv_heads * head_dim
     norm = 2 * h if arch.norm_bias else h
-    attn = h * q + 2 * h * k + q * h
-    if arch.qkv_bias:
-        attn += q + 2 * k
-    if arch.o_bias:
-        attn += h
-    if arch.qk_norm:
-        attn += 2 * head_dim
+    mla = shape.mla
+    if mla is not None:
+        attn = _mla_params(h, shape.heads, mla, arch)
+    else:
+        q = shape.heads * head_dim
+        k = shape.kv_heads * head_dim
+        attn = h * q + 2 * h * k + q * h
+        if arch.qkv_bias:
+            attn += q + 2 * k
+        if arch.o_bias:
+            attn += h
+        if arch.qk_norm:
+            attn += 2 * head_dim
     mlp = (3 if shape.gated else 2) * h * shape.ffn
     if arch.mlp_bias:
         mlp += (2 * shape.ffn if shape.gated else shape.ffn) + h
     router = h * experts if experts > 1 else 0
-    per_layer_dense = attn + arch.norms_per_layer * norm + router
+    per_layer_dense = attn + arch.norms_per_layer * norm + router + shape.shared * mlp
     embed = shape.vocab * h
     positions = (shape.max_pos or 1024) * h if arch.learned_positions else 0
     head = 0 if shape.tie else shape.vocab * h
     final = norm
     layers = shape.layers
-    total = layers * (per_layer_dense + experts * mlp) + embed + positions + head + final
-    active = (
-        layers * (per_layer_dense + min(shape.top_k, experts) * mlp)
-        + embed
-        + positions
-        + head
-        + final
-    )
+    moe_layers = layers - shape.dense_layers
+    # A leading dense layer: the attention and norms, its own MLP, no router or experts.
+    dense_mlp = 3 * h * shape.dense_ffn if shape.dense_layers else 0
+    dense_layer = attn + arch.norms_per_layer * norm + dense_mlp
+    rest = shape.dense_layers * dense_layer + embed + positions + head + final
+    total = moe_layers * (per_layer_dense + experts * mlp) + rest
+    active = moe_layers * (per_layer_dense + min(shape.top_k, experts) * mlp) + rest
     return ModelDims(
         name=name,
         arch=arch_name,
@@ -313,8 +392,49 @@ def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
         params_total=total,
         params_active=active,
         params_embedding=embed + positions + head,
-        params_experts=layers * experts * mlp if experts > 1 else 0,
+        params_experts=moe_layers * experts * mlp if experts > 1 else 0,
+        q_lora_rank=mla.q_lora_rank if mla else 0,
+        kv_lora_rank=mla.kv_lora_rank if mla else 0,
+        qk_rope_head_dim=mla.qk_rope_head_dim if mla else 0,
+        v_head_dim=mla.v_head_dim if mla else 0,
+        shared_experts=shape.shared,
+        dense_layers=shape.dense_layers,
+        dense_ffn=shape.dense_ffn,
+        params_dense_mlp=dense_mlp,
     )
+
+
+def _mla_params(h: int, heads: int, mla: _Mla, arch: _Arch) -> int:
+    """Parameters of one multi-head latent attention block (transformers' DeepseekV3Attention):
+    the queries through a low-rank ``q_lora_rank`` bottleneck with its RMSNorm (or one
+    projection), keys and values from one ``kv_lora_rank`` latent (normed) plus a shared rotary
+    key, up-projected per head, and the output projection from the value heads."""
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    if mla.q_lora_rank:
+        q = h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * qk
+        q += mla.q_lora_rank if arch.qkv_bias else 0
+    else:
+        q = h * heads * qk
+    kv_a = mla.kv_lora_rank + mla.qk_rope_head_dim
+    kv = h * kv_a + (kv_a if arch.qkv_bias else 0) + mla.kv_lora_rank
+    kv += mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    o = heads * mla.v_head_dim * h + (h if arch.o_bias else 0)
+    return q + kv + o
+
+
+def architecture_notes(dims: ModelDims) -> list[str]:
+    """What a model's shape line cannot say: its attention's kind and head width when unusual,
+    shared experts and leading dense layers (for the plan's and the wizard's model lines)."""
+    notes = []
+    if dims.is_mla:
+        notes.append(f"latent attention (kv {dims.kv_lora_rank}, q {dims.q_lora_rank or 'full'})")
+    elif dims.head_dim * dims.heads != dims.hidden:
+        notes.append(f"heads of {dims.head_dim}")
+    if dims.shared_experts:
+        notes.append(f"{dims.shared_experts} shared expert{'s' if dims.shared_experts > 1 else ''}")
+    if dims.dense_layers:
+        notes.append(f"first {dims.dense_layers} layer{'s' if dims.dense_layers > 1 else ''} dense")
+    return notes
 
 
 @cache

@@ -31,6 +31,7 @@ ones by ``benchmarks/estimate_accuracy.py``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -232,8 +233,32 @@ class Estimate:
 # FLOPs
 
 
-def _attention_dim(dims: ModelDims) -> int:
-    return dims.heads * dims.head_dim
+def _attention_dim(dims: ModelDims) -> float:
+    """The width attention's score and context products run at: ``heads x head_dim``, or for
+    MLA's wider query/key heads (192) and narrower value heads (128) their mean, since
+    ``QK^T`` runs at the first and ``PV`` at the second."""
+    return dims.heads * (dims.head_dim + dims.value_head_dim) / 2
+
+
+def _projections(dims: ModelDims, t: float, tp: int, gemm: Callable[..., float]) -> float:
+    """Seconds of one layer's attention projections for ``t`` tokens. Standard attention: the
+    fused QKV and the output projection, split over TP. MLA (Megatron-Core's
+    MLASelfAttention): the down-projections into the query and key/value latents are whole on
+    every TP rank, the up-projections to the heads and the output projection split."""
+    h = dims.hidden
+    if not dims.is_mla:
+        q = dims.heads * dims.head_dim
+        kv = dims.kv_heads * dims.head_dim
+        return gemm(t, (q + 2 * kv) / tp, h) + gemm(t, h, q / tp)
+    nope = dims.head_dim - dims.qk_rope_head_dim
+    qk = dims.heads * dims.head_dim / tp
+    sec = gemm(t, dims.kv_lora_rank + dims.qk_rope_head_dim, h)
+    sec += gemm(t, dims.heads * (nope + dims.value_head_dim) / tp, dims.kv_lora_rank)
+    if dims.q_lora_rank:
+        sec += gemm(t, dims.q_lora_rank, h) + gemm(t, qk, dims.q_lora_rank)
+    else:
+        sec += gemm(t, qk, h)
+    return sec + gemm(t, h, dims.heads * dims.value_head_dim / tp)
 
 
 def flops_per_token(
@@ -261,8 +286,9 @@ def flops_per_token(
         f += attn / 3
     elif recompute == Recompute.MLP:
         mats = 3 if dims.gated_mlp else 2
-        k = dims.experts_per_token if dims.is_moe else 1
-        f += 2 * dims.layers * mats * dims.ffn * dims.hidden * k
+        k = dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
+        f += 2 * (dims.layers - dims.dense_layers) * mats * dims.ffn * dims.hidden * k
+        f += 2 * dims.params_dense_mlp * dims.dense_layers
     return float(f)
 
 
@@ -399,21 +425,19 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
     (replicated over TP ranks unless sequence parallelism splits it)."""
     t = d.micro_batch * seq_len / d.cp
     h, tp = dims.hidden, d.tp
-    q = _attention_dim(dims)
-    kv = dims.kv_heads * dims.head_dim
     rate = hw.linear_rate
 
     def gemm(m: float, n: float, k: float) -> float:
         return 2 * m * n * k / (rate * gemm_shape_efficiency(m, n, k))
 
-    sec = gemm(t, (q + 2 * kv) / tp, h) + gemm(t, h, q / tp)
+    sec = _projections(dims, t, tp, gemm)
     mats = 2 if dims.gated_mlp else 1
-    k_active = dims.experts_per_token if dims.is_moe else 1
+    k_active = dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
     if dims.is_moe:
         # Folded experts (EP over TP ranks, :func:`expert_tp`) route each TP rank's own
         # sequence-parallel share of the tokens and run whole expert widths.
         etp = d.expert_tp
-        per_expert = t * etp / tp * k_active * d.ep / dims.num_experts
+        per_expert = t * etp / tp * dims.experts_per_token * d.ep / dims.num_experts
         mlp = gemm(per_expert, mats * dims.ffn / etp, h) + gemm(per_expert, h, dims.ffn / etp)
         local = dims.num_experts / d.ep
         mlp = mlp * local * _moe_imbalance(d)
@@ -421,6 +445,11 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
             # The expert loop is host bound when each expert's GEMM takes less than launching it.
             kernels = 3 if hw.linear_peak_flops > hw.peak_flops else 1
             mlp = max(mlp, local * 2 * kernels * MOE_EXPERT_KERNEL_S)
+        if dims.shared_experts:
+            # Shared experts: one dense MLP every token passes through, split like the dense
+            # MLP over TP (Megatron-Core's SharedExpertMLP), never dispatched.
+            width = dims.shared_experts * dims.ffn / tp
+            mlp += gemm(t, mats * width, h) + gemm(t, h, width)
         sec += mlp + gemm(t, dims.num_experts, h)
     else:
         mlp = gemm(t, mats * dims.ffn / tp, h) + gemm(t, h, dims.ffn / tp)
@@ -435,7 +464,7 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         # Permutation: the k routed copies of each of the rank's tokens are gathered into
         # expert order before the dispatch and scattered back (weighted) after the combine,
         # each copy read and written once each way.
-        routed = t * d.expert_tp / tp * k_active * _moe_imbalance(d)
+        routed = t * d.expert_tp / tp * dims.experts_per_token * _moe_imbalance(d)
         elem += 4 * routed * h * _act_bytes(d) / hw.hbm_bytes_per_s
     return LayerForward(sec, attn, elem + fixed, mlp)
 
@@ -617,11 +646,11 @@ def _recomputed_share(dims: ModelDims, d: LayoutDraft) -> float:
     return min(max(1, d.virtual_stages) * d.recompute_layers, heaviest) / heaviest
 
 
-def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> MicroBatch:
-    """One micro-batch's forward and backward on the heaviest pipeline stage: its layers (the
-    last stage's plus the LM head when that is heavier), the exposed TP/CP/EP traffic, and the
-    pipeline sends (one pair per model chunk)."""
-    split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
+def _layer_costs(
+    dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
+) -> tuple[float, float, float]:
+    """One layer's (forward + backward, backward, exposed TP/CP/EP traffic) seconds for one
+    micro-batch."""
     f = _layer_forward(dims, d, hw, seq_len)
     layer_fwd = f.gemm + f.attention + f.elementwise
     attn_bwd = FLASH_BACKWARD if fused_attention(d) else 2.0
@@ -633,16 +662,34 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     elif d.recompute == Recompute.MLP:
         layer_bwd += f.mlp
     per_layer = layer_fwd + layer_bwd + _host_bound_gap(dims, d, hw, seq_len, layer_fwd)
-    head = 3 * _head_forward(dims, d, hw, seq_len)
-    compute = max(max(split) * per_layer, split[-1] * per_layer + head)
     # Megatron hides the backward TP all-reduce behind the weight-gradient GEMMs of the
     # column-parallel layers: about half of the layer's GEMM time.
-    comm = max(split) * (
-        _tp_comm(dims, d, hw, seq_len, f.gemm / 2) + _cp_ep_comm(dims, d, hw, seq_len)
-    )
+    comm = _tp_comm(dims, d, hw, seq_len, f.gemm / 2) + _cp_ep_comm(dims, d, hw, seq_len)
+    return per_layer, layer_bwd, comm
+
+
+def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> MicroBatch:
+    """One micro-batch's forward and backward on the heaviest pipeline stage: its layers (the
+    last stage's plus the LM head when that is heavier), the exposed TP/CP/EP traffic, and the
+    pipeline sends (one pair per model chunk). An MoE model's leading dense layers
+    (:attr:`ModelDims.dense_layers`) sit on the first stage and are costed as the dense layers
+    they are."""
+    split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
+    moe = _layer_costs(dims, d, hw, seq_len)
+    dense = _layer_costs(dims.dense_view(), d, hw, seq_len) if dims.dense_layers else moe
+    head = 3 * _head_forward(dims, d, hw, seq_len)
+    compute = comm = backward = 0.0
+    before = 0
+    for i, n in enumerate(split):
+        n_dense = min(n, max(0, dims.dense_layers - before))
+        before += n
+        stage = [n_dense * a + (n - n_dense) * b for a, b in zip(dense, moe, strict=True)]
+        compute = max(compute, stage[0] + (head if i == len(split) - 1 else 0.0))
+        backward = max(backward, stage[1])
+        comm = max(comm, stage[2])
     if d.pp > 1:
         comm += _p2p(dims, d, hw, seq_len) * (1 - Overlap.pp)
-    return MicroBatch(compute, comm, max(split) * layer_bwd)
+    return MicroBatch(compute, comm, backward)
 
 
 def _p2p(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:

@@ -324,11 +324,58 @@ class ModelDims(BaseModel):
     params_embedding: int = 0
     """Embedding (+ untied head) parameters, part of the total."""
     params_experts: int = 0
-    """Parameters inside expert MLPs (all experts), part of the total; 0 for dense."""
+    """Parameters inside routed expert MLPs (all experts), part of the total; 0 for dense."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the queries' low-rank width
+    (``q_lora_rank``); 0: queries projected directly."""
+    kv_lora_rank: int = 0
+    """MLA: the compressed key/value latent's width; 0: not MLA (standard attention)."""
+    qk_rope_head_dim: int = 0
+    """MLA: the rotary part of each query/key head (``head_dim`` is the whole, rope included)."""
+    v_head_dim: int = 0
+    """MLA: a value head's width; 0: ``head_dim``."""
+    shared_experts: int = 0
+    """MoE: experts every token passes through beside its routed ones (DeepSeek's shared
+    experts, each ``ffn`` wide, no routing and no all-to-all)."""
+    dense_layers: int = 0
+    """MoE: leading layers with a dense MLP instead of experts (DeepSeek's
+    ``first_k_dense_replace``)."""
+    dense_ffn: int = 0
+    """Those dense layers' MLP width."""
+    params_dense_mlp: int = 0
+    """Parameters of one of those dense layers' MLP."""
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (keys and values from a shared compressed latent)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one value head (MLA's ``v_head_dim``; otherwise ``head_dim``)."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with experts (all of them unless some lead dense)."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    def dense_view(self) -> ModelDims:
+        """One of the leading dense layers as a dense model's layer (what the time model costs
+        for it): no experts, the dense MLP width."""
+        return self.model_copy(
+            update={
+                "num_experts": 1,
+                "experts_per_token": 1,
+                "shared_experts": 0,
+                "ffn": self.dense_ffn,
+                "dense_layers": 0,
+            }
+        )
 
 
 def _normalise_gpu(value: object) -> object:

@@ -33,7 +33,19 @@ PRETRAIN_GPT = "pretrain_gpt.sh"
 """The bundle's Megatron-LM command for 3D plans, next to ``megatron_args.txt``."""
 
 _RMSNORM_ROPE = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "phi3"}
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "phi3",
+        "deepseek_v3",
+        "kimi_k2",
+    }
 )
 """Hugging Face model types built like Llama: RMSNorm, rotary positions, no dropout."""
 _NO_LINEAR_BIAS = frozenset(
@@ -48,6 +60,8 @@ _NO_LINEAR_BIAS = frozenset(
         "gemma2",
         "phi3",
         "falcon",
+        "deepseek_v3",
+        "kimi_k2",
     }
 )
 """Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v)."""
@@ -74,7 +88,19 @@ def architecture_args(m: ModelDims) -> list[str]:
             out.append("--add-qkv-bias")
     if m.arch in ("qwen3", "qwen3_moe"):
         out.append("--qk-layernorm")
-    if m.head_dim * m.heads != m.hidden:
+    if m.is_mla:
+        # Multi-head latent attention (DeepSeek-V3, Kimi K2): the latents' RMSNorms are
+        # Megatron's --qk-layernorm; the head widths come from these, not --kv-channels.
+        out += ["--multi-latent-attention", "--qk-layernorm"]
+        if m.q_lora_rank:
+            out.append(f"--q-lora-rank {m.q_lora_rank}")
+        out += [
+            f"--kv-lora-rank {m.kv_lora_rank}",
+            f"--qk-head-dim {m.head_dim - m.qk_rope_head_dim}",
+            f"--qk-pos-emb-head-dim {m.qk_rope_head_dim}",
+            f"--v-head-dim {m.value_head_dim}",
+        ]
+    elif m.head_dim * m.heads != m.hidden:
         out.append(f"--kv-channels {m.head_dim}")
     if llama:
         out += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
@@ -177,11 +203,19 @@ def megatron_args_list(plan: Plan) -> list[str]:
     ]
     if m.kv_heads != m.heads:
         out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
-    out.append(f"--ffn-hidden-size {m.ffn}")
+    out.append(f"--ffn-hidden-size {m.dense_ffn or m.ffn}")
     if m.gated_mlp:
         out.append("--swiglu")
     if m.is_moe:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}"]
+        if m.dense_layers:
+            # The leading dense layers (--ffn-hidden-size wide), then experts in every layer.
+            out += [
+                f"--moe-ffn-hidden-size {m.ffn}",
+                f"--moe-layer-freq [0]*{m.dense_layers}+[1]*{m.moe_layers}",
+            ]
+        if m.shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size {m.shared_experts * m.ffn}")
         # What the time model assumes: tokens moved by all-to-all or DeepEP (Megatron's
         # default is an all-gather dispatcher) into one grouped GEMM per rank, balanced by the
         # auxiliary loss (Megatron-LM's Mixtral example).

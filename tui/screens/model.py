@@ -88,10 +88,10 @@ def summarize(dims: ModelDims) -> str:
         )
     shape = (
         f"{dims.layers} layers · hidden {dims.hidden} · {dims.heads} heads"
-        + (f" of {dims.head_dim}" if dims.head_dim * dims.heads != dims.hidden else "")
-        + f" ({dims.kv_heads} kv) · MLP {dims.ffn}{' gated' if dims.gated_mlp else ''}"
+        f" ({dims.kv_heads} kv) · MLP {dims.ffn}{' gated' if dims.gated_mlp else ''}"
         f" · vocab {dims.vocab}"
     )
+    shape += "".join(f" · {n}" for n in services.architecture_notes(dims))
     return f"{head}\n{shape}"
 
 
