@@ -18,7 +18,8 @@ row stating plain 1F1B is not interleaved. torchtitan's Grand Teton H100s are th
 ``h100-sxm-500w`` (96 GB HBM2e, 500 W), as its benchmark page describes them.
 
 The rows are split by SOURCE into a calibration set (Narayanan 2021, Korthikanti 2022,
-torchtitan), on which the model's few global efficiency parameters were chosen, and a held-out
+torchtitan, and for MoE the MoE Parallel Folding paper, Liu et al. 2025), on which the model's
+few global efficiency parameters were chosen, and a held-out
 set (NeMo, Megatron-Bridge, AutoModel, Llama 3, BLOOM, BigScience's tr11 topology sweep) that
 was never used to tune it.
 
