@@ -537,3 +537,22 @@ def test_a_run_ending_while_the_monitor_is_half_removed_is_not_a_crash() -> None
             await removal
 
     asyncio.run(go())
+
+
+def test_a_resize_while_the_monitor_is_half_removed_is_not_a_crash() -> None:
+    # The same teardown race through on_resize: the side panel removed before the screen, a
+    # resize arriving then used to query it (NoMatches('MonitorSide')).
+    from tui.widgets.monitor_side import MonitorSide
+
+    async def go() -> None:
+        app = app_for([canned(4)], world=4)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            m = app.screen
+            assert isinstance(m, MonitorScreen)
+            removal = app._prune(m)
+            await m.query_one(MonitorSide).remove()
+            m.on_resize()
+            await removal
+
+    asyncio.run(go())

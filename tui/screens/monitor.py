@@ -210,6 +210,8 @@ class MonitorScreen(Screen[None]):
         self.grid.schedule_relayout()
 
     def _size_side(self) -> None:
+        if not self._composed():
+            return  # a resize while the app tears the screen down: no side panel to size
         hidden = self.app.size.width < SIDE_MIN_SCREEN_WIDTH
         if self._side_choice is not None:
             hidden = not self._side_choice
