@@ -48,22 +48,7 @@ _RMSNORM_ROPE = frozenset(
     }
 )
 """Hugging Face model types built like Llama: RMSNorm, rotary positions, no dropout."""
-_NO_LINEAR_BIAS = frozenset(
-    {
-        "llama",
-        "mistral",
-        "mixtral",
-        "qwen2",
-        "qwen3",
-        "qwen3_moe",
-        "gemma",
-        "gemma2",
-        "phi3",
-        "falcon",
-        "deepseek_v3",
-        "kimi_k2",
-    }
-)
+_NO_LINEAR_BIAS = _RMSNORM_ROPE | {"falcon"}
 """Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v)."""
 _ROPE_LAYERNORM = frozenset({"gpt_neox", "falcon"})
 """LayerNorm models with rotary positions."""

@@ -28,6 +28,7 @@ from engine.plan.specs import (
     TrainingSpec,
 )
 from engine.write.megatron import megatron_args
+from tests.engine.perf_fixtures import h100_hardware
 
 CONFIG = Path(__file__).parent / "data" / "hf_configs" / "deepseek-v3.json"
 
@@ -113,15 +114,7 @@ def test_the_leading_dense_layers_sit_on_the_first_stage() -> None:
 
 def test_shared_experts_add_dense_work_but_no_all_to_all() -> None:
     d = load_hf_config(CONFIG)
-    hw = perf.Hardware(
-        peak_flops=989e12,
-        achievable_mfu=0.45,
-        intra_bytes_per_s=450e9,
-        inter_bytes_per_s=400e9,
-        pcie_bytes_per_s=64e9,
-        gpus_per_node=8,
-        nodes=32,
-    )
+    hw = h100_hardware(32)
     lay = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=1, pp=16, dp=16, ep=8)
     alone = d.model_copy(update={"shared_experts": 0})
     assert perf._layer_forward(d, lay, hw, 4096).mlp > perf._layer_forward(alone, lay, hw, 4096).mlp
