@@ -10,6 +10,7 @@ and go through the same code path as a user's file.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from functools import cache
@@ -102,6 +103,10 @@ class _Shape(NamedTuple):
     dense_layers: int = 0
     """Leading layers with a dense MLP of ``dense_ffn`` instead of experts."""
     dense_ffn: int = 0
+    window: int = 0
+    """Sliding-window attention: keys each query sees in the windowed layers; 0: none."""
+    windowed: tuple[bool, ...] = ()
+    """Which layers use the window, first to last."""
 
 
 class _Mla(NamedTuple):
@@ -223,6 +228,7 @@ def _gated_decoder(c: dict[str, Any], mt: str) -> _Shape:
         arch = _Arch(qkv_bias=ab, o_bias=ab, mlp_bias=bool(c.get("mlp_bias", False)))
     else:  # mixtral, gemma, phi3: no biases, RMSNorm, two norms
         arch = _Arch()
+    window, windowed = _sliding_window(c, mt, layers)
     return _Shape(
         layers=layers,
         hidden=h,
@@ -235,7 +241,45 @@ def _gated_decoder(c: dict[str, Any], mt: str) -> _Shape:
         gated=True,
         tie=bool(c.get("tie_word_embeddings", mt in ("gemma", "gemma2"))),
         max_pos=_max_pos(c, "max_position_embeddings"),
+        window=window,
+        windowed=windowed,
     )
+
+
+def _sliding_window(c: dict[str, Any], mt: str, layers: int) -> tuple[int, tuple[bool, ...]]:
+    """(window, the layers that use it) as transformers reads a Llama-family config: a
+    ``layer_types`` list where the config has one; otherwise every second layer from the
+    first for Gemma 2, the layers from ``max_window_layers`` on for Qwen2/3 when
+    ``use_sliding_window`` is set, every layer for Mistral, Mixtral and Phi-3."""
+    w = c.get("sliding_window")
+    if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
+        return 0, ()
+    types = c.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        windowed = tuple(t == "sliding_attention" for t in types)
+    elif mt == "gemma2":
+        windowed = tuple(i % 2 == 0 for i in range(layers))
+    elif mt in ("qwen2", "qwen3", "qwen3_moe"):
+        first = c.get("max_window_layers")
+        if not c.get("use_sliding_window") or not isinstance(first, int):
+            return 0, ()
+        windowed = tuple(i >= first for i in range(layers))
+    elif mt in ("mistral", "mixtral", "phi3"):
+        windowed = (True,) * layers
+    else:
+        return 0, ()
+    return (w, windowed) if any(windowed) else (0, ())
+
+
+def _layer_pattern(flags: tuple[bool, ...]) -> str:
+    """Megatron's list expression of per-layer flags (1 where set): the shortest repeating
+    unit (``[1,0]*21``), else the runs (``[0]*28+[1]*4``)."""
+    bits = [1 if f else 0 for f in flags]
+    n = len(bits)
+    for p in range(1, n // 2 + 1):
+        if n % p == 0 and bits == bits[:p] * (n // p):
+            return f"[{','.join(map(str, bits[:p]))}]*{n // p}"
+    return "+".join(f"[{b}]*{len(list(run))}" for b, run in itertools.groupby(bits))
 
 
 def _deepseek_v3(c: dict[str, Any]) -> _Shape:
@@ -401,6 +445,9 @@ def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
         dense_layers=shape.dense_layers,
         dense_ffn=shape.dense_ffn,
         params_dense_mlp=dense_mlp,
+        sliding_window=shape.window,
+        window_layers=sum(shape.windowed),
+        window_pattern=_layer_pattern(shape.windowed) if 0 < sum(shape.windowed) < layers else "",
     )
 
 
@@ -434,6 +481,9 @@ def architecture_notes(dims: ModelDims) -> list[str]:
         notes.append(f"{dims.shared_experts} shared expert{'s' if dims.shared_experts > 1 else ''}")
     if dims.dense_layers:
         notes.append(f"first {dims.dense_layers} layer{'s' if dims.dense_layers > 1 else ''} dense")
+    if dims.sliding_window:
+        where = "" if dims.window_layers == dims.layers else f" on {dims.window_layers} layers"
+        notes.append(f"sliding window {dims.sliding_window}{where}")
     return notes
 
 

@@ -240,6 +240,19 @@ def _attention_dim(dims: ModelDims) -> float:
     return dims.heads * (dims.head_dim + dims.value_head_dim) / 2
 
 
+def window_share(dims: ModelDims, seq_len: int) -> float:
+    """A causal attention's score pairs with the model's sliding window, as a share of the
+    full causal prefix, averaged over the layers: a window of ``w`` keys over ``s`` tokens
+    computes ``s·w - w²/2`` pairs of the ``s²/2`` (``(2sw - w²)/s²``; 0.75 at ``s = 2w``).
+    A fused kernel skips the blocks outside the window (FlashAttention's ``window_size``,
+    cuDNN's sliding window in Transformer Engine)."""
+    w = dims.sliding_window
+    if not w or w >= seq_len:
+        return 1.0
+    windowed = (2 * seq_len * w - w * w) / (seq_len * seq_len)
+    return 1.0 - dims.window_layers / dims.layers * (1.0 - windowed)
+
+
 def _projections(dims: ModelDims, t: float, tp: int, gemm: Callable[..., float]) -> float:
     """Seconds of one layer's attention projections for ``t`` tokens. Standard attention: the
     fused QKV and the output projection, split over TP. MLA (Megatron-Core's
@@ -278,7 +291,7 @@ def flops_per_token(
     n = dims.params_active
     attn = 12 * dims.layers * _attention_dim(dims) * seq_len if attention else 0.0
     if causal:
-        attn /= 2
+        attn *= window_share(dims, seq_len) / 2
     f = 6 * n + attn
     if recompute == Recompute.FULL:
         f += share * (2 * n + attn / 3)
@@ -500,6 +513,7 @@ def _attention_forward(
     flops = 4 * t * seq_len * q
     if fused_attention(d):
         rate = hw.peak_flops * hw.gemm * hw.attention(d.framework)
+        flops *= window_share(dims, seq_len)
         return flops / 2 / (rate * head_dim_factor(dims.head_dim, hw.softmax_head_dim))
     shape = gemm_shape_efficiency(seq_len / d.cp, seq_len, dims.head_dim)
     scores = t * seq_len * dims.heads / d.tp

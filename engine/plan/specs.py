@@ -344,6 +344,14 @@ class ModelDims(BaseModel):
     """Those dense layers' MLP width."""
     params_dense_mlp: int = 0
     """Parameters of one of those dense layers' MLP."""
+    sliding_window: int = 0
+    """Sliding-window attention (Mistral v0.1, Phi-3, Gemma 2): keys each query attends to in
+    the windowed layers; 0: every layer attends to the whole causal prefix."""
+    window_layers: int = 0
+    """How many layers use the window."""
+    window_pattern: str = ""
+    """Which, as Megatron's list expression (``[1,0]*21``: every second layer from the first);
+    empty when every layer or none does."""
 
     @property
     def is_moe(self) -> bool:

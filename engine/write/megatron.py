@@ -87,6 +87,11 @@ def architecture_args(m: ModelDims) -> list[str]:
         ]
     elif m.head_dim * m.heads != m.hidden:
         out.append(f"--kv-channels {m.head_dim}")
+    if m.sliding_window:
+        # (left, right) keys: the causal window; on the windowed layers only where not all.
+        out.append(f"--window-size {m.sliding_window},0")
+        if m.window_pattern:
+            out.append(f"--window-attn-skip-freq {m.window_pattern}")
     if llama:
         out += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     return out
