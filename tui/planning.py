@@ -53,12 +53,14 @@ class PlanningApp(App[int]):
 
     @property
     def wizard(self) -> WizardScreen | None:
-        """The wizard screen (under the monitor or help screen when those are open)."""
+        """The wizard screen (under the monitor or help screen when those are open); None
+        once the app has begun tearing it down, when a plan or a bundle that arrives has
+        nothing left to draw on."""
         from tui.screens.wizard import WizardScreen
 
         for screen in self.screen_stack:
             if isinstance(screen, WizardScreen):
-                return screen
+                return None if screen.torn_down else screen
         return None
 
     @property

@@ -109,7 +109,17 @@ class WizardScreen(Screen[None]):
             pane.reload()
 
     # --- drawing the session ------------------------------------------------------------------
+    @property
+    def torn_down(self) -> bool:
+        """Whether the app has begun removing this screen: Textual marks it (and every widget
+        in it) ``_pruning`` and then removes the children one by one, so a message handled
+        then may find the sidebar already gone (CI saw NoMatches('StepNav') from a plan that
+        arrived as a test's app exited)."""
+        return bool(self._pruning or self._closing or self._closed)
+
     def show_nav(self) -> None:
+        if self.torn_down or not self.query(StepNav):
+            return  # being torn down (or not composed yet): no sidebar to draw on
         s = self.session
         invalid = {k: bool(v) for k, v in s.step_errors.items()}
         if s.batch_refused:
@@ -125,8 +135,11 @@ class WizardScreen(Screen[None]):
     def set_status(self, text: str, *, error: bool = False) -> None:
         if (text, error) == self._status:
             return
+        lines = self.query("#status-line").results(Static)
+        line = next(lines, None)
+        if line is None or self.torn_down:
+            return  # being torn down (or not composed yet)
         self._status = (text, error)
-        line = self.query_one("#status-line", Static)
         line.update(text)
         line.set_class(error, "-error")
 
