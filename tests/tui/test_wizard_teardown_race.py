@@ -32,3 +32,35 @@ def test_a_plan_arriving_while_the_wizard_is_half_removed_is_not_a_crash() -> No
             await removal
 
     asyncio.run(go())
+
+
+def test_worker_results_for_a_removed_step_are_dropped() -> None:
+    # The Training step's nearest-batch search and the Launch step's preflight finish in
+    # threads; their results reach the UI through call_from_thread and may find the step gone.
+    from textual.widgets import ContentSwitcher
+
+    from tui.screens.training import TrainingStep
+    from tui.screens.wizard import step_class
+    from tui.session import Step
+    from tui.widgets.preflight_button import PreflightButton
+
+    async def go() -> None:
+        app = DtrainApp(demo_spec(), plan_delay_s=0.01)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            wizard = app.wizard
+            assert wizard is not None
+            training = step_class(Step.TRAINING)()
+            assert isinstance(training, TrainingStep)
+            await wizard.query_one(ContentSwitcher).mount(training)
+            button = PreflightButton()
+            await wizard.mount(button)
+            await training.remove()
+            await button.remove()
+            training.batch_state = ("refused", 7)
+            training._nearest_found([], 7)
+            button._done("preflight: ok", True)
+            await pilot.pause()
+            assert app.return_code is None
+
+    asyncio.run(go())

@@ -216,6 +216,8 @@ class TrainingStep(StepPane):
     def _nearest_found(self, choices: list[BatchChoice], generation: int) -> None:
         if self.batch_state[:2] != ("refused", generation):
             return  # the spec moved on
+        if self._pruning or not self.is_attached:
+            return  # the app is tearing the step down: nothing to show the batches on
         message = self.session.plan_failure.removeprefix(f"{BATCH_FIELD}:").strip()
         head = message.split("; the nearest")[0]
         self._show_batch(f"{head}; pick one of the nearest batches below", choices, error=True)

@@ -66,5 +66,7 @@ class PreflightButton(Button):
         self.app.call_from_thread(self._done, text, ok)
 
     def _done(self, text: str, ok: bool) -> None:
+        if self._pruning or not self.is_attached:
+            return  # the step went away while the preflight ran (its report is in the run dir)
         self.disabled = False
         self._step().show_result(text, ok=ok)
