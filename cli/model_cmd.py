@@ -10,7 +10,13 @@ from typing import Any
 
 from cli.spec_options import whole_number
 from engine.plan.catalog import GIB, get_network, list_gpus
-from engine.plan.models import format_count, list_presets, preset_description, resolve_model
+from engine.plan.models import (
+    architecture_notes,
+    format_count,
+    list_presets,
+    preset_description,
+    resolve_model,
+)
 from engine.plan.result import model_json
 from engine.plan.specs import ModelSpec, NetworkTier
 
@@ -87,6 +93,9 @@ def _inspect(args: argparse.Namespace) -> int:
         ("ffn", f"{dims.ffn} ({'gated' if dims.gated_mlp else 'plain'} MLP)"),
         ("vocab", f"{dims.vocab} ({'tied' if dims.tie_embeddings else 'untied'} embeddings)"),
     ]
+    notes = architecture_notes(dims)
+    if notes:
+        rows.append(("architecture notes", ", ".join(notes)))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

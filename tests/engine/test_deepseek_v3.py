@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cli import main
 from engine.errors import SpecError
 from engine.plan import perf
 from engine.plan.catalog import get_gpu
@@ -152,3 +153,11 @@ def test_the_plan_names_the_architecture_and_megatron_gets_it() -> None:
     ):
         assert flag in args, flag
     assert not any(a.startswith("--kv-channels") for a in args)
+
+
+def test_model_inspect_names_the_architecture(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "inspect", "deepseek-v3"]) == 0
+    out = capsys.readouterr().out
+    assert "architecture notes  latent attention (kv 512, q 1536), 1 shared expert" in out
+    assert main(["model", "inspect", "llama-3-8b"]) == 0
+    assert "architecture notes" not in capsys.readouterr().out
