@@ -208,4 +208,22 @@ def model_json(m: ModelDims) -> dict[str, Any]:
         "tie_embeddings": m.tie_embeddings,
         "params_embedding": m.params_embedding,
         "params_experts": m.params_experts,
+        # What a plain transformer has none of: only where the model has it.
+        **{k: getattr(m, k) for k in _ARCHITECTURE_FIELDS if getattr(m, k)},
     }
+
+
+_ARCHITECTURE_FIELDS = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "shared_experts",
+    "dense_layers",
+    "dense_ffn",
+    "sliding_window",
+    "window_layers",
+    "window_pattern",
+)
+"""ModelDims fields of latent attention, shared experts, leading dense layers and sliding
+windows (``model_json`` writes them only where they are set)."""

@@ -17,6 +17,7 @@ from engine.plan.context import hardware
 from engine.plan.memory import LayoutDraft, layer_activation_bytes, stage_params
 from engine.plan.models import architecture_notes, load_hf_config, resolve_model
 from engine.plan.planner import plan
+from engine.plan.result import model_json
 from engine.plan.specs import (
     Framework,
     HardwareSpec,
@@ -161,3 +162,12 @@ def test_model_inspect_names_the_architecture(capsys: pytest.CaptureFixture[str]
     assert "architecture notes  latent attention (kv 512, q 1536), 1 shared expert" in out
     assert main(["model", "inspect", "llama-3-8b"]) == 0
     assert "architecture notes" not in capsys.readouterr().out
+
+
+def test_plan_json_carries_the_architecture_only_where_the_model_has_it() -> None:
+    ds = model_json(resolve_model(ModelSpec(preset="deepseek-v3")))
+    assert (ds["kv_lora_rank"], ds["shared_experts"], ds["dense_layers"]) == (512, 1, 3)
+    gemma = model_json(resolve_model(ModelSpec(preset="gemma2-9b")))
+    assert (gemma["sliding_window"], gemma["window_pattern"]) == (4096, "[1,0]*21")
+    plain = model_json(resolve_model(ModelSpec(preset="llama-3-8b")))
+    assert not {"kv_lora_rank", "shared_experts", "sliding_window"} & plain.keys()
