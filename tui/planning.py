@@ -19,6 +19,7 @@ from textual.timer import Timer
 
 from engine.errors import one_line
 from tui import services
+from tui.lifecycle import torn_down
 from tui.messages import (
     BundleRendered,
     BundleRenderFailed,
@@ -60,7 +61,7 @@ class PlanningApp(App[int]):
 
         for screen in self.screen_stack:
             if isinstance(screen, WizardScreen):
-                return None if screen.torn_down else screen
+                return None if torn_down(screen) else screen
         return None
 
     @property

@@ -12,7 +12,6 @@ from engine.errors import SpecError
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft, stage_params
 from engine.plan.models import resolve_model
-from engine.plan.perf import Hardware
 from engine.plan.planner import plan
 from engine.plan.specs import (
     Framework,
@@ -27,6 +26,7 @@ from engine.plan.specs import (
     TrainingSpec,
 )
 from engine.write.megatron import megatron_args
+from tests.engine.perf_fixtures import h100_hardware
 
 
 def _qwen235_on_h100(**layout: object) -> Spec:
@@ -87,15 +87,7 @@ def test_an_moe_layer_under_folded_experts_has_only_its_attentions_tp_collective
     # Each TP rank routes its own sequence-parallel tokens to the experts: the MLP half of the
     # layer has no all-gather / reduce-scatter (Megatron-Core's MoE layer with ETP 1).
     dims = resolve_model(ModelSpec(preset="qwen3-235b-a22b"))
-    hw = Hardware(
-        peak_flops=989e12,
-        achievable_mfu=0.45,
-        intra_bytes_per_s=450e9,
-        inter_bytes_per_s=400e9,
-        pcie_bytes_per_s=64e9,
-        gpus_per_node=8,
-        nodes=32,
-    )
+    hw = h100_hardware(32)
     folded = perf._tp_comm(dims, _draft(ep=32), hw, 4096, 0.0)
     split = perf._tp_comm(dims, _draft(ep=8, etp=2), hw, 4096, 0.0)
     d = _draft(ep=32)

@@ -15,7 +15,6 @@ import pytest
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
-from engine.plan.perf import Hardware
 from engine.plan.planner import plan
 from engine.plan.specs import (
     Framework,
@@ -29,6 +28,7 @@ from engine.plan.specs import (
     TrainingSpec,
 )
 from engine.write.megatron import megatron_args
+from tests.engine.perf_fixtures import h100_hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 DSV3_SHAPE = ModelSpec(
@@ -43,29 +43,17 @@ DSV3_SHAPE = ModelSpec(
 )
 
 
-def _hw(nodes: int) -> Hardware:
-    return Hardware(
-        peak_flops=989e12,
-        achievable_mfu=0.45,
-        intra_bytes_per_s=450e9,
-        inter_bytes_per_s=400e9,
-        pcie_bytes_per_s=64e9,
-        gpus_per_node=8,
-        nodes=nodes,
-    )
-
-
 def test_all_to_all_across_nodes_carries_every_routed_copy() -> None:
     dims = resolve_model(DSV3_SHAPE)
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=16, ep=16)
-    nccl = perf._cp_ep_comm(dims, d, _hw(32), 4096)
-    deepep = perf._cp_ep_comm(dims, replace(d, deepep=True), _hw(32), 4096)
+    nccl = perf._cp_ep_comm(dims, d, h100_hardware(32), 4096)
+    deepep = perf._cp_ep_comm(dims, replace(d, deepep=True), h100_hardware(32), 4096)
     # Over two nodes, top-8: all-to-all sends half of the 8 copies across (4 a token), DeepEP
     # one copy to the other node when any of the 8 experts is there (~1 a token).
     assert nccl > 2.5 * deepep
     inside = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=16, ep=8)
-    a = perf._cp_ep_comm(dims, inside, _hw(32), 4096)
-    b = perf._cp_ep_comm(dims, replace(inside, deepep=True), _hw(32), 4096)
+    a = perf._cp_ep_comm(dims, inside, h100_hardware(32), 4096)
+    b = perf._cp_ep_comm(dims, replace(inside, deepep=True), h100_hardware(32), 4096)
     assert a == pytest.approx(b)  # inside a node both ride NVLink
 
 

@@ -9,6 +9,7 @@ import asyncio
 from engine.plan.planner import plan
 from engine.plan.specs import demo_spec
 from tui.app import DtrainApp
+from tui.lifecycle import torn_down
 from tui.messages import BundleRendered, PlanComputed
 from tui.widgets.step_nav import StepNav
 
@@ -19,11 +20,11 @@ def test_a_plan_arriving_while_the_wizard_is_half_removed_is_not_a_crash() -> No
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             wizard = app.wizard
-            assert wizard is not None and not wizard.torn_down
+            assert wizard is not None and not torn_down(wizard)
             nav = wizard.query_one(StepNav)
             removal = app._prune(wizard)  # what App._close_all does to each screen on exit
             await nav.remove()
-            assert wizard.torn_down and app.wizard is None
+            assert torn_down(wizard) and app.wizard is None
             generation = app.session.generation
             app.on_plan_computed(PlanComputed(plan(app.session.spec), generation, 0.01))
             app.on_bundle_rendered(BundleRendered({}, generation))

@@ -35,6 +35,7 @@ from engine.monitor.events import EventSource, stop_run
 from engine.monitor.reader import Batch, BatchReader, FirehoseTuning
 from engine.monitor.state import ErrorRecord, MonitorState, Snapshot
 from engine.rundir.record import FINAL_STATES, RunState
+from tui.lifecycle import torn_down
 from tui.messages import RankLinesReceived, RunFinished
 from tui.screens.monitor_stop import StopGuard
 from tui.widgets.filter_box import FilterBox
@@ -291,10 +292,9 @@ class MonitorScreen(Screen[None]):
     def _composed(self) -> bool:
         """Whether the screen's widgets exist: a run can end while the app tears the screen
         down (or before it is composed), and a message handled then has nothing to draw on.
-        Textual marks a screen and all its widgets ``_pruning`` when it starts removing them
-        and then removes the children one by one, so a header still there is no proof that
-        the side panel's chart is."""
-        if self._pruning or self._closing or self._closed:
+        A header still there is no proof that the side panel's chart is
+        (:func:`tui.lifecycle.torn_down`)."""
+        if torn_down(self):
             return False
         return bool(self.query(MonitorHeader))
 

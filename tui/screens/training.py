@@ -20,6 +20,7 @@ from engine.plan.catalog import get_gpu, list_gpus
 from engine.plan.result import BatchChoice
 from engine.plan.specs import Optimizer, Precision, Recompute, Spec, TrainingSpec
 from tui.format import count
+from tui.lifecycle import torn_down
 from tui.screens.step import AUTO, StepPane, set_text
 from tui.session import Step
 from tui.widgets.field_row import FieldRow
@@ -216,7 +217,7 @@ class TrainingStep(StepPane):
     def _nearest_found(self, choices: list[BatchChoice], generation: int) -> None:
         if self.batch_state[:2] != ("refused", generation):
             return  # the spec moved on
-        if self._pruning or not self.is_attached:
+        if torn_down(self):
             return  # the app is tearing the step down: nothing to show the batches on
         message = self.session.plan_failure.removeprefix(f"{BATCH_FIELD}:").strip()
         head = message.split("; the nearest")[0]

@@ -15,6 +15,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Button, ContentSwitcher, Footer, Header, Static
 
+from tui.lifecycle import torn_down
 from tui.messages import StepEntered, StepValidated
 from tui.screens.step import StepPane
 from tui.session import Step, WizardSession
@@ -109,16 +110,8 @@ class WizardScreen(Screen[None]):
             pane.reload()
 
     # --- drawing the session ------------------------------------------------------------------
-    @property
-    def torn_down(self) -> bool:
-        """Whether the app has begun removing this screen: Textual marks it (and every widget
-        in it) ``_pruning`` and then removes the children one by one, so a message handled
-        then may find the sidebar already gone (CI saw NoMatches('StepNav') from a plan that
-        arrived as a test's app exited)."""
-        return bool(self._pruning or self._closing or self._closed)
-
     def show_nav(self) -> None:
-        if self.torn_down or not self.query(StepNav):
+        if torn_down(self) or not self.query(StepNav):
             return  # being torn down (or not composed yet): no sidebar to draw on
         s = self.session
         invalid = {k: bool(v) for k, v in s.step_errors.items()}
@@ -137,7 +130,7 @@ class WizardScreen(Screen[None]):
             return
         lines = self.query("#status-line").results(Static)
         line = next(lines, None)
-        if line is None or self.torn_down:
+        if line is None or torn_down(self):
             return  # being torn down (or not composed yet)
         self._status = (text, error)
         line.update(text)

@@ -11,6 +11,8 @@ from typing import Any
 
 from textual.widgets import Button
 
+from tui.lifecycle import torn_down
+
 
 class PreflightButton(Button):
     """Runs the bundle's preflight; the Launch step shows the outcome."""
@@ -66,7 +68,7 @@ class PreflightButton(Button):
         self.app.call_from_thread(self._done, text, ok)
 
     def _done(self, text: str, ok: bool) -> None:
-        if self._pruning or not self.is_attached:
+        if torn_down(self):
             return  # the step went away while the preflight ran (its report is in the run dir)
         self.disabled = False
         self._step().show_result(text, ok=ok)
