@@ -116,6 +116,12 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
         )
     elif d.recompute == Recompute.FULL:
         out.append("full activation recompute: about 33% more compute per step")
+    elif d.recompute == Recompute.LIGHT:
+        out.append(
+            "light recompute: the unfused norms, the experts' activation and latent "
+            "attention's up-projections run again in backward, every matrix product's output "
+            "is kept (Megatron's --recompute-modules)"
+        )
     if d.offload != Offload.NONE:
         out.append(
             f"{gib(c.mem.cpu_bytes)} per GPU lives in CPU memory ({d.offload.value}); "

@@ -12,7 +12,7 @@ from engine.plan.annotate import describe, fix_hint, gib, mem_line, shortfall
 from engine.plan.context import PlanContext
 from engine.plan.result import PathStep
 from engine.plan.search import Candidate, divisors
-from engine.plan.specs import Framework, Offload, Strategy
+from engine.plan.specs import Framework, Offload, Recompute, Strategy
 from engine.plan.stages import stage_layers, uneven_splits
 from engine.plan.strategies import STRATEGIES_OF, ZERO_STAGE_OF
 
@@ -215,6 +215,26 @@ def _check_runs_under(ctx: PlanContext) -> None:
             "FSDP offloads parameters, gradients and optimizer together; pass --offload "
             "optimizer+params, or --strategy zero2/zero3 for optimizer-only offload",
             field="layout.offload",
+        )
+    recompute = lay.recompute or ctx.spec.training.recompute
+    light_elsewhere = lay.framework not in (None, Framework.MEGATRON) or lay.strategy not in (
+        None,
+        Strategy.THREE_D,
+    )
+    if recompute == Recompute.LIGHT and light_elsewhere:
+        runs = lay.framework.value if lay.framework else strategy
+        raise SpecError(
+            f"recompute light is Megatron-Core's recompute of named modules (norms, MoE "
+            f"activation, MLA up-projections), which {runs} does not have; use --strategy 3d "
+            "--framework megatron, or --recompute mlp / full",
+            field="training.recompute",
+        )
+    if recompute == Recompute.LIGHT and not (ctx.dims.is_moe or ctx.dims.is_mla):
+        raise SpecError(
+            "recompute light frees what MoE experts' activations and latent attention's "
+            "up-projections hold, and this model has neither (its norms are fused into the "
+            "next linear); use --recompute mlp, selective or full",
+            field="training.recompute",
         )
 
 

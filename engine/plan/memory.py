@@ -401,8 +401,11 @@ def layer_activation_bytes(
     ``10``. Split by ``t``: Q and K (2sbh + 2sbh_kv), V (2sbh_kv), the output projection's input
     (2sbh), and the MLP's intermediates (non-gated: 2sbf twice; gated: the fused gate-and-up
     output and the product, 6sbf, as Megatron's fused SwiGLU keeps them; MoE: times top-k) --
-    Korthikanti's ``24`` for MHA and f = 4h. MLP-only recompute (``Recompute.MLP``) drops the
-    MLP's intermediates. The attention score term ``5as²b`` (softmax output, dropout mask and output) is what selective recompute drops;
+    Korthikanti's ``24`` for MHA and f = 4h. MLA adds its latents (the up-projections' inputs,
+    whole on every TP rank). MLP-only recompute (``Recompute.MLP``) drops the MLP's
+    intermediates; light recompute (``Recompute.LIGHT``) the unfused norms' 16-bit outputs, the
+    routed experts' activation output and MLA's per-head Q, K, V. The attention score term ``5as²b``
+    (softmax output, dropout mask and output) is what selective recompute drops;
     FlashAttention never stores it either (``flash=True``). ``bytes_per_value`` 4 doubles all
     for fp32 training. ``fp8_linears``: Transformer Engine's FP8 linears keep the FP8 cast of
     their inputs for the weight gradient, so the four GEMM inputs (QKV's and the MLP's inputs,
@@ -418,14 +421,29 @@ def layer_activation_bytes(
     sbh = s * b * h
     if recompute == Recompute.FULL:
         return 2 * sbh / (t if sp else 1) * scale
+    fp8 = fp8_linears and bytes_per_value == 2
+    light = recompute == Recompute.LIGHT
     replicated = 4 + 2 + 2 + (2 if dropout else 0)
     mlp = (6 * f if dims.gated_mlp else 4 * f) * k
     if recompute == Recompute.MLP:
         mlp = 0.0  # only the MLP's input (in ``replicated``) is kept; the rest is recomputed
-    if fp8_linears and bytes_per_value == 2:
+    if fp8:
         replicated -= 2  # the attention and MLP inputs (LN outputs) in FP8
         mlp -= f * k if mlp else 0.0  # the second MLP matrix's input
-    split = 2 * q + 2 * r + 2 * rv + (qo if fp8_linears and bytes_per_value == 2 else 2 * qo) + mlp
+    elif light:
+        # Norms recomputed: the 16-bit outputs of those not fused into the next linear (under
+        # Transformer Engine the MoE layer's pre-MLP norm and MLA's input norm; in FP8 the
+        # linears keep their own FP8 casts, which stay), and the routed experts' activation.
+        replicated -= 2 * (dims.is_moe + dims.is_mla)
+        mlp -= 2 * f * dims.experts_per_token if dims.is_moe else 0.0
+    heads = 2 * q + 2 * r + 2 * rv
+    if dims.is_mla:
+        # The up-projections' inputs: the query latent and the key/value latent (with the
+        # shared rotary key), whole on every TP rank. Recomputing the up-projections from
+        # them drops the per-head queries, keys and values instead.
+        latents = 2 * (dims.q_lora_rank + dims.kv_lora_rank + dims.qk_rope_head_dim) / h
+        heads = latents * t if light else heads + latents * t
+    split = heads + (qo if fp8 else 2 * qo) + mlp
     score = 0.0
     if recompute in (Recompute.NONE, Recompute.MLP) and not flash:
         score = (5 if dropout else 2) * dims.heads * s / h
@@ -615,8 +633,9 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
         * (n * per_layer if not redone else min(redone, n) * per_layer + max(0, n - redone) * kept)
         for i, n in enumerate(split)
     )
-    if d.recompute == Recompute.MLP:
-        # Recomputing one layer's MLP in backward materialises its intermediates again.
+    if d.recompute in (Recompute.MLP, Recompute.LIGHT):
+        # Recomputing one layer's MLP (or norms, activation, up-projections) in backward
+        # materialises what it had dropped again.
         acts += kept - per_layer
     if d.recompute == Recompute.FULL:
         # Recomputing one layer in backward materialises that layer's full activations again.

@@ -286,8 +286,8 @@ def flops_per_token(
     """Training FLOPs executed per token: ``6·N_active`` for the weights, attention ``12·L·d·s``
     (``d`` = heads x head_dim) halved for a causal kernel, and for a full recompute one more
     forward (``2·N_active`` and a third of the attention); selective recompute redoes only the
-    attention, MLP-only recompute the MLP's ``2·N_mlp``; ``share``: the layers a full recompute
-    redoes (Megatron's block method)."""
+    attention, MLP-only recompute the MLP's ``2·N_mlp``, light recompute MLA's up-projections;
+    ``share``: the layers a full recompute redoes (Megatron's block method)."""
     n = dims.params_active
     attn = 12 * dims.layers * _attention_dim(dims) * seq_len if attention else 0.0
     if causal:
@@ -297,6 +297,11 @@ def flops_per_token(
         f += share * (2 * n + attn / 3)
     elif recompute == Recompute.SELECTIVE:
         f += attn / 3
+    elif recompute == Recompute.LIGHT and dims.is_mla:
+        nope = dims.head_dim - dims.qk_rope_head_dim
+        up = dims.kv_lora_rank * dims.heads * (nope + dims.value_head_dim)
+        up += dims.q_lora_rank * dims.heads * dims.head_dim
+        f += 2 * dims.layers * up
     elif recompute == Recompute.MLP:
         mats = 3 if dims.gated_mlp else 2
         k = dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
@@ -430,6 +435,9 @@ class LayerForward(NamedTuple):
     elementwise: float
     mlp: float = 0.0
     """The MLP's share of ``gemm`` (what an MLP-only recompute runs again)."""
+    light: float = 0.0
+    """What a light recompute runs again: the norms, the experts' activation, MLA's
+    up-projections."""
 
 
 def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> LayerForward:
@@ -479,7 +487,30 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         # each copy read and written once each way.
         routed = t * d.expert_tp / tp * dims.experts_per_token * _moe_imbalance(d)
         elem += 4 * routed * h * _act_bytes(d) / hw.hbm_bytes_per_s
-    return LayerForward(sec, attn, elem + fixed, mlp)
+    light = _light_forward(dims, d, hw, t, gemm) if d.recompute == Recompute.LIGHT else 0.0
+    return LayerForward(sec, attn, elem + fixed, mlp, light)
+
+
+def _light_forward(
+    dims: ModelDims, d: LayoutDraft, hw: Hardware, t: float, gemm: Callable[..., float]
+) -> float:
+    """Seconds a light recompute (:attr:`Recompute.LIGHT`) repeats of one layer's forward: the
+    norms not fused into a linear (each reads and writes the hidden state), the routed
+    experts' activation (reads the gate and up halves, writes the product) and MLA's
+    up-projection GEMMs."""
+    act_b = _act_bytes(d)
+    h_local = dims.hidden / (d.tp if d.sequence_parallel else 1)
+    moved = 2 * t * h_local * (dims.is_moe + dims.is_mla)
+    if dims.is_moe:
+        routed = t * d.expert_tp / d.tp * dims.experts_per_token * _moe_imbalance(d)
+        moved += 3 * routed * dims.ffn / d.expert_tp
+    sec = moved * act_b / hw.hbm_bytes_per_s
+    if dims.is_mla:
+        nope = dims.head_dim - dims.qk_rope_head_dim
+        sec += gemm(t, dims.heads * (nope + dims.value_head_dim) / d.tp, dims.kv_lora_rank)
+        if dims.q_lora_rank:
+            sec += gemm(t, dims.heads * dims.head_dim / d.tp, dims.q_lora_rank)
+    return sec
 
 
 def _moe_imbalance(d: LayoutDraft) -> float:
@@ -675,6 +706,8 @@ def _layer_costs(
         layer_bwd += f.attention
     elif d.recompute == Recompute.MLP:
         layer_bwd += f.mlp
+    elif d.recompute == Recompute.LIGHT:
+        layer_bwd += f.light
     per_layer = layer_fwd + layer_bwd + _host_bound_gap(dims, d, hw, seq_len, layer_fwd)
     # Megatron hides the backward TP all-reduce behind the weight-gradient GEMMs of the
     # column-parallel layers: about half of the layer's GEMM time.

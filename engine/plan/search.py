@@ -296,10 +296,12 @@ def _recomputes(ctx: PlanContext) -> list[Recompute]:
     forced = ctx.spec.layout.recompute or ctx.spec.training.recompute
     if forced is not None:
         return [forced]
+    # Light recompute frees what MoE and latent-attention layers hold beyond a dense one.
+    light = [Recompute.LIGHT] if ctx.dims.is_moe or ctx.dims.is_mla else []
     if ctx.flash:
         # FlashAttention never stores the score matrix: selective equals none in memory.
-        return [Recompute.NONE, Recompute.MLP, Recompute.FULL]
-    return [Recompute.NONE, Recompute.SELECTIVE, Recompute.MLP, Recompute.FULL]
+        return [Recompute.NONE, *light, Recompute.MLP, Recompute.FULL]
+    return [Recompute.NONE, Recompute.SELECTIVE, *light, Recompute.MLP, Recompute.FULL]
 
 
 MAX_MICRO_BATCH = 32
@@ -384,6 +386,8 @@ def _micro_steps(
         fitted = False
         partial: Candidate | None = None
         for rc in rcs:
+            if rc == Recompute.LIGHT and (lay.framework or FRAMEWORK_OF[s]) != Framework.MEGATRON:
+                continue  # named-module recompute is Megatron-Core's
             d = LayoutDraft(
                 strategy=s,
                 framework=lay.framework or FRAMEWORK_OF[s],

@@ -67,6 +67,13 @@ class Recompute(StrEnum):
     """Partial: only each layer's MLP is recomputed (its intermediates are not kept; one more
     MLP forward in backward), as Megatron-Core's ``--recompute-granularity selective
     --recompute-modules mlp`` or checkpointing the MLP submodule under FSDP/DeepSpeed."""
+    LIGHT = "light"
+    """Partial, Megatron-Core only, for MoE and latent-attention (MLA) models: the cheap parts
+    are recomputed and the GEMM outputs kept -- the norms not fused into a linear, the MoE
+    experts' activation function, and MLA's up-projections to the per-head queries, keys and
+    values (``--recompute-granularity selective --recompute-modules layernorm moe_act
+    mla_up_proj``, output-discarding checkpoints; DeepSeek-V3's own recipe, its report
+    §3.2.3)."""
 
 
 class Framework(StrEnum):

@@ -245,8 +245,19 @@ class Block(nn.Module):
         self.up = nn.Linear(c.hidden, (2 if c.gated else 1) * c.ffn, bias=False)
         self.down = nn.Linear(c.ffn, c.hidden, bias=False)
         self.recompute_mlp = c.recompute == "mlp"
+        self.recompute_light = c.recompute == "light"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute_light and self.training:
+            # Light recompute (layout recompute = "light"): the matmul and attention outputs
+            # are kept, the norms and activations run again in backward (Megatron-Core's
+            # --recompute-modules layernorm moe_act), as a selective activation checkpoint.
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self.body, x, use_reentrant=False, context_fn=_keep_matmuls)
+        return self.body(x)
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         h = self.ln1(x)
         q = self.q(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
@@ -273,6 +284,29 @@ class Block(nn.Module):
         else:
             h = F.gelu(h)
         return self.down(h)
+
+
+def _keep_matmuls() -> tuple[Any, Any]:
+    """Selective checkpoint contexts that save what matrix products and attention kernels
+    return and recompute every other operation (norms, activations, element-wise work)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    names = (
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    keep = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+    def policy(_ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> Any:
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 class GPT(nn.Module):
@@ -373,8 +407,8 @@ def wrap_fsdp(model: GPT, c: Config, device: torch.device) -> nn.Module:
     if mp_dtype is torch.float16 and device.type != "cuda":
         mp_dtype = None
     strategy = str(cfg.get("sharding_strategy", "FULL_SHARD")).upper()
-    if cfg.get("activation_checkpointing") and c.recompute != "mlp":
-        model.recompute = True  # a whole block ("mlp": only its MLP, see Block.forward)
+    if cfg.get("activation_checkpointing") and c.recompute not in ("mlp", "light"):
+        model.recompute = True  # a whole block ("mlp", "light": a part, see Block.forward)
     if version == 1 and device.type != "cuda":
         # FSDP1 refuses to run without an accelerator; FSDP2 (fully_shard) shards the same way on CPU.
         if dist.get_rank() == 0:

@@ -97,6 +97,17 @@ def architecture_args(m: ModelDims) -> list[str]:
     return out
 
 
+def light_modules(m: ModelDims) -> str:
+    """Megatron-Core's output-discarding recompute modules that :attr:`Recompute.LIGHT` is:
+    the layer norms (those Transformer Engine does not fuse into a linear: an MoE layer's
+    pre-MLP norm, MLA's input norm), the experts' activation where the model has experts
+    (Megatron runs them as a grouped GEMM, which ``moe_act`` needs), the up-projections where
+    attention is latent (``mla_up_proj`` needs ``--multi-latent-attention``)."""
+    return " ".join(
+        ["layernorm"] + (["moe_act"] if m.is_moe else []) + (["mla_up_proj"] if m.is_mla else [])
+    )
+
+
 def megatron_args_list(plan: Plan) -> list[str]:
     """The argument lines, without comments."""
     lay = plan.recommended
@@ -149,6 +160,8 @@ def megatron_args_list(plan: Plan) -> list[str]:
     elif lay.recompute == Recompute.MLP:
         # Megatron-Core's selective recompute of named submodules (arguments.py --recompute-modules).
         out += ["--recompute-granularity selective", "--recompute-modules mlp"]
+    elif lay.recompute == Recompute.LIGHT:
+        out += ["--recompute-granularity selective", f"--recompute-modules {light_modules(m)}"]
     elif lay.recompute == Recompute.FULL and lay.recompute_layers:
         # Block method: the first N layers of each stage recompute, the rest keep everything.
         out += [

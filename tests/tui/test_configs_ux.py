@@ -254,8 +254,11 @@ async def _header(tmp_path: Path) -> None:
         store = ProfileStore(config)
         store.save_spec("mine", app.spec)
         app._profile_chosen(store.load("mine"))
-        await pilot.pause()
-        assert app.wizard.sub_title == "profile mine"
+        await until(
+            pilot,
+            lambda: app.wizard is not None and app.wizard.sub_title == "profile mine",
+            "the header never named profile mine",
+        )
         await pilot.press("ctrl+o")
         await until(pilot, lambda: type(app.screen).__name__ == "ProfilesScreen", "no dialog")
         table = app.screen.query_one("DataTable")
@@ -267,8 +270,11 @@ async def _header(tmp_path: Path) -> None:
         await pilot.press("ctrl+o")
         await until(pilot, lambda: type(app.screen).__name__ == "ProfilesScreen", "no dialog")
         await pilot.press("a")
-        await pilot.pause()
-        assert app.screen.query_one("#profiles-prompt").value == "ours"  # type: ignore[attr-defined]
+        await until(
+            pilot,
+            lambda: app.screen.query_one("#profiles-prompt").value == "ours",  # type: ignore[attr-defined]
+            "the save prompt never offered the profile's name",
+        )
 
 
 def test_launch_lists_what_it_would_remove_first(tmp_path: Path) -> None:

@@ -235,12 +235,13 @@ async def _profiles(tmp_path: Path) -> None:
         assert row[3] == "now", row
         # Where it comes from and the exact time: the detail line of the highlighted profile.
         table.move_cursor(row=table.get_row_index("mine"))
-        await pilot.pause()
-        detail = str(app.screen.query_one("#profiles-detail").render())
-        assert "last used 20" in detail, detail
+
+        def detail() -> str:
+            return str(app.screen.query_one("#profiles-detail").render())
+
+        await until(pilot, lambda: "last used 20" in detail(), detail)
         table.move_cursor(row=table.get_row_index("local-cpu-demo"))
-        await pilot.pause()
-        assert "built-in preset" in str(app.screen.query_one("#profiles-detail").render())
+        await until(pilot, lambda: "built-in preset" in detail(), detail)
 
 
 # ---- 5. dtrain-tui monitor RUN_DIR: q Quit in the footer -------------------------------------------

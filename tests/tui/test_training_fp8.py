@@ -1,5 +1,6 @@
 """FP8 in the wizard (issue 12): the Training step's precision list offers fp8, and choosing it
-for a GPU without FP8 tensor cores is refused at the step, in words, until bf16 is chosen."""
+for a GPU without FP8 tensor cores is refused at the step, in words, until bf16 is chosen; a
+light recompute for a model without experts or latent attention likewise."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from textual.pilot import Pilot
 from textual.widgets import Select
 
-from engine.plan.specs import HardwareSpec, ModelSpec, Precision, Spec, TrainingSpec
+from engine.plan.specs import HardwareSpec, ModelSpec, Precision, Recompute, Spec, TrainingSpec
 from tests.tui.wizard_support import at_step, settle, until
 from tui.app import DtrainApp
 
@@ -65,3 +66,23 @@ async def _grads(tmp_path: Path) -> None:
         await until(pilot, lambda: bool(app.spec.training.grads_bf16), "bf16 grads in the spec")
         app.screen.query_one("#f-grads_bf16", Select).value = "auto"
         await until(pilot, lambda: not app.spec.training.grads_bf16, "back to fp32 main grads")
+
+
+def test_light_recompute_is_refused_for_a_dense_model_at_the_training_step(
+    tmp_path: Path,
+) -> None:
+    asyncio.run(_light(tmp_path))
+
+
+async def _light(tmp_path: Path) -> None:
+    app = _app(tmp_path, "h100-sxm")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _to_training(pilot)
+        select = app.screen.query_one("#f-recompute", Select)
+        select.value = Recompute.LIGHT.value
+        await until(pilot, lambda: bool(app.session.step_errors["training"]), "light refused")
+        problem = " ".join(app.session.step_errors["training"])
+        assert "recompute" in problem and "neither" in problem
+        select.value = Recompute.MLP.value
+        await until(pilot, lambda: not app.session.step_errors["training"], "mlp accepted")
+        assert app.spec.training.recompute == Recompute.MLP

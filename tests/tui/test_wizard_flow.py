@@ -10,7 +10,7 @@ from pathlib import Path
 from textual.widgets import OptionList
 
 from engine.plan.specs import Strategy, demo_spec
-from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of
+from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of, until
 from tui.app import DtrainApp
 
 
@@ -47,8 +47,12 @@ async def _dense(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         await _pick_preset(pilot, "llama-3-8b")
-        summary = text_of(app, "#model-summary")
-        assert "llama-3-8b" in summary and "8.03 B parameters" in summary
+        await until(
+            pilot,
+            lambda: "8.03 B parameters" in text_of(app, "#model-summary"),
+            lambda: f"model summary: {text_of(app, '#model-summary')!r}",
+        )
+        assert "llama-3-8b" in text_of(app, "#model-summary")
         await pilot.press("ctrl+n")
         await at_step(pilot, "hardware")
         await _hardware(pilot, "h100-sxm", 8, 2)
@@ -59,8 +63,11 @@ async def _dense(tmp_path: Path) -> None:
         # Network tier: open the select, move up from tcp to ib-ndr, pick it.
         assert focused_id(app) == "f-tier"
         await pilot.press("enter", "up", "up", "up", "enter")
-        await pilot.pause()
-        assert app.spec.network.tier.value == "ib-ndr"
+        await until(
+            pilot,
+            lambda: app.spec.network.tier.value == "ib-ndr",
+            lambda: f"the tier is {app.spec.network.tier.value}, not ib-ndr",
+        )
         assert "Gbit/s per node" in text_of(app, "#network-summary")
         assert "NDR" in text_of(app, "#network-summary")
         await pilot.press("ctrl+n")
@@ -111,9 +118,13 @@ async def _dense(tmp_path: Path) -> None:
         labels = [str(file_list.get_option_at_index(i).prompt) for i in range(len(names))]
         assert "~ plan.json" in labels and "= train.py" in labels
         file_list.highlighted = names.index("plan.json")
-        await pilot.pause()
+        await until(
+            pilot,
+            lambda: "differs from" in text_of(app, "#preview-body"),
+            "the preview never showed plan.json's diff",
+        )
         preview = text_of(app, "#preview-body")
-        assert "differs from" in preview and "Diff against the output directory" in preview
+        assert "Diff against the output directory" in preview
         assert '-    "global_batch": 512' in preview or "-" in preview.split("Diff")[1]
         # A file the user edited is never overwritten silently: the first ^s refuses …
         edited = (out / "nccl.env").read_text() + "# my tweak\n"

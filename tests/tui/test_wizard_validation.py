@@ -10,7 +10,7 @@ from textual import events
 from textual.widgets import Input
 
 from engine.plan.specs import demo_spec
-from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of
+from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of, until
 from tui.app import DtrainApp
 from tui.widgets.field_row import FieldRow
 
@@ -52,12 +52,16 @@ async def _invalid(tmp_path: Path) -> None:
         await pilot.press("ctrl+a", "ctrl+k")
         heads = app.screen.query_one("#f-heads", Input)
         heads.post_message(events.Paste("12 heads\npasted from a doc"))
-        await pilot.pause()
-        assert heads.value and _row(app, "heads").error
+        await until(
+            pilot, lambda: bool(heads.value and _row(app, "heads").error), "paste not refused"
+        )
         await pilot.press("ctrl+a", "ctrl+k")
         heads.post_message(events.Paste("9" * 5000))  # huge: Python refuses such int strings
-        await pilot.pause()
-        assert _row(app, "heads").error
+        await until(
+            pilot,
+            lambda: bool(_row(app, "heads").error),
+            "huge paste not refused",
+        )
         await retype(pilot, "4")
         assert _row(app, "heads").error == ""
         assert not app.session.step_errors["model"]
@@ -126,14 +130,16 @@ async def _sources(tmp_path: Path) -> None:
         await pilot.pause(0.2)
         await pilot.press("right")
         assert app.screen.query_one("#f-config_path", Input).value == str(cfg) + "/"
-        await pilot.pause()
-        assert app.spec.model.config_path is not None
+        await until(pilot, lambda: app.spec.model.config_path is not None, "config not read")
         summary = text_of(app, "#model-summary")
         assert "2 layers" in summary and "(2 kv)" in summary
         await pilot.press("ctrl+a", "ctrl+k")
         path_input.post_message(events.Paste(str(tmp_path / "missing.json")))
-        await pilot.pause()
-        assert "does not exist" in _row(app, "config_path").error
+        await until(
+            pilot,
+            lambda: "does not exist" in _row(app, "config_path").error,
+            lambda: f"config_path error: {_row(app, 'config_path').error!r}",
+        )
         # A bare parameter count.
         await pilot.press("shift+tab", "right", "right", "tab")
         assert focused_id(app) == "f-params"

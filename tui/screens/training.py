@@ -139,6 +139,13 @@ class TrainingStep(StepPane):
                 errs["precision"] = (
                     f"{gpu} has no FP8 tensor cores; pick bf16, or a GPU with them on Hardware"
                 )
+        if data.get("recompute") == Recompute.LIGHT.value and not _has_light_parts(
+            self.session.spec
+        ):
+            errs["recompute"] = (
+                "light frees what MoE experts and latent attention hold, and this model has "
+                "neither; pick mlp, full or auto"
+            )
         if self.select_value("grads_bf16"):
             data["grads_bf16"] = True
         old = self.session.spec.training
@@ -264,3 +271,16 @@ class TrainingStep(StepPane):
     def _clear_forced(self, event: ForcedBadge.Cleared) -> None:
         event.stop()
         self.clear_forced_layout()
+
+
+def _has_light_parts(spec: Spec) -> bool:
+    """Whether the model has what a light recompute frees (MoE experts or latent attention);
+    a model not yet complete counts as having them (the planner judges it later)."""
+    from engine.errors import DtrainError
+    from engine.plan.models import resolve_model
+
+    try:
+        dims = resolve_model(spec.model)
+    except DtrainError:
+        return True
+    return dims.is_moe or dims.is_mla
