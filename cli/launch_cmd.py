@@ -221,7 +221,8 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
         if backend.state.final:  # start() undid itself
             _say(f"dtrain-tui: run stopped while starting ({signal.Signals(e.signum).name})")
             return 128 + e.signum
-        # It came just after the start: the run is going, and stops in _drive.
+        # It came just after the start: the run is going, and stops in _drive once watched.
+        backend.supervise()
     stop.live = True
     return _drive(backend, stop, quiet=bool(args.quiet))
 

@@ -18,6 +18,7 @@ killed outright from one still going.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from abc import abstractmethod
@@ -75,31 +76,59 @@ class LaunchBackend(SupervisedRun):
                 f"{len(hosts)} host(s) given for a {m.nodes}-node bundle; pass one host per node",
                 field="--hosts",
             )
-        self.run.create(self.bundle_dir)
-        self._nodes = [NodeState(node=i, host=hosts[i]) for i in range(m.nodes)]
-        self.run.begin(self._first_record(hosts))
-        self._emit(
-            RunStateChanged(
-                RunState.STARTING,
-                f"starting {m.world_size} ranks on {m.nodes} node(s)",
-                time.time(),
-            )
-        )
         try:
+            self.run.create(self.bundle_dir)
+            self._nodes = [NodeState(node=i, host=hosts[i]) for i in range(m.nodes)]
+            self.run.begin(self._first_record(hosts))
+            self._emit(
+                RunStateChanged(
+                    RunState.STARTING,
+                    f"starting {m.world_size} ranks on {m.nodes} node(s)",
+                    time.time(),
+                )
+            )
             self._start()
         except BaseException as e:
-            self._start_failed(e)
-        self.start_time_s = time.monotonic() - t0
-        self._last_activity = time.monotonic()
-        self._record(state=RunState.RUNNING)
-        self._state = RunState.RUNNING
-        self._emit(
-            RunStateChanged(RunState.RUNNING, f"started in {self.start_time_s:.2f}s", time.time())
-        )
-        self._supervisor = threading.Thread(
-            target=self._supervise, name="dtrain-supervise", daemon=True
-        )
-        self._supervisor.start()
+            if self.run.record.run_id == self.run_id:  # begun: run.json is this run's
+                self._start_failed(e)
+            # Not begun: nothing started, nothing of this run to record (a run.json there is
+            # another run's). A refusal of the run directory (it exists, it is not writable)
+            # is said as it is; an interrupt ends it.
+            if isinstance(e, KeyboardInterrupt):
+                self._state = RunState.STOPPED
+                self._final.set()
+            raise
+        try:
+            self.start_time_s = time.monotonic() - t0
+            self._last_activity = time.monotonic()
+            self._record(state=RunState.RUNNING)
+            self._state = RunState.RUNNING
+            self._emit(
+                RunStateChanged(
+                    RunState.RUNNING, f"started in {self.start_time_s:.2f}s", time.time()
+                )
+            )
+        finally:
+            # The nodes run: an interrupt landing here (Ctrl-C just after the start) must not
+            # leave them unwatched, with nothing to notice their exits or end a stop.
+            self.supervise()
+
+    def supervise(self) -> None:
+        """Watch the started nodes (exits, hangs, a stop's end) on a thread of its own: the last
+        thing :meth:`start` does. A caller that caught an interrupt out of ``start()`` while the
+        run was not undone calls it again (an interrupt can land before the thread starts).
+        Idempotent; nothing to watch before the nodes started or after the run ended."""
+        with self._cond:
+            if self._final.is_set() or not self._nodes:
+                return
+            if self._supervisor is None:
+                self._supervisor = threading.Thread(
+                    target=self._supervise, name="dtrain-supervise", daemon=True
+                )
+            thread = self._supervisor
+        if thread.ident is None:  # made but not started: the interrupt came in between
+            with contextlib.suppress(RuntimeError):  # started meanwhile: once is enough
+                thread.start()
 
     def _first_record(self, hosts: list[str]) -> RunRecord:
         m = self.manifest

@@ -21,7 +21,15 @@ from engine.plan.search import (
     evaluate,
     smallest,
 )
-from engine.plan.specs import Framework, NetworkTier, Offload, Precision, Recompute, Strategy
+from engine.plan.specs import (
+    Framework,
+    ModelDims,
+    NetworkTier,
+    Offload,
+    Precision,
+    Recompute,
+    Strategy,
+)
 from engine.plan.stages import stage_layers
 from engine.plan.strategies import DISPLAY_NAME
 
@@ -94,8 +102,16 @@ def shortfall(ctx: PlanContext, c: Candidate) -> str:
     )
 
 
-def fix_hint(d: LayoutDraft) -> str:
-    """The next thing to try when layout ``d`` does not fit."""
+def fix_hint(d: LayoutDraft, dims: ModelDims | None = None) -> str:
+    """The next thing to try when layout ``d`` (of model ``dims``) does not fit."""
+    light = (
+        dims is not None
+        and (dims.is_moe or dims.is_mla)
+        and d.framework == Framework.MEGATRON
+        and d.recompute in (Recompute.NONE, Recompute.SELECTIVE)
+    )
+    if light:
+        return "try --recompute light (or mlp, full), larger tp/pp, or more GPUs"
     if d.strategy in (Strategy.DDP, Strategy.ZERO1):
         return "try --strategy zero2 or zero3"
     if d.strategy in (Strategy.ZERO2, Strategy.FSDP_GRAD_OP):
@@ -345,7 +361,7 @@ def _forced_misfit(ctx: PlanContext, lay: Layout) -> str:
             f", and {gib(m.cpu_bytes * ctx.gpn)} per node offloaded "
             f"to host RAM of {gib(ctx.cpu_usable)} usable"
         )
-    return text + f"; {fix_hint(_draft_of(lay))}"
+    return text + f"; {fix_hint(_draft_of(lay), ctx.dims)}"
 
 
 def _draft_of(lay: Layout) -> LayoutDraft:

@@ -263,7 +263,7 @@ def forced_fit_step(ctx: PlanContext, chosen: Candidate) -> PathStep:
     if not chosen.fits:
         if chosen.mem.total <= ctx.usable:
             reason += f"; {shortfall(ctx, chosen)}"
-        reason += f"; {fix_hint(d)}"
+        reason += f"; {fix_hint(d, ctx.dims)}"
     return PathStep(
         question="Does the forced layout fit?",
         answer="yes" if chosen.fits else "no",

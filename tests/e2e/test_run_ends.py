@@ -348,6 +348,73 @@ def test_ctrl_c_while_starting_is_never_a_traceback(tmp_path: Path, delay: float
         assert wait_no_pids(str(info.get("run_id"))) == []
 
 
+@pytest.mark.parametrize(
+    "where",
+    [
+        "while the run directory is made",
+        "once run.json is begun",
+        "after the nodes started",
+        "before the watcher started",
+    ],
+)
+def test_an_interrupt_anywhere_in_the_start_leaves_no_run_half_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # Deterministic forms of a Ctrl-C landing inside start(): before anything runs (the run
+    # ends there), or once every node runs but before start() returned, while it records the
+    # run as running or between making the watcher thread and starting it (the run must still
+    # end when stopped). Either way nothing is left and run.json does not say it runs.
+    b = stubborn_bundle(tmp_path)
+    backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=600))
+    real_emit = backend._emit
+
+    def interrupt(*_a: Any, **_kw: Any) -> None:
+        raise KeyboardInterrupt
+
+    if where == "while the run directory is made":
+        monkeypatch.setattr(backend.run, "create", interrupt)
+    elif where == "once run.json is begun":
+
+        def emit(ev: Any) -> None:
+            real_emit(ev)
+            if getattr(ev, "state", None) == "starting":
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(backend, "_emit", emit)
+    elif where == "after the nodes started":
+        real_record = backend._record
+
+        def record(**kw: Any) -> None:
+            real_record(**kw)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(backend, "_record", record)
+    else:
+        real_start = threading.Thread.start
+
+        def start(self: threading.Thread) -> None:
+            if self.name == "dtrain-supervise" and not hasattr(start, "done"):
+                start.done = True  # type: ignore[attr-defined]
+                raise KeyboardInterrupt
+            real_start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        backend.start()
+    monkeypatch.undo()
+    if not backend.state.final:  # the nodes run: what `dtrain-tui launch` does then
+        backend.supervise()
+        assert backend._supervisor is not None and backend._supervisor.is_alive()
+        backend.stop()
+    collect(backend, timeout=60)
+    assert backend.state == "stopped"
+    if where == "while the run directory is made":
+        assert not (tmp_path / "run" / "run.json").exists()
+    else:
+        assert read_run(tmp_path / "run")["state"] == "stopped"
+    assert wait_no_pids(backend.run_id) == []
+
+
 # ---- point 5: a stop asked for through the run directory --------------------------------------
 
 

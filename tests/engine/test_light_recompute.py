@@ -58,7 +58,10 @@ def _deepseek_v3_as_trained(recompute: Recompute | None) -> Spec:
 
 
 def test_deepseek_v3_fits_its_published_layout_only_with_its_light_recompute() -> None:
-    none = plan(_deepseek_v3_as_trained(Recompute.NONE)).recommended
+    refused = plan(_deepseek_v3_as_trained(Recompute.NONE))
+    step = next(s for s in refused.path if s.question == "Does the forced layout fit?")
+    assert step.answer == "no" and "try --recompute light" in step.reason
+    none = refused.recommended
     light = plan(_deepseek_v3_as_trained(Recompute.LIGHT)).recommended
     assert not none.fits and light.fits
     # The per-head queries, keys and values are the bulk of what it drops.
