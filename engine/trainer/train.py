@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # Before torch starts any thread: every thread created from here on inherits this mask, so a
 # SIGUSR1 (a request for a Flight Recorder dump) stays pending until the dump thread takes it
@@ -724,9 +724,26 @@ def main(argv: list[str] | None = None) -> int:
         )
     log(f"done steps={c.steps} time_s={time.perf_counter() - t_start:.3f}")
     if dist.is_initialized():
+        # Every rank past its last collective before any tears its groups down, DeepSpeed's
+        # engine (its own groups, the ZeRO buckets' async work) released first.
+        dist.barrier()
+        if ds_engine is not None and hasattr(ds_engine, "destroy"):
+            ds_engine.destroy()
         dist.destroy_process_group()
     return 0
 
 
+def _exit(code: int) -> NoReturn:
+    """Leave without the interpreter's finalization once the work is done and the groups are
+    destroyed: Gloo's worker threads can still hold async work whose tensors, freed during
+    finalization, abort the process ("terminate called without an active exception",
+    SIGABRT: seen once in CI, a DeepSpeed ZeRO-2 rank on a busy CPU after its last step;
+    pytorch/pytorch#179291 describes the finalization crash), failing a run that trained to
+    the end."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
