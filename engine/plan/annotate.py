@@ -106,7 +106,7 @@ def fix_hint(d: LayoutDraft, dims: ModelDims | None = None) -> str:
     """The next thing to try when layout ``d`` (of model ``dims``) does not fit."""
     light = (
         dims is not None
-        and (dims.is_moe or dims.is_mla)
+        and dims.light_recompute_frees
         and d.framework == Framework.MEGATRON
         and d.recompute in (Recompute.NONE, Recompute.SELECTIVE)
     )

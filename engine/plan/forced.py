@@ -229,7 +229,7 @@ def _check_runs_under(ctx: PlanContext) -> None:
             "--framework megatron, or --recompute mlp / full",
             field="training.recompute",
         )
-    if recompute == Recompute.LIGHT and not (ctx.dims.is_moe or ctx.dims.is_mla):
+    if recompute == Recompute.LIGHT and not ctx.dims.light_recompute_frees:
         raise SpecError(
             "recompute light frees what MoE experts' activations and latent attention's "
             "up-projections hold, and this model has neither (its norms are fused into the "

@@ -263,15 +263,23 @@ def _projections(dims: ModelDims, t: float, tp: int, gemm: Callable[..., float])
         q = dims.heads * dims.head_dim
         kv = dims.kv_heads * dims.head_dim
         return gemm(t, (q + 2 * kv) / tp, h) + gemm(t, h, q / tp)
-    nope = dims.head_dim - dims.qk_rope_head_dim
-    qk = dims.heads * dims.head_dim / tp
-    sec = gemm(t, dims.kv_lora_rank + dims.qk_rope_head_dim, h)
-    sec += gemm(t, dims.heads * (nope + dims.value_head_dim) / tp, dims.kv_lora_rank)
+    sec = gemm(t, dims.kv_lora_rank + dims.qk_rope_head_dim, h) + _mla_up(dims, t, tp, gemm)
     if dims.q_lora_rank:
-        sec += gemm(t, dims.q_lora_rank, h) + gemm(t, qk, dims.q_lora_rank)
+        sec += gemm(t, dims.q_lora_rank, h)
     else:
-        sec += gemm(t, qk, h)
+        sec += gemm(t, dims.heads * dims.head_dim / tp, h)
     return sec + gemm(t, h, dims.heads * dims.value_head_dim / tp)
+
+
+def _mla_up(dims: ModelDims, t: float, tp: int, gemm: Callable[..., float]) -> float:
+    """Seconds of MLA's up-projections from the latents to the heads (keys' no-rotary part and
+    values from the key/value latent; queries from the query latent where there is one),
+    split over TP: what a light recompute runs again."""
+    nope = dims.head_dim - dims.qk_rope_head_dim
+    sec = gemm(t, dims.heads * (nope + dims.value_head_dim) / tp, dims.kv_lora_rank)
+    if dims.q_lora_rank:
+        sec += gemm(t, dims.heads * dims.head_dim / tp, dims.q_lora_rank)
+    return sec
 
 
 def flops_per_token(
@@ -298,10 +306,8 @@ def flops_per_token(
     elif recompute == Recompute.SELECTIVE:
         f += attn / 3
     elif recompute == Recompute.LIGHT and dims.is_mla:
-        nope = dims.head_dim - dims.qk_rope_head_dim
-        up = dims.kv_lora_rank * dims.heads * (nope + dims.value_head_dim)
-        up += dims.q_lora_rank * dims.heads * dims.head_dim
-        f += 2 * dims.layers * up
+        # The up-projections' weights, 2 FLOPs each a token: the GEMMs of _mla_up.
+        f += _mla_up(dims, 1.0, 1, lambda m, n, k: 2 * m * n * k) * dims.layers
     elif recompute == Recompute.MLP:
         mats = 3 if dims.gated_mlp else 2
         k = dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
@@ -485,8 +491,7 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         # Permutation: the k routed copies of each of the rank's tokens are gathered into
         # expert order before the dispatch and scattered back (weighted) after the combine,
         # each copy read and written once each way.
-        routed = t * d.expert_tp / tp * dims.experts_per_token * _moe_imbalance(d)
-        elem += 4 * routed * h * _act_bytes(d) / hw.hbm_bytes_per_s
+        elem += 4 * _routed(dims, d, t) * h * _act_bytes(d) / hw.hbm_bytes_per_s
     light = _light_forward(dims, d, hw, t, gemm) if d.recompute == Recompute.LIGHT else 0.0
     return LayerForward(sec, attn, elem + fixed, mlp, light)
 
@@ -498,19 +503,18 @@ def _light_forward(
     norms not fused into a linear (each reads and writes the hidden state), the routed
     experts' activation (reads the gate and up halves, writes the product) and MLA's
     up-projection GEMMs."""
-    act_b = _act_bytes(d)
     h_local = dims.hidden / (d.tp if d.sequence_parallel else 1)
     moved = 2 * t * h_local * (dims.is_moe + dims.is_mla)
     if dims.is_moe:
-        routed = t * d.expert_tp / d.tp * dims.experts_per_token * _moe_imbalance(d)
-        moved += 3 * routed * dims.ffn / d.expert_tp
-    sec = moved * act_b / hw.hbm_bytes_per_s
-    if dims.is_mla:
-        nope = dims.head_dim - dims.qk_rope_head_dim
-        sec += gemm(t, dims.heads * (nope + dims.value_head_dim) / d.tp, dims.kv_lora_rank)
-        if dims.q_lora_rank:
-            sec += gemm(t, dims.heads * dims.head_dim / d.tp, dims.q_lora_rank)
-    return sec
+        moved += 3 * _routed(dims, d, t) * dims.ffn / d.expert_tp
+    sec = moved * _act_bytes(d) / hw.hbm_bytes_per_s
+    return sec + (_mla_up(dims, t, d.tp, gemm) if dims.is_mla else 0.0)
+
+
+def _routed(dims: ModelDims, d: LayoutDraft, t: float) -> float:
+    """Routed token copies on the busiest expert rank for ``t`` local tokens: each TP rank's
+    sequence-parallel share (folded experts: whole widths), ``k`` copies of each."""
+    return t * d.expert_tp / d.tp * dims.experts_per_token * _moe_imbalance(d)
 
 
 def _moe_imbalance(d: LayoutDraft) -> float:

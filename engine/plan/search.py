@@ -297,7 +297,7 @@ def _recomputes(ctx: PlanContext) -> list[Recompute]:
     if forced is not None:
         return [forced]
     # Light recompute frees what MoE and latent-attention layers hold beyond a dense one.
-    light = [Recompute.LIGHT] if ctx.dims.is_moe or ctx.dims.is_mla else []
+    light = [Recompute.LIGHT] if ctx.dims.light_recompute_frees else []
     if ctx.flash:
         # FlashAttention never stores the score matrix: selective equals none in memory.
         return [Recompute.NONE, *light, Recompute.MLP, Recompute.FULL]

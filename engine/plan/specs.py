@@ -370,6 +370,14 @@ class ModelDims(BaseModel):
         return self.kv_lora_rank > 0
 
     @property
+    def light_recompute_frees(self) -> bool:
+        """Whether a light recompute (:attr:`Recompute.LIGHT`) frees anything: only MoE
+        layers (the experts' activation, the pre-MLP norm) and latent attention (the
+        up-projections, the input norm) hold what it drops; a dense model's norms are fused
+        into the next linear."""
+        return self.is_moe or self.is_mla
+
+    @property
     def value_head_dim(self) -> int:
         """Width of one value head (MLA's ``v_head_dim``; otherwise ``head_dim``)."""
         return self.v_head_dim or self.head_dim

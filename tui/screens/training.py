@@ -19,6 +19,7 @@ from textual.widgets import Button, Input, Select, Static
 from engine.plan.catalog import get_gpu, list_gpus
 from engine.plan.result import BatchChoice
 from engine.plan.specs import Optimizer, Precision, Recompute, Spec, TrainingSpec
+from tui import services
 from tui.format import count
 from tui.lifecycle import torn_down
 from tui.screens.step import AUTO, StepPane, set_text
@@ -277,10 +278,9 @@ def _has_light_parts(spec: Spec) -> bool:
     """Whether the model has what a light recompute frees (MoE experts or latent attention);
     a model not yet complete counts as having them (the planner judges it later)."""
     from engine.errors import DtrainError
-    from engine.plan.models import resolve_model
 
     try:
-        dims = resolve_model(spec.model)
+        dims = services.resolve_model(spec.model)
     except DtrainError:
         return True
-    return dims.is_moe or dims.is_mla
+    return dims.light_recompute_frees
