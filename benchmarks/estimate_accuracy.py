@@ -191,14 +191,26 @@ def _network(row_id: str, gpu: str) -> NetworkSpec:
     return NetworkSpec(tier=NetworkTier.IB_NDR)
 
 
-def _model(m: dict[str, Any]) -> ModelSpec:
+def _mtp(row: dict[str, Any]) -> int | None:
+    """The row's multi-token prediction modules where they differ from its preset's (DeepSeek-V3:
+    one). Megatron-Bridge's DeepSeek-V3 recipe trains with one (``model_cfg.mtp_num_layers = 1``,
+    src/megatron/bridge/recipes/deepseek/deepseek_v3.py) unless the table says "w/o MTP"; NeMo
+    AutoModel's DeepSeek-V3 has no MTP module (its ``DeepseekV3ForCausalLM`` is the layers and
+    the head: nemo_automodel/components/models/deepseek_v3/model.py); DeepSeek's own run trained
+    with one (report §2.2, D = 1)."""
+    if row["id"].startswith("automodel") or "w/o mtp" in row["model"]["name"].lower():
+        return 0
+    return None
+
+
+def _model(m: dict[str, Any], mtp: int | None = None) -> ModelSpec:
     """The row's preset where it names one (DeepSeek-V3, Kimi K2: multi-head latent attention,
     shared experts, leading dense layers); otherwise explicit dimensions, an MLP gated unless
     its width is 4h. A shared expert left in the flat fields counts as one more active expert."""
     if m.get("preset"):
         # DeepSeek-V3 and Kimi K2: their MLA, shared experts and leading dense layers are in
         # the preset (the model's own configuration), not in the flat fields.
-        return ModelSpec(preset=m["preset"])
+        return ModelSpec(preset=m["preset"], mtp_layers=mtp)
     moe = m.get("moe")
     # The schema stores 4h for GPT-style two-matrix MLPs and the stated width for SwiGLU ones.
     gated = bool(moe) or (m.get("ffn") or 4 * m["hidden"]) != 4 * m["hidden"]
@@ -341,7 +353,7 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
         return None, "model dimensions not stated"
     gpn = hw.get("gpus_per_node") or 4
     spec = Spec(
-        model=_model(row["model"]),
+        model=_model(row["model"], _mtp(row)),
         hardware=HardwareSpec(gpu=gpu, gpus_per_node=gpn, nodes=hw["total_gpus"] // gpn),
         network=_network(row["id"], gpu),
         training=TrainingSpec(

@@ -76,7 +76,19 @@ _MODEL_OPTS: list[tuple[str, str, dict[str, Any]]] = [
     ("--ffn", "ffn", {"type": whole_number, "help": "MLP intermediate size"}),
     ("--experts", "num_experts", {"type": whole_number, "help": "MoE experts per layer"}),
     ("--experts-per-token", "experts_per_token", {"type": whole_number, "help": "MoE top-k"}),
+    (
+        "--mtp-layers",
+        "mtp_layers",
+        {
+            "type": whole_number,
+            "help": "multi-token prediction modules Megatron trains beside the model "
+            "(--mtp-num-layers); default: the config's num_nextn_predict_layers (DeepSeek-V3: 1)",
+        },
+    ),
 ]
+_MODEL_EXTRAS = frozenset({"mtp_layers"})
+"""Model options that add to the base's model (a profile's, a spec file's) instead of
+replacing it."""
 
 
 def _choices(enum: type) -> list[str]:
@@ -419,7 +431,11 @@ def spec_from_args(args: argparse.Namespace) -> Spec:
     data: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for section, fields in overlay.items():
         if section == "model":
-            data["model"] = fields  # a model given on the command line replaces the base's
+            base_model = data.get("model")
+            if set(fields) <= _MODEL_EXTRAS and isinstance(base_model, dict):
+                data["model"] = {**base_model, **fields}
+            else:
+                data["model"] = fields  # a model given on the command line replaces the base's
             continue
         cur = data.get(section)
         if not isinstance(cur, dict):

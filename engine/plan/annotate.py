@@ -153,6 +153,22 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
         )
     if ctx.gpu.is_cpu:
         out.append("CPU ranks over gloo: a smoke-test set-up; times are nominal")
+    mtp = ctx.dims.mtp_layers
+    if mtp and d.framework == Framework.MEGATRON:
+        what = (
+            "one more layer and output-head pass"
+            if mtp == 1
+            else f"{mtp} more layers and head passes"
+        )
+        out.append(
+            f"multi-token prediction: {what} on the last pipeline stage (Megatron's "
+            "--mtp-num-layers)"
+        )
+    elif mtp:
+        out.append(
+            f"multi-token prediction is Megatron's (--mtp-num-layers): {d.framework.value} "
+            "trains the model without its prediction module, as transformers' model runs it"
+        )
     if d.strategy == Strategy.THREE_D and d.sequence_parallel:
         out.append("sequence parallelism splits layer-norm and dropout activations across TP ranks")
     return out

@@ -475,6 +475,13 @@ def per_layer_params(dims: ModelDims) -> tuple[float, float]:
     return other / dims.layers, experts
 
 
+def mtp_modules(dims: ModelDims, d: LayoutDraft) -> int:
+    """Multi-token prediction modules layout ``d`` trains (:attr:`ModelDims.mtp_layers`):
+    Megatron-Core runs them (``--mtp-num-layers``), on the last pipeline stage; the
+    Hugging Face models under DDP, FSDP and DeepSpeed leave them out."""
+    return dims.mtp_layers if d.framework == Framework.MEGATRON else 0
+
+
 def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
     """(dense, expert) parameters held by the heaviest GPU: its pipeline stage's layers (the first
     stage also holds the input embedding; the last the head -- we take the larger) split by TP,
@@ -490,13 +497,32 @@ def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
         (layers * dense_l + leading * dims.params_dense_mlp + ends) / d.tp,
         (layers - leading) * expert_l / (d.expert_tp * d.ep),
     )
-    if not leading or d.pp == 1:
-        return first
-    rest = (
-        (layers * dense_l + dims.vocab * dims.hidden) / d.tp,
-        layers * expert_l / (d.expert_tp * d.ep),
-    )
-    return max(first, rest, key=sum)
+    mtp = mtp_modules(dims, d)
+    if d.pp == 1:
+        # One stage holds everything, the multi-token prediction modules too: each a layer
+        # and its 2h -> h projection.
+        return first[0] + mtp * (dense_l + 2 * dims.hidden**2) / d.tp, first[1] + mtp * expert_l / (
+            d.expert_tp * d.ep
+        )
+    candidates = [first]
+    if leading:
+        candidates.append(
+            (
+                (layers * dense_l + dims.vocab * dims.hidden) / d.tp,
+                layers * expert_l / (d.expert_tp * d.ep),
+            )
+        )
+    if mtp:
+        # The last stage: its own layers, the head, and the multi-token prediction modules.
+        last = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)[-1]
+        candidates.append(
+            (
+                ((last + mtp) * dense_l + 2 * mtp * dims.hidden**2 + dims.vocab * dims.hidden)
+                / d.tp,
+                (last + mtp) * expert_l / (d.expert_tp * d.ep),
+            )
+        )
+    return max(candidates, key=sum)
 
 
 def largest_layer_params(dims: ModelDims, tp: int = 1) -> float:
@@ -624,6 +650,7 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
     # The stage holding the most: the first under an even split; a lighter first stage can
     # leave the peak to the second, which holds one micro-batch fewer of more layers.
     split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
+    split[-1] += mtp_modules(dims, d)  # the multi-token prediction modules' layers
     v = d.virtual_stages if d.pp_schedule == PPSchedule.INTERLEAVED else 1
     # Block recompute (a full recompute of only the first N layers of each model chunk): those
     # keep their input only, the others everything. 0: every layer recomputes.

@@ -107,6 +107,10 @@ class _Shape(NamedTuple):
     """Sliding-window attention: keys each query sees in the windowed layers; 0: none."""
     windowed: tuple[bool, ...] = ()
     """Which layers use the window, first to last."""
+    mtp: int = 0
+    """Multi-token prediction modules (``num_nextn_predict_layers``)."""
+    groups: tuple[int, int] = (0, 0)
+    """Group-limited routing: (``n_group``, ``topk_group``); (0, 0): none."""
 
 
 class _Mla(NamedTuple):
@@ -285,7 +289,8 @@ def _layer_pattern(flags: tuple[bool, ...]) -> str:
 def _deepseek_v3(c: dict[str, Any]) -> _Shape:
     """DeepSeek-V3 (and Kimi K2, the same architecture): multi-head latent attention, routed
     plus shared experts, the first ``first_k_dense_replace`` layers dense (transformers'
-    ``DeepseekV3ForCausalLM``; its multi-token-prediction layer is not part of the model)."""
+    ``DeepseekV3ForCausalLM``); its multi-token prediction modules (``num_nextn_predict_layers``)
+    are kept apart from the parameter count, as the model's published size keeps them."""
     h = _need_int(c, "hidden", "hidden_size")
     heads = _need_int(c, "heads", "num_attention_heads")
     q_lora = _cfg(c, "q_lora_rank")
@@ -312,6 +317,15 @@ def _deepseek_v3(c: dict[str, Any]) -> _Shape:
             field="model.config_path (first_k_dense_replace)",
         )
     ab = bool(c.get("attention_bias", False))
+    mtp = _cfg(c, "num_nextn_predict_layers", default=0) or 0
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or not 0 <= mtp <= 16:
+        raise SpecError(
+            "config.json's num_nextn_predict_layers must be a whole number from 0 to 16; "
+            "fix the file",
+            field="model.config_path (num_nextn_predict_layers)",
+        )
+    experts = _need_int(c, "n_routed_experts", "n_routed_experts", "num_local_experts")
+    groups = _routing_groups(c, experts)
     return _Shape(
         layers=layers,
         hidden=h,
@@ -324,13 +338,32 @@ def _deepseek_v3(c: dict[str, Any]) -> _Shape:
         gated=True,
         tie=bool(c.get("tie_word_embeddings", False)),
         max_pos=_max_pos(c, "max_position_embeddings"),
-        experts=_need_int(c, "n_routed_experts", "n_routed_experts", "num_local_experts"),
+        experts=experts,
         top_k=_need_int(c, "experts_per_token", "num_experts_per_tok", default=8),
         mla=mla,
         shared=_cfg(c, "n_shared_experts", default=0) or 0,
         dense_layers=dense,
         dense_ffn=_need_int(c, "ffn", "intermediate_size"),
+        mtp=mtp,
+        groups=groups,
     )
+
+
+def _routing_groups(c: dict[str, Any], experts: int) -> tuple[int, int]:
+    """(``n_group``, ``topk_group``) of a group-limited router (DeepSeek-V3's node-limited
+    routing: 8 groups, 4 per token); (0, 0) where every group is open (Kimi K2: 1 of 1)."""
+    groups = c.get("n_group") or 0
+    topk = c.get("topk_group") or 0
+    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (groups, topk))
+    if ok and (not groups or not topk or topk >= groups):
+        return (0, 0)
+    if not ok or groups < 1 or topk < 1 or experts % groups:
+        raise SpecError(
+            f"config.json's n_group ({groups!r}) must divide n_routed_experts ({experts}) and "
+            f"topk_group ({topk!r}) be a whole number of groups; fix the file",
+            field="model.config_path (n_group)",
+        )
+    return (groups, topk)
 
 
 _READERS = {
@@ -448,6 +481,9 @@ def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
         sliding_window=shape.window,
         window_layers=sum(shape.windowed),
         window_pattern=_layer_pattern(shape.windowed) if 0 < sum(shape.windowed) < layers else "",
+        mtp_layers=shape.mtp,
+        expert_groups=shape.groups[0],
+        group_topk=shape.groups[1],
     )
 
 
@@ -471,7 +507,8 @@ def _mla_params(h: int, heads: int, mla: _Mla, arch: _Arch) -> int:
 
 def architecture_notes(dims: ModelDims) -> list[str]:
     """What a model's shape line cannot say: its attention's kind and head width when unusual,
-    shared experts and leading dense layers (for the plan's and the wizard's model lines)."""
+    shared experts, leading dense layers and multi-token prediction (for the plan's and the
+    wizard's model lines)."""
     notes = []
     if dims.is_mla:
         notes.append(f"latent attention (kv {dims.kv_lora_rank}, q {dims.q_lora_rank or 'full'})")
@@ -484,6 +521,11 @@ def architecture_notes(dims: ModelDims) -> list[str]:
     if dims.sliding_window:
         where = "" if dims.window_layers == dims.layers else f" on {dims.window_layers} layers"
         notes.append(f"sliding window {dims.sliding_window}{where}")
+    if dims.expert_groups:
+        notes.append(f"experts from {dims.group_topk} of {dims.expert_groups} groups a token")
+    if dims.mtp_layers:
+        n = dims.mtp_layers
+        notes.append(f"{n} multi-token prediction module{'s' if n > 1 else ''} (Megatron)")
     return notes
 
 
@@ -667,7 +709,15 @@ def _from_dims(spec: ModelSpec) -> ModelDims:
 
 
 def resolve_model(spec: ModelSpec) -> ModelDims:
-    """Resolve a ModelSpec: config file, then preset, then dimensions, then a bare count."""
+    """Resolve a ModelSpec: config file, then preset, then dimensions, then a bare count;
+    ``mtp_layers``, where given, replaces the config's multi-token prediction depth."""
+    dims = _resolve(spec)
+    if spec.mtp_layers is not None and spec.mtp_layers != dims.mtp_layers:
+        return dims.model_copy(update={"mtp_layers": spec.mtp_layers})
+    return dims
+
+
+def _resolve(spec: ModelSpec) -> ModelDims:
     if spec.config_path is not None:
         return load_hf_config(spec.config_path)
     if spec.preset:

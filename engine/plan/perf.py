@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from engine.plan.memory import LayoutDraft, stage_params
+from engine.plan.memory import LayoutDraft, mtp_modules, stage_params
 from engine.plan.specs import Framework, ModelDims, Offload, Precision, Recompute, Strategy
 from engine.plan.stages import stage_layers
 
@@ -582,6 +582,16 @@ def _head_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -
     return gemm + softmax
 
 
+def _mtp_projection_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """One multi-token prediction module's projection of the normed hidden state and next
+    token's embedding, concatenated (``2h``), back to ``h``, one micro-batch, forward
+    (Megatron-Core's ``eh_proj``, split over TP)."""
+    t = d.micro_batch * seq_len / d.cp
+    n = dims.hidden / d.tp
+    k = 2 * dims.hidden
+    return 2 * t * n * k / (hw.peak_flops * hw.gemm * gemm_shape_efficiency(t, n, k))
+
+
 def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad: float) -> float:
     """Exposed tensor-parallel seconds of one layer, one micro-batch: two all-reduces (or
     all-gather + reduce-scatter pairs with SP) forward, two backward (Megatron hides those
@@ -629,13 +639,26 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
         # tp-ep-dp-pp with the expert TP of :func:`expert_tp`, 1 under EP).
         # NCCL's all-to-all sends every routed copy; DeepEP one per remote node (copies).
         copies = dims.experts_per_token if d.deepep else 1
-        one = alltoall_time(hw, routed * _moe_imbalance(d), d.ep, d.expert_tp, copies=copies)
+        one = alltoall_time(
+            hw,
+            routed * _moe_imbalance(d),
+            d.ep,
+            d.expert_tp,
+            copies=copies,
+            groups=(dims.expert_groups, dims.group_topk),
+        )
         out += passes * one * (1 - Overlap.ep)
     return out
 
 
 def alltoall_time(
-    hw: Hardware, nbytes: float, ranks: int, stride: int, *, copies: int = 1
+    hw: Hardware,
+    nbytes: float,
+    ranks: int,
+    stride: int,
+    *,
+    copies: int = 1,
+    groups: tuple[int, int] = (0, 0),
 ) -> float:
     """Seconds of one all-to-all in which each of ``ranks`` ranks (``stride`` apart) sends
     ``nbytes`` spread evenly over the group (MoE dispatch or combine). Unlike a ring, every
@@ -648,7 +671,8 @@ def alltoall_time(
     dispatcher (DeepEP, Megatron-Core's flex dispatcher; DeepSeek-V3 report §3.2.2) sends a
     token once to each remote domain that hosts one of its experts and fans it out there over
     NVLink, so the network carries ``(D - 1)(1 - (1 - 1/D)^k)`` copies of it, ``D`` domains,
-    instead of ``k (n - l)/n``."""
+    instead of ``k (n - l)/n``; fewer under group-limited routing (``groups``: see
+    :func:`domain_reach`)."""
     if ranks <= 1:
         return 0.0
     local = max(1, min(ranks, hw.domain // max(1, stride)))
@@ -663,10 +687,38 @@ def alltoall_time(
         share = (ranks - local) / ranks
         if copies > 1:
             domains = math.ceil(ranks / local)
-            share = (domains - 1) * (1 - (1 - 1 / domains) ** copies) / copies
+            share = (domains - 1) * domain_reach(domains, copies, *groups) / copies
         remote = nbytes * share / (nic * ramp)
         latency = RING_STEP_LATENCY_S
     return COLLECTIVE_LAUNCH_S + latency + max(nvlink, remote)
+
+
+def domain_reach(domains: int, k: int, groups: int = 0, topk: int = 0) -> float:
+    """Probability that a token's ``k`` routed experts include one in a given other scale-up
+    domain, the EP group spread over ``domains`` of them. Unrestricted routing:
+    ``1 - (1 - 1/D)^k``. Group-limited routing (DeepSeek-V3's node-limited routing, report
+    §2.1.2: its 256 experts in ``n_group`` 8 contiguous groups, each token's experts from the
+    ``topk_group`` 4 groups of highest affinity; Megatron-Core's ``--moe-router-num-groups`` /
+    ``--moe-router-group-topk``) confines a token to ``topk`` of the ``groups`` groups: with
+    EP64 over eight 8-GPU nodes a group is a node, and a token reaches at most 4 of them
+    (0.45 of each other node instead of 0.66). A domain holding ``g`` whole groups is reached
+    when some of them are chosen (hypergeometric) and one of the ``k`` experts, spread over the
+    ``topk`` chosen groups, lands in them; a group spanning several domains must be chosen and
+    then holds ``groups / (topk D)`` of the token's candidates in each. Groups that do not
+    align with domains are taken as unrestricted."""
+    free = 1 - (1 - 1 / domains) ** k
+    if not groups or not 0 < topk < groups:
+        return free
+    if domains >= groups and domains % groups == 0:
+        return topk / groups * (1 - (1 - groups / (topk * domains)) ** k)
+    if groups % domains:
+        return free
+    g = groups // domains
+    total = math.comb(groups, topk)
+    return sum(
+        math.comb(g, j) * math.comb(groups - g, topk - j) / total * (1 - (1 - j / topk) ** k)
+        for j in range(1, min(g, topk) + 1)
+    )
 
 
 def _host_bound_gap(
@@ -724,16 +776,21 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     last stage's plus the LM head when that is heavier), the exposed TP/CP/EP traffic, and the
     pipeline sends (one pair per model chunk). An MoE model's leading dense layers
     (:attr:`ModelDims.dense_layers`) sit on the first stage and are costed as the dense layers
-    they are."""
+    they are; multi-token prediction modules (:func:`mtp_modules`) on the last, each one more
+    layer, its ``2h -> h`` projection and one more pass through the head."""
     split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
     moe = _layer_costs(dims, d, hw, seq_len)
     dense = _layer_costs(dims.dense_view(), d, hw, seq_len) if dims.dense_layers else moe
+    mtp = mtp_modules(dims, d)
     head = 3 * _head_forward(dims, d, hw, seq_len)
+    head += mtp * (head + 3 * _mtp_projection_forward(dims, d, hw, seq_len))
     compute = comm = backward = 0.0
     before = 0
     for i, n in enumerate(split):
         n_dense = min(n, max(0, dims.dense_layers - before))
         before += n
+        if i == len(split) - 1:
+            n += mtp
         stage = [n_dense * a + (n - n_dense) * b for a, b in zip(dense, moe, strict=True)]
         compute = max(compute, stage[0] + (head if i == len(split) - 1 else 0.0))
         backward = max(backward, stage[1])

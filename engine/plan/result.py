@@ -224,6 +224,9 @@ _ARCHITECTURE_FIELDS = (
     "sliding_window",
     "window_layers",
     "window_pattern",
+    "expert_groups",
+    "group_topk",
+    "mtp_layers",
 )
-"""ModelDims fields of latent attention, shared experts, leading dense layers and sliding
-windows (``model_json`` writes them only where they are set)."""
+"""ModelDims fields of latent attention, shared experts, leading dense layers, sliding
+windows and multi-token prediction (``model_json`` writes them only where they are set)."""

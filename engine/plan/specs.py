@@ -224,18 +224,15 @@ class ModelSpec(_Strict):
     tie_embeddings: bool = False
     """Input embedding and output head share one matrix."""
 
+    mtp_layers: int | None = Field(default=None, ge=0, le=16)
+    """Multi-token prediction modules trained beside the model (Megatron-Core's
+    ``--mtp-num-layers``; DeepSeek-V3 trained with one, its config's
+    ``num_nextn_predict_layers``). Default: the config's count, 0 where it has none."""
+
     @field_validator("params", mode="before")
     @classmethod
     def _count(cls, v: object) -> object:
         return None if v is None else parse_count(v)
-        from engine.errors import DtrainError
-        from engine.plan.models import preset_config
-
-        try:
-            preset_config(v)
-        except DtrainError as e:
-            raise ValueError(e.message) from None
-        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -359,6 +356,18 @@ class ModelDims(BaseModel):
     window_pattern: str = ""
     """Which, as Megatron's list expression (``[1,0]*21``: every second layer from the first);
     empty when every layer or none does."""
+    expert_groups: int = 0
+    """MoE group-limited routing (DeepSeek-V3's ``n_group``): the experts fall into this many
+    contiguous groups, and each token's experts come from :attr:`group_topk` of them (the groups
+    of highest affinity); 0: every expert open to every token."""
+    group_topk: int = 0
+    """Groups a token's experts come from (``topk_group``)."""
+    mtp_layers: int = 0
+    """Multi-token prediction modules (DeepSeek-V3 report §2.2; Megatron-Core's
+    ``--mtp-num-layers``): each one more transformer layer of the model's kind, a ``2h -> h``
+    projection and its own pass through the shared output head, on the last pipeline stage.
+    Not in the parameter counts (the model's published size leaves them out, as DeepSeek-V3's
+    671B does), and run by Megatron-Core only: transformers' models skip them."""
 
     @property
     def is_moe(self) -> bool:

@@ -87,6 +87,10 @@ def architecture_args(m: ModelDims) -> list[str]:
         ]
     elif m.head_dim * m.heads != m.hidden:
         out.append(f"--kv-channels {m.head_dim}")
+    if m.mtp_layers:
+        # Multi-token prediction (DeepSeek-V3 §2.2), on the last pipeline stage, its loss
+        # weighted by Megatron's default 0.1 (the report's weight for most of its run).
+        out.append(f"--mtp-num-layers {m.mtp_layers}")
     if m.sliding_window:
         # (left, right) keys: the causal window; on the windowed layers only where not all.
         out.append(f"--window-size {m.sliding_window},0")
@@ -219,6 +223,12 @@ def megatron_args_list(plan: Plan) -> list[str]:
             ]
         if m.shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size {m.shared_experts * m.ffn}")
+        if m.expert_groups:
+            # Group-limited routing as the model was trained (DeepSeek-V3: 4 of 8 groups).
+            out += [
+                f"--moe-router-num-groups {m.expert_groups}",
+                f"--moe-router-group-topk {m.group_topk}",
+            ]
         # What the time model assumes: tokens moved by all-to-all or DeepEP (Megatron's
         # default is an all-gather dispatcher) into one grouped GEMM per rank, balanced by the
         # auxiliary loss (Megatron-LM's Mixtral example).

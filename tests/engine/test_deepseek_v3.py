@@ -136,7 +136,13 @@ def test_the_plan_names_the_architecture_and_megatron_gets_it() -> None:
     p = plan(spec)
     assert p.recommended.fits
     notes = architecture_notes(p.model)
-    assert notes == ["latent attention (kv 512, q 1536)", "1 shared expert", "first 3 layers dense"]
+    assert notes == [
+        "latent attention (kv 512, q 1536)",
+        "1 shared expert",
+        "first 3 layers dense",
+        "experts from 4 of 8 groups a token",
+        "1 multi-token prediction module (Megatron)",
+    ]
     args = megatron_args(p).splitlines()
     for flag in (
         "--multi-latent-attention",
