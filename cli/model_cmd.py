@@ -34,10 +34,12 @@ def register(sub: Any) -> None:
         "hidden",
         "heads",
         "kv-heads",
+        "head-dim",
         "vocab",
         "ffn",
         "experts",
         "experts-per-token",
+        "mtp-layers",
     ):
         ins.add_argument(f"--{opt}", type=whole_number, metavar="N")
     ins.add_argument("--json", action="store_true", help="print the model object as JSON")
@@ -64,10 +66,12 @@ def _inspect(args: argparse.Namespace) -> int:
             hidden=args.hidden,
             heads=args.heads,
             kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
             vocab=args.vocab,
             ffn=args.ffn,
             num_experts=args.experts,
             experts_per_token=args.experts_per_token,
+            mtp_layers=args.mtp_layers,
         )
     except ValidationError as e:
         raise SpecError("; ".join(validation_messages(e, "model"))) from None

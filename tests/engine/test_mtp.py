@@ -162,3 +162,15 @@ def test_the_command_line_sets_it_beside_a_profile_or_preset(
     assert main([*base, "--mtp-layers", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mtp_layers" in err[0]
+
+
+def test_model_inspect_takes_the_depth_and_the_head_width(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["model", "inspect", "deepseek-v3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mtp_layers"] == 1
+    assert main(["model", "inspect", "deepseek-v3", "--mtp-layers", "0", "--json"]) == 0
+    assert "mtp_layers" not in json.loads(capsys.readouterr().out)
+    dims = ["--layers", "4", "--hidden", "64", "--heads", "4", "--head-dim", "32", "--vocab", "100"]
+    assert main(["model", "inspect", *dims, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["head_dim"] == 32
