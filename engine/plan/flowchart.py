@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from engine.plan.annotate import describe, gib, mem_line, shortfall
 from engine.plan.context import PlanContext
+from engine.plan.memory import mtp_modules
 from engine.plan.result import PathStep
 from engine.plan.search import (
     CLEARLY_FASTER,
@@ -346,9 +347,12 @@ def _pipeline_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
         )
     elif d.first_stage_layers or d.last_stage_layers:
         answer = f"1F1B, layers per stage {_split(layers)}"
+        last = "the LM head and loss"
+        if mtp_modules(ctx.dims, d):
+            last = "the LM head, loss and multi-token prediction"
         reason = (
             "lighter end stages balance the embedding and the first stage's in-flight "
-            "activations (first) and the LM head and loss (last) against the others; Megatron's "
+            f"activations (first) and {last} (last) against the others; Megatron's "
             "--decoder-first/last-pipeline-num-layers"
         )
     else:

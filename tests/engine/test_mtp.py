@@ -132,6 +132,8 @@ def test_the_plan_times_it_places_it_and_writes_it() -> None:
     assert (lay.first_stage_layers, lay.last_stage_layers) == (0, 1)
     assert lay.step_time_s > 1.03 * without.recommended.step_time_s
     assert any("multi-token prediction" in n for n in lay.notes)
+    split = next(s for s in with_mtp.path if s.question == "Which pipeline schedule and split?")
+    assert "multi-token prediction (last)" in split.reason
     assert not any("multi-token prediction" in n for n in without.recommended.notes)
     assert "--mtp-num-layers 1" in megatron_args(with_mtp).splitlines()
     assert "--mtp-num-layers" not in megatron_args(without)
