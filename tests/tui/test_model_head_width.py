@@ -13,6 +13,7 @@ from textual.widgets import Button, Input
 from engine.plan.specs import ModelSpec, demo_spec
 from tests.tui.wizard_support import retype, settle, text_of, until
 from tui.app import DtrainApp
+from tui.widgets.field_row import FieldRow
 
 SIZE = (120, 40)
 
@@ -65,5 +66,35 @@ def test_a_deepseek_v3_config_is_summarised_with_its_architecture(tmp_path: Path
             summary = text_of(app, "#model-summary")
             assert "671" in summary and "latent attention (kv 512, q 1536)" in summary
             assert "1 shared expert" in summary and "first 3 layers dense" in summary
+
+    asyncio.run(go())
+
+
+def test_the_multi_token_prediction_depth_is_set_beside_any_source(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await _type_into(pilot, app, "preset", "deepseek-v3")
+            await pilot.press("enter")
+            await until(pilot, lambda: app.spec.model.preset == "deepseek-v3", "no preset")
+            await until(
+                pilot,
+                lambda: "1 multi-token prediction module" in text_of(app, "#model-summary"),
+                "the summary never named the module",
+            )
+            await _type_into(pilot, app, "mtp_layers", "0")
+            await until(pilot, lambda: app.spec.model.mtp_layers == 0, "depth never reached")
+            assert app.spec.model.preset == "deepseek-v3"
+            await until(
+                pilot,
+                lambda: "multi-token" not in text_of(app, "#model-summary"),
+                "the summary still names the module",
+            )
+            await _type_into(pilot, app, "mtp_layers", "-1")
+            row = app.screen.query_one("#row-mtp_layers", FieldRow)
+            await until(pilot, lambda: bool(row.error), "a negative depth was not refused")
+            assert "at least 0" in row.error
+            assert app.spec.model.preset == "deepseek-v3"  # the model itself is kept
 
     asyncio.run(go())

@@ -57,7 +57,12 @@ _SOURCE_LABELS = {
     "src-dims": "Dimensions",
     "src-count": "Param count",
 }
-_FIELD_LABELS = {"config_path": "config.json path", "params": "Parameters", **_DIM_LABELS}
+_FIELD_LABELS = {
+    "config_path": "config.json path",
+    "params": "Parameters",
+    "mtp_layers": "MTP modules",
+    **_DIM_LABELS,
+}
 """The label of each field the engine may refuse (the summary points at it)."""
 _FIELD_SOURCE = {
     "config_path": "src-config",
@@ -137,6 +142,12 @@ class ModelStep(StepPane):
             with TabPane("Param count", id="src-count"):
                 yield FieldRow("params", "Parameters", placeholder="e.g. 7B, 350M or 1.3e9")
                 yield Button("Use this source", id="use-src-count", compact=True)
+        # Whichever the source: multi-token prediction modules Megatron trains beside it.
+        yield FieldRow(
+            "mtp_layers",
+            "MTP modules",
+            placeholder="the model's own (DeepSeek-V3: 1)",
+        )
 
     # --- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -164,6 +175,8 @@ class ModelStep(StepPane):
             value = getattr(m, name)
             if value is not None:
                 rows[name].set_quietly(str(value))
+        if m.mtp_layers is not None:
+            rows["mtp_layers"].set_quietly(str(m.mtp_layers))
         self._fill_presets(rows["preset"].value)
         self.applied = source
         self.query_one(TabbedContent).active = source
@@ -309,6 +322,9 @@ class ModelStep(StepPane):
                 errs["params"] = "type a parameter count such as 7B, 350M or 1.3e9"
         else:
             data, errs = self.read_fields(_DIMS)
+        extra, extra_errs = self.read_fields({"mtp_layers": "int"})
+        data.update(extra)
+        errs.update(extra_errs)
         for row in self.rows().values():
             row.set_error(None)
         model, problems = self.build(ModelSpec, data, errs)
