@@ -497,13 +497,14 @@ def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
         (layers * dense_l + leading * dims.params_dense_mlp + ends) / d.tp,
         (layers - leading) * expert_l / (d.expert_tp * d.ep),
     )
+    # Each multi-token prediction module: a layer and its 2h -> h projection.
     mtp = mtp_modules(dims, d)
+    module = (
+        mtp * (dense_l + 2 * dims.hidden**2) / d.tp,
+        mtp * expert_l / (d.expert_tp * d.ep),
+    )
     if d.pp == 1:
-        # One stage holds everything, the multi-token prediction modules too: each a layer
-        # and its 2h -> h projection.
-        return first[0] + mtp * (dense_l + 2 * dims.hidden**2) / d.tp, first[1] + mtp * expert_l / (
-            d.expert_tp * d.ep
-        )
+        return first[0] + module[0], first[1] + module[1]
     candidates = [first]
     if leading:
         candidates.append(
@@ -513,13 +514,12 @@ def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
             )
         )
     if mtp:
-        # The last stage: its own layers, the head, and the multi-token prediction modules.
+        # The last stage: its own layers, the head and the modules.
         last = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)[-1]
         candidates.append(
             (
-                ((last + mtp) * dense_l + 2 * mtp * dims.hidden**2 + dims.vocab * dims.hidden)
-                / d.tp,
-                (last + mtp) * expert_l / (d.expert_tp * d.ep),
+                (last * dense_l + dims.vocab * dims.hidden) / d.tp + module[0],
+                last * expert_l / (d.expert_tp * d.ep) + module[1],
             )
         )
     return max(candidates, key=sum)
