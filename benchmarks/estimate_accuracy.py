@@ -211,6 +211,10 @@ def _model(m: dict[str, Any], mtp: int | None = None) -> ModelSpec:
         # DeepSeek-V3 and Kimi K2: their MLA, shared experts and leading dense layers are in
         # the preset (the model's own configuration), not in the flat fields.
         return ModelSpec(preset=m["preset"], mtp_layers=mtp)
+    if m["name"].upper().replace("-", " ").startswith("GPT OSS"):
+        # GPT-OSS: its 128-token window on every second layer, attention sinks and biases are
+        # in its configuration (the preset), not in the flat fields.
+        return ModelSpec(preset=f"gpt-oss-{m['name'].split()[-1].lower()}")
     moe = m.get("moe")
     # The schema stores 4h for GPT-style two-matrix MLPs and the stated width for SwiGLU ones.
     gated = bool(moe) or (m.get("ffn") or 4 * m["hidden"]) != 4 * m["hidden"]

@@ -35,6 +35,10 @@ class _Arch(NamedTuple):
     learned_positions: bool = False
     qk_norm: bool = False
     """Per-head RMSNorm on q and k (qwen3): 2 * head_dim per layer."""
+    router_bias: bool = False
+    """The MoE router has a bias (gpt_oss): one per expert."""
+    sinks: bool = False
+    """Attention sinks (gpt_oss): a learned logit per head and layer."""
 
 
 _SUPPORTED = (
@@ -52,6 +56,7 @@ _SUPPORTED = (
     "falcon",
     "deepseek_v3",
     "kimi_k2",
+    "gpt_oss",
 )
 
 
@@ -230,6 +235,12 @@ def _gated_decoder(c: dict[str, Any], mt: str) -> _Shape:
     elif mt in ("llama", "mistral"):
         ab = bool(c.get("attention_bias", False))
         arch = _Arch(qkv_bias=ab, o_bias=ab, mlp_bias=bool(c.get("mlp_bias", False)))
+    elif mt == "gpt_oss":
+        # transformers' GptOss: biased attention projections and attention sinks, a biased
+        # router, experts with biased gate/up and down projections (gate_up_proj_bias,
+        # down_proj_bias).
+        ab = bool(c.get("attention_bias", True))
+        arch = _Arch(qkv_bias=ab, o_bias=ab, mlp_bias=True, router_bias=True, sinks=True)
     else:  # mixtral, gemma, phi3: no biases, RMSNorm, two norms
         arch = _Arch()
     window, windowed = _sliding_window(c, mt, layers)
@@ -253,7 +264,7 @@ def _gated_decoder(c: dict[str, Any], mt: str) -> _Shape:
 def _sliding_window(c: dict[str, Any], mt: str, layers: int) -> tuple[int, tuple[bool, ...]]:
     """(window, the layers that use it) as transformers reads a Llama-family config: a
     ``layer_types`` list where the config has one; otherwise every second layer from the
-    first for Gemma 2, the layers from ``max_window_layers`` on for Qwen2/3 when
+    first for Gemma 2 and GPT-OSS, the layers from ``max_window_layers`` on for Qwen2/3 when
     ``use_sliding_window`` is set, every layer for Mistral, Mixtral and Phi-3."""
     w = c.get("sliding_window")
     if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
@@ -261,7 +272,7 @@ def _sliding_window(c: dict[str, Any], mt: str, layers: int) -> tuple[int, tuple
     types = c.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
         windowed = tuple(t == "sliding_attention" for t in types)
-    elif mt == "gemma2":
+    elif mt in ("gemma2", "gpt_oss"):
         windowed = tuple(i % 2 == 0 for i in range(layers))
     elif mt in ("qwen2", "qwen3", "qwen3_moe"):
         first = c.get("max_window_layers")
@@ -406,7 +417,7 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
             "with --layers/--hidden/--heads/--ffn/--experts instead",
             field="model.config_path",
         )
-    if mt in ("mixtral", "qwen3_moe"):
+    if mt in ("mixtral", "qwen3_moe", "gpt_oss"):
         shape = shape._replace(
             experts=_need_int(c, "num_experts", "num_local_experts", "num_experts"),
             top_k=_need_int(c, "experts_per_token", "num_experts_per_tok", default=2),
@@ -437,8 +448,9 @@ def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
     mlp = (3 if shape.gated else 2) * h * shape.ffn
     if arch.mlp_bias:
         mlp += (2 * shape.ffn if shape.gated else shape.ffn) + h
-    router = h * experts if experts > 1 else 0
-    per_layer_dense = attn + arch.norms_per_layer * norm + router + shape.shared * mlp
+    router = h * experts + (experts if arch.router_bias else 0) if experts > 1 else 0
+    sinks = shape.heads if arch.sinks else 0
+    per_layer_dense = attn + sinks + arch.norms_per_layer * norm + router + shape.shared * mlp
     embed = shape.vocab * h
     positions = (shape.max_pos or 1024) * h if arch.learned_positions else 0
     head = 0 if shape.tie else shape.vocab * h
@@ -518,6 +530,8 @@ def architecture_notes(dims: ModelDims) -> list[str]:
         notes.append(f"{dims.shared_experts} shared expert{'s' if dims.shared_experts > 1 else ''}")
     if dims.dense_layers:
         notes.append(f"first {dims.dense_layers} layer{'s' if dims.dense_layers > 1 else ''} dense")
+    if dims.arch == "gpt_oss":
+        notes.append("attention sinks")
     if dims.sliding_window:
         where = "" if dims.window_layers == dims.layers else f" on {dims.window_layers} layers"
         notes.append(f"sliding window {dims.sliding_window}{where}")

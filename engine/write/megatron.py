@@ -45,11 +45,13 @@ _RMSNORM_ROPE = frozenset(
         "phi3",
         "deepseek_v3",
         "kimi_k2",
+        "gpt_oss",
     }
 )
 """Hugging Face model types built like Llama: RMSNorm, rotary positions, no dropout."""
-_NO_LINEAR_BIAS = _RMSNORM_ROPE | {"falcon"}
-"""Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v)."""
+_NO_LINEAR_BIAS = (_RMSNORM_ROPE - {"gpt_oss"}) | {"falcon"}
+"""Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v; gpt_oss one
+on every linear, Megatron's default)."""
 _ROPE_LAYERNORM = frozenset({"gpt_neox", "falcon"})
 """LayerNorm models with rotary positions."""
 
@@ -91,6 +93,8 @@ def architecture_args(m: ModelDims) -> list[str]:
         # Multi-token prediction (DeepSeek-V3 §2.2), on the last pipeline stage, its loss
         # weighted by Megatron's default 0.1 (the report's weight for most of its run).
         out.append(f"--mtp-num-layers {m.mtp_layers}")
+    if m.arch == "gpt_oss":
+        out.append("--softmax-type learnable")  # attention sinks: a learned logit per head
     if m.sliding_window:
         # (left, right) keys: the causal window; on the windowed layers only where not all.
         out.append(f"--window-size {m.sliding_window},0")
@@ -99,6 +103,15 @@ def architecture_args(m: ModelDims) -> list[str]:
     if llama:
         out += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     return out
+
+
+def activation_args(m: ModelDims) -> list[str]:
+    """The MLP's activation: SwiGLU for gated models; GPT-OSS's clamped quick-GELU GLU with
+    its ``+1`` on the linear half (Megatron-Bridge's GPTOSSProvider: ``quick_gelu``,
+    ``glu_linear_offset 1.0``, ``activation_func_clamp_value 7.0``)."""
+    if m.arch == "gpt_oss":
+        return ["--quick-geglu", "--glu-linear-offset 1.0", "--activation-func-clamp-value 7.0"]
+    return ["--swiglu"] if m.gated_mlp else []
 
 
 def light_modules(m: ModelDims) -> str:
@@ -211,8 +224,7 @@ def megatron_args_list(plan: Plan) -> list[str]:
     if m.kv_heads != m.heads:
         out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
     out.append(f"--ffn-hidden-size {m.dense_ffn or m.ffn}")
-    if m.gated_mlp:
-        out.append("--swiglu")
+    out += activation_args(m)
     if m.is_moe:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}"]
         if m.dense_layers:

@@ -63,6 +63,22 @@ def test_llama_flags_come_from_the_model() -> None:
         ("qwen2-7b", ["--disable-bias-linear", "--add-qkv-bias"], []),
         ("gemma-7b", ["--kv-channels 256", "--normalization RMSNorm"], []),
         ("llama-3.2-1b", ["--swiglu"], ["--untie-embeddings-and-output-weights"]),
+        (
+            # GPT-OSS as Megatron-Bridge's GPTOSSProvider builds it: biased linears, attention
+            # sinks, a 128-token window on every second layer, clamped quick-GELU GLU.
+            "gpt-oss-20b",
+            [
+                "--normalization RMSNorm",
+                "--softmax-type learnable",
+                "--window-size 128,0",
+                "--window-attn-skip-freq [1,0]*12",
+                "--quick-geglu",
+                "--glu-linear-offset 1.0",
+                "--activation-func-clamp-value 7.0",
+                "--kv-channels 64",
+            ],
+            ["--disable-bias-linear", "--swiglu"],
+        ),
     ],
 )
 def test_architecture_flags(preset: str, present: list[str], absent: list[str]) -> None:

@@ -28,6 +28,8 @@ PUBLISHED = {
     "phi3-mini": 3_821_079_552,
     "falcon-7b": 6_921_720_704,
     "llama-3.2-1b": 1_235_814_400,
+    # openai/gpt-oss-20b: "21B parameters" (model card); the sum of transformers' GptOss.
+    "gpt-oss-20b": 20_914_757_184,
 }
 
 
@@ -134,3 +136,15 @@ def test_a_qwen3_moe_with_dense_layers_is_refused_in_one_line(tmp_path: Path) ->
     with pytest.raises(SpecError) as e:
         load_hf_config(f)
     assert "mixes dense and MoE layers" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_gpt_oss_reads_as_transformers_builds_it() -> None:
+    d = load_hf_config(CONFIGS / "gpt-oss-20b.json")
+    assert (d.arch, d.num_experts, d.experts_per_token, d.head_dim) == ("gpt_oss", 32, 4, 64)
+    # A 128-token window on every second layer from the first (its layer_types), as the preset.
+    assert (d.sliding_window, d.window_layers, d.window_pattern) == (128, 12, "[1,0]*12")
+    big = resolve_model(ModelSpec(preset="gpt-oss-120b"))
+    assert big.params_total == 116_829_156_672  # "117B parameters" (model card)
+    # Active: the model card's 5.1B leaves the input embedding out; the planner counts it.
+    assert round((big.params_active - big.vocab * big.hidden) / 1e9, 2) == 5.13
+    assert resolve_model(ModelSpec(preset="gpt-oss-20b")).params_total == d.params_total
