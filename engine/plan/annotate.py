@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from engine.plan.context import PlanContext
-from engine.plan.memory import LayoutDraft
+from engine.plan.memory import LayoutDraft, mtp_modules
 from engine.plan.result import Layout, MemoryBreakdown
 from engine.plan.search import (
     CLEARLY_FASTER,
@@ -154,7 +154,7 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     if ctx.gpu.is_cpu:
         out.append("CPU ranks over gloo: a smoke-test set-up; times are nominal")
     mtp = ctx.dims.mtp_layers
-    if mtp and d.framework == Framework.MEGATRON:
+    if mtp_modules(ctx.dims, d):
         what = (
             "one more layer and output-head pass"
             if mtp == 1
