@@ -291,6 +291,10 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
         # No published run offloaded: left free, the planner would offload a layout that does
         # not fit its (80 GB) memory model and time the offload instead of the run.
         offload=Offload.NONE,
+        # No row states Megatron's all-to-all overlap; it is off by default (Megatron-LM's
+        # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig
+        # moe_a2a_overlap=False). Left free, the planner would turn it on.
+        moe_a2a_overlap=False,
     )
 
 

@@ -112,6 +112,7 @@ def render(p: Plan, out: TextIO) -> None:
         f"{r.global_batch}; recompute {r.recompute.value}"
         + (f" ({recompute_scope(r)})" if r.recompute_layers else "")
         + ("; sequence parallel" if r.sequence_parallel else "")
+        + ("; expert all-to-all overlapped" if r.a2a_overlap else "")
         + "\n"
     )
     w(

@@ -242,6 +242,14 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         default=None,
     )
     g.add_argument(
+        "--moe-a2a-overlap",
+        dest="layout__moe_a2a_overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Megatron MoE layouts: hide the expert all-to-all behind another micro-batch's "
+        "compute (--overlap-moe-expert-parallel-comm); default: wherever the layout allows",
+    )
+    g.add_argument(
         "--global-batch-nearest",
         dest="training__global_batch_nearest",
         action="store_true",

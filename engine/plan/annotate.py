@@ -171,6 +171,12 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
         )
     if d.strategy == Strategy.THREE_D and d.sequence_parallel:
         out.append("sequence parallelism splits layer-norm and dropout activations across TP ranks")
+    if d.a2a_overlap:
+        out.append(
+            "expert all-to-all overlapped: each micro-batch's forward runs beside another's "
+            "backward, hiding its dispatch and combine (Megatron's "
+            "--overlap-moe-expert-parallel-comm)"
+        )
     return out
 
 
@@ -364,6 +370,11 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
         )
     if lay.sequence_parallel and lay.tp == 1:
         out.append("layout.sequence_parallel: needs tp > 1; it has no effect here")
+    if spec.layout.moe_a2a_overlap and not lay.a2a_overlap:
+        out.append(
+            "layout.moe_a2a_overlap: needs a Megatron MoE layout with ep > 1, one pipeline stage "
+            "or --virtual-stages, and no full recompute; it has no effect here"
+        )
     if not lay.fits and spec.layout.is_forced:
         out.append(_forced_misfit(ctx, lay))
     return out

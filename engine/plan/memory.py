@@ -112,6 +112,11 @@ class LayoutDraft:
     """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
     Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
     sent, not 4. Only read for Megatron bf16 layouts."""
+    a2a_overlap: bool = False
+    """Megatron-Core's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute``): one micro-batch's forward runs layer by layer beside another's
+    backward, each hiding the other's dispatch and combine (see
+    :func:`engine.plan.perf.a2a_overlap_applies`)."""
 
     @property
     def world_size(self) -> int:
@@ -655,8 +660,12 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
     # Block recompute (a full recompute of only the first N layers of each model chunk): those
     # keep their input only, the others everything. 0: every layer recomputes.
     redone = v * d.recompute_layers if d.recompute == Recompute.FULL else 0
+    # One stage with the all-to-all overlap: the next micro-batch's forward runs beside this
+    # one's backward, so two are alive at once (a pipeline's warm-up already holds that one).
+    paired = 2.0 if d.a2a_overlap and d.pp == 1 and d.grad_accum > 1 else 1.0
     acts = max(
-        in_flight(d.pp, d.grad_accum, v, i)
+        paired
+        * in_flight(d.pp, d.grad_accum, v, i)
         * (n * per_layer if not redone else min(redone, n) * per_layer + max(0, n - redone) * kept)
         for i, n in enumerate(split)
     )

@@ -117,6 +117,10 @@ auxiliary balancing loss: every rank waits for the one that receives the most to
 all-to-alls and its expert GEMMs. Balancing (an auxiliary loss, or DeepSeek-V3's bias terms)
 keeps the busiest rank near the mean but not at it; 15 % is an assumed figure, not one measured
 per run (a capacity factor of 1.0 with token dropping would cap it at the mean)."""
+A2A_OVERLAP_SM_SHARE: Final = 20 / 132
+"""Share of the GPU's SMs an all-to-all running beside compute holds (its kernels move the
+data): DeepSeek-V3's report (§3.2.2) dedicates 20 of the H800's 132 SMs to it. Compute that
+runs under a hidden all-to-all loses that share for as long as the all-to-all runs."""
 MOE_EXPERT_KERNEL_S: Final = 10e-6
 """Host time per kernel the grouped expert MLP launches per local expert: Transformer
 Engine's ``GroupedLinear`` loops over the rank's experts issuing one GEMM each (and, in FP8,
@@ -624,31 +628,58 @@ def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad:
 
 def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
     """Exposed context-parallel (ring passes of K and V) and expert-parallel (all-to-all
-    dispatch and combine, forward and backward) seconds of one layer, one micro-batch."""
-    out = 0.0
-    act_b = _act_bytes(d)
-    s_local = seq_len / d.cp
-    if d.cp > 1:
-        kv = 2 * s_local * d.micro_batch * dims.kv_heads * dims.head_dim * act_b / d.tp
-        vol = 3 * (d.cp - 1) * kv  # forward pass + twice in backward
-        out += vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
-    if dims.is_moe and d.ep > 1:
-        routed = s_local * d.micro_batch * dims.hidden * act_b * dims.experts_per_token / d.tp
-        passes = 6 if d.recompute in (Recompute.FULL, Recompute.MLP) else 4
-        # The expert-parallel group is consecutive ranks (Megatron-Core orders expert ranks
-        # tp-ep-dp-pp with the expert TP of :func:`expert_tp`, 1 under EP).
-        # NCCL's all-to-all sends every routed copy; DeepEP one per remote node (copies).
-        copies = dims.experts_per_token if d.deepep else 1
-        one = alltoall_time(
-            hw,
-            routed * _moe_imbalance(d),
-            d.ep,
-            d.expert_tp,
-            copies=copies,
-            groups=(dims.expert_groups, dims.group_topk),
-        )
-        out += passes * one * (1 - Overlap.ep)
-    return out
+    dispatch and combine, forward and backward) seconds of one layer, one micro-batch, without
+    Megatron's all-to-all overlap (see :func:`_layer_costs` for it)."""
+    return _cp_comm(dims, d, hw, seq_len) + _ep_comm(dims, d, hw, seq_len) * (1 - Overlap.ep)
+
+
+def _cp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """Exposed context-parallel seconds of one layer, one micro-batch (K and V passed round the
+    ring once forward, twice backward)."""
+    if d.cp <= 1:
+        return 0.0
+    kv = 2 * seq_len / d.cp * d.micro_batch * dims.kv_heads * dims.head_dim * _act_bytes(d) / d.tp
+    vol = 3 * (d.cp - 1) * kv
+    return vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
+
+
+def _ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """Seconds of one layer's expert-parallel all-to-alls for one micro-batch (dispatch and
+    combine forward and backward, and again for a recomputed forward), none hidden."""
+    if not dims.is_moe or d.ep <= 1:
+        return 0.0
+    routed = seq_len / d.cp * d.micro_batch * dims.hidden * _act_bytes(d)
+    routed *= dims.experts_per_token / d.tp
+    passes = 6 if d.recompute in (Recompute.FULL, Recompute.MLP) else 4
+    # The expert-parallel group is consecutive ranks (Megatron-Core orders expert ranks
+    # tp-ep-dp-pp with the expert TP of :func:`expert_tp`, 1 under EP).
+    # NCCL's all-to-all sends every routed copy; DeepEP one per remote node (copies).
+    copies = dims.experts_per_token if d.deepep else 1
+    one = alltoall_time(
+        hw,
+        routed * _moe_imbalance(d),
+        d.ep,
+        d.expert_tp,
+        copies=copies,
+        groups=(dims.expert_groups, dims.group_topk),
+    )
+    return passes * one
+
+
+def a2a_overlap_applies(dims: ModelDims, d: LayoutDraft) -> bool:
+    """Whether Megatron-Core's expert-parallel all-to-all overlap can run this layout: a
+    Megatron MoE layout with ep > 1 whose pipeline is one stage or interleaved (its combined
+    1F1B schedule pairs model chunks), without full recompute (a checkpointed layer's backward
+    is one opaque block the schedule cannot split), not fully sharded (Megatron-FSDP gathers
+    per block outside that schedule). Megatron-LM's ``TransformerConfig`` asserts the same."""
+    return (
+        d.framework == Framework.MEGATRON
+        and dims.is_moe
+        and d.ep > 1
+        and (d.pp == 1 or d.virtual_stages > 1)
+        and d.recompute != Recompute.FULL
+        and d.zero_stage < 3
+    )
 
 
 def alltoall_time(
@@ -767,7 +798,17 @@ def _layer_costs(
     per_layer = layer_fwd + layer_bwd + _host_bound_gap(dims, d, hw, seq_len, layer_fwd)
     # Megatron hides the backward TP all-reduce behind the weight-gradient GEMMs of the
     # column-parallel layers: about half of the layer's GEMM time.
-    comm = _tp_comm(dims, d, hw, seq_len, f.gemm / 2) + _cp_ep_comm(dims, d, hw, seq_len)
+    comm = _tp_comm(dims, d, hw, seq_len, f.gemm / 2) + _cp_comm(dims, d, hw, seq_len)
+    ep = _ep_comm(dims, d, hw, seq_len)
+    if d.a2a_overlap and a2a_overlap_applies(dims, d):
+        # Combined 1F1B: this layer's forward for one micro-batch runs beside its backward for
+        # another, each one's dispatch and combine behind the other's compute; what the
+        # compute cannot cover stays exposed, and the all-to-all kernels hold some SMs.
+        hidden = min(ep, per_layer)
+        per_layer += A2A_OVERLAP_SM_SHARE * hidden
+        comm += ep - hidden
+    else:
+        comm += ep * (1 - Overlap.ep)
     return per_layer, layer_bwd, comm
 
 

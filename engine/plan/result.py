@@ -78,6 +78,9 @@ class Layout(_Frozen):
     ``--decoder-first-pipeline-num-layers``); 0: the even split."""
     last_stage_layers: int = 0
     """Layers on the last pipeline stage when lighter (``--decoder-last-pipeline-num-layers``)."""
+    a2a_overlap: bool = False
+    """The expert-parallel all-to-all overlapped with another micro-batch's compute (Megatron's
+    ``--overlap-moe-expert-parallel-comm``)."""
     memory_per_gpu: MemoryBreakdown
     fits: bool
     step_time_s: float

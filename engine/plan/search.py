@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, estimate_memory
-from engine.plan.perf import Estimate, estimate_time
+from engine.plan.perf import Estimate, a2a_overlap_applies, estimate_time
 from engine.plan.result import Layout, MemoryBreakdown
 from engine.plan.specs import Framework, MoeDispatcher, Offload, PPSchedule, Recompute, Strategy
 from engine.plan.stages import stage_layers, uneven_splits, virtual_options
@@ -90,6 +90,7 @@ class Candidate:
             virtual_stages=d.virtual_stages,
             first_stage_layers=d.first_stage_layers,
             last_stage_layers=d.last_stage_layers,
+            a2a_overlap=d.a2a_overlap,
             memory_per_gpu=self.mem,
             fits=self.fits,
             step_time_s=e.step_time_s if e else 0.0,
@@ -414,6 +415,7 @@ def _micro_steps(
                 deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
                 capacity=ctx.spec.training.moe_capacity_factor or 0.0,
             )
+            d = replace(d, a2a_overlap=_a2a_overlap(ctx, d))
             blocks = _block_recompute_applies(ctx, d, rcs)
             if rc == Recompute.FULL and blocks:
                 partial = partial or _block_recompute(ctx, d)
@@ -435,6 +437,14 @@ def _micro_steps(
         if not fitted:
             break
     return out
+
+
+def _a2a_overlap(ctx: PlanContext, d: LayoutDraft) -> bool:
+    """Megatron's expert-parallel all-to-all overlap wherever it can run, unless the user
+    turned it off (``layout.moe_a2a_overlap``): hiding the all-to-all is never slower in the
+    time model, and Megatron-Core's MoE guide recommends it for expert-parallel training."""
+    want = ctx.spec.layout.moe_a2a_overlap
+    return want is not False and a2a_overlap_applies(ctx.dims, d)
 
 
 def _block_recompute_applies(ctx: PlanContext, d: LayoutDraft, rcs: list[Recompute]) -> bool:
@@ -497,7 +507,10 @@ def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candi
 
 
 def _weigh(ctx: PlanContext, d: LayoutDraft) -> Candidate:
-    """``d`` with its memory and whether it fits the GPU and, for offload, the host."""
+    """``d`` with its memory and whether it fits the GPU and, for offload, the host. The
+    all-to-all overlap is kept only where ``d`` (perhaps now fully recomputed) can run it."""
+    if d.a2a_overlap and not a2a_overlap_applies(ctx.dims, d):
+        d = replace(d, a2a_overlap=False)
     mem = estimate_memory(
         ctx.dims,
         d,

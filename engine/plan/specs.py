@@ -543,6 +543,10 @@ class LayoutSpec(_Strict):
     recompute: Recompute | None = None
     virtual_stages: int | None = Field(default=None, ge=1, le=128)
     """Interleaved pipeline: model chunks per stage."""
+    moe_a2a_overlap: bool | None = None
+    """Megatron's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm``):
+    on where a Megatron MoE layout allows it (ep > 1, pp 1 or interleaved, no full recompute)
+    unless set false."""
 
     @property
     def is_forced(self) -> bool:

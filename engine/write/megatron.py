@@ -248,6 +248,10 @@ def megatron_args_list(plan: Plan) -> list[str]:
             out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
         else:
             out.append("--moe-token-dispatcher-type alltoall")
+        if lay.a2a_overlap:
+            # One micro-batch's forward beside another's backward, each hiding the other's
+            # all-to-all (Megatron-Core's combined 1F1B; the weight gradients wait for it).
+            out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
         if tr.moe_capacity_factor:
             # Token-drop training as the time model assumes it: every expert's input padded to
             # capacity, so the shapes are static and the host never waits for token counts.
@@ -312,6 +316,12 @@ def pretrain_gpt_script(plan: Plan) -> str:
         "# shellcheck source=nccl.env",
         "source ./nccl.env",
         "set +a",
+    ]
+    if plan.recommended.a2a_overlap:
+        # The overlapped all-to-all runs on its own CUDA streams beside the compute ones:
+        # Megatron's guide runs it with more than one hardware queue.
+        lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=32")
+    lines += [
         'NODE_RANK="${NODE_RANK:-0}"',
         f'if [[ -z "${{MASTER_PORT:-}}" ]]; then MASTER_PORT={launch.master_port}; fi',
     ]

@@ -1,0 +1,181 @@
+"""Megatron-Core's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm
+--delay-wgrad-compute``): one micro-batch's forward runs layer by layer beside another's
+backward, each hiding the other's dispatch and combine. It runs where Megatron-LM's
+``TransformerConfig`` lets it (ep > 1; pp 1 or interleaved; no full recompute); the planner
+turns it on there unless told not to, costs what the compute cannot cover, and writes it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.monitor.calibrate import _forced
+from engine.plan import perf
+from engine.plan.memory import LayoutDraft
+from engine.plan.models import resolve_model
+from engine.plan.planner import plan
+from engine.plan.specs import (
+    Framework,
+    HardwareSpec,
+    LayoutSpec,
+    ModelSpec,
+    NetworkSpec,
+    NetworkTier,
+    Recompute,
+    Spec,
+    Strategy,
+    TrainingSpec,
+)
+from engine.write.megatron import megatron_args, pretrain_gpt_script
+from tests.engine.perf_fixtures import h100_hardware
+
+ROOT = Path(__file__).resolve().parents[2]
+MOE = ModelSpec(
+    layers=32,
+    hidden=4096,
+    heads=32,
+    kv_heads=8,
+    vocab=32000,
+    ffn=1408,
+    num_experts=64,
+    experts_per_token=6,
+)
+OVERLAP = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
+
+
+def _draft(**kw: object) -> LayoutDraft:
+    base = {"tp": 1, "pp": 1, "dp": 32, "ep": 32, "micro_batch": 1, "grad_accum": 8}
+    base.update(kw)
+    return LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, zero_stage=1, **base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "applies"),
+    [
+        ({}, True),
+        ({"pp": 4, "dp": 8}, False),  # plain 1F1B: the combined schedule needs chunks to pair
+        ({"pp": 4, "dp": 8, "virtual_stages": 2}, True),
+        ({"recompute": Recompute.FULL}, False),  # a checkpointed layer's backward is opaque
+        ({"recompute": Recompute.LIGHT}, True),
+        ({"ep": 1}, False),
+        ({"zero_stage": 3}, False),
+        ({"framework": Framework.FSDP}, False),
+    ],
+)
+def test_it_runs_where_megatron_allows_it(change: dict[str, object], applies: bool) -> None:
+    dims = resolve_model(MOE)
+    assert perf.a2a_overlap_applies(dims, replace(_draft(), **change)) is applies  # type: ignore[arg-type]
+    assert not perf.a2a_overlap_applies(resolve_model(ModelSpec(preset="llama-3-8b")), _draft())
+
+
+def test_the_hidden_all_to_all_leaves_the_critical_path_but_holds_sms() -> None:
+    dims = resolve_model(MOE)
+    hw = h100_hardware(4)
+    off = _draft(ep=8)
+    on = replace(off, a2a_overlap=True)
+    ep = perf._ep_comm(dims, off, hw, 4096)
+    assert ep > 0
+    (c_off, _, x_off), (c_on, _, x_on) = (perf._layer_costs(dims, d, hw, 4096) for d in (off, on))
+    # Inside a node the all-to-all takes less than the layer's compute: all of it hides.
+    assert ep < c_off
+    assert x_on == pytest.approx(x_off - ep * (1 - perf.Overlap.ep))
+    assert c_on == pytest.approx(c_off + perf.A2A_OVERLAP_SM_SHARE * ep)
+    assert (
+        perf.estimate_time(dims, on, hw, seq_len=4096).step_time_s
+        < perf.estimate_time(dims, off, hw, seq_len=4096).step_time_s
+    )
+
+
+def test_what_the_compute_cannot_cover_stays_exposed() -> None:
+    dims = resolve_model(MOE)
+    slow = replace(h100_hardware(4), inter_bytes_per_s=2e9)  # a crawling fabric
+    on = _draft(a2a_overlap=True)
+    ep = perf._ep_comm(dims, on, slow, 4096)
+    compute, _, exposed = perf._layer_costs(dims, replace(on, a2a_overlap=False), slow, 4096)
+    assert ep > compute
+    _, _, exposed_on = perf._layer_costs(dims, on, slow, 4096)
+    assert exposed_on == pytest.approx(exposed - ep * (1 - perf.Overlap.ep) + ep - compute)
+
+
+def test_a_layout_that_cannot_run_it_is_costed_without_it() -> None:
+    dims = resolve_model(MOE)
+    hw = h100_hardware(4)
+    plain = _draft(pp=4, dp=8)
+    assert perf._layer_costs(dims, replace(plain, a2a_overlap=True), hw, 4096) == (
+        perf._layer_costs(dims, plain, hw, 4096)
+    )
+
+
+def _spec(overlap: bool | None = None, **layout: object) -> Spec:
+    return Spec(
+        model=MOE,
+        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=4),
+        network=NetworkSpec(tier=NetworkTier.IB_NDR),
+        training=TrainingSpec(seq_len=4096, global_batch=256),
+        layout=LayoutSpec(moe_a2a_overlap=overlap, **layout),  # type: ignore[arg-type]
+    )
+
+
+def test_the_plan_turns_it_on_and_writes_it() -> None:
+    p = plan(_spec(framework=Framework.MEGATRON, ep=8, pp=1, zero_stage=1))
+    lay = p.recommended
+    assert lay.a2a_overlap
+    args = megatron_args(p).splitlines()
+    assert all(flag in args for flag in OVERLAP)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in pretrain_gpt_script(p).splitlines()
+    assert any("--overlap-moe-expert-parallel-comm" in n for n in lay.notes)
+
+
+def test_told_not_to_it_stays_off_and_costs_the_all_to_all() -> None:
+    on = plan(
+        _spec(framework=Framework.MEGATRON, ep=8, pp=1, zero_stage=1, micro_batch=1)
+    ).recommended
+    off_plan = plan(
+        _spec(False, framework=Framework.MEGATRON, ep=8, pp=1, zero_stage=1, micro_batch=1)
+    )
+    off = off_plan.recommended
+    assert not off.a2a_overlap
+    assert not any(flag in megatron_args(off_plan) for flag in OVERLAP)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in pretrain_gpt_script(off_plan)
+    assert (off.tp, off.pp, off.ep, off.recompute) == (on.tp, on.pp, on.ep, on.recompute)
+    assert on.step_time_s < off.step_time_s
+
+
+def test_asked_for_where_it_cannot_run_the_plan_says_so() -> None:
+    p = plan(_spec(True, framework=Framework.MEGATRON, ep=8, pp=4, virtual_stages=1))
+    assert not p.recommended.a2a_overlap
+    assert not any(flag in megatron_args(p) for flag in OVERLAP)
+    said = [m for m in p.warnings if m.startswith("layout.moe_a2a_overlap")]
+    assert len(said) == 1 and "virtual-stages" in said[0]
+
+
+def test_the_cli_takes_the_switch() -> None:
+    def run(*extra: str) -> dict[str, object]:
+        out = subprocess.run(
+            [sys.executable, "-m", "cli", "plan", "--model", "qwen3-30b-a3b", "--gpu", "h100"]
+            + ["--gpus-per-node", "8", "--nodes", "4", "--framework", "megatron", "--json"]
+            + list(extra),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+    off = run("--no-moe-a2a-overlap")
+    assert off["spec"]["layout"]["moe_a2a_overlap"] is False  # type: ignore[index]
+    assert off["recommended"]["a2a_overlap"] is False  # type: ignore[index]
+
+
+def test_recalibrating_a_run_forces_the_overlap_it_ran_with() -> None:
+    spec = _spec()
+    for ran in (True, False):
+        rec = {"strategy": "3d", "framework": "megatron", "tp": 1, "pp": 1, "dp": 32, "ep": 8}
+        forced = _forced(spec, {**rec, "a2a_overlap": ran}, "run-1")
+        assert forced.layout.moe_a2a_overlap is ran
