@@ -8,9 +8,11 @@ report. Pure text from values: nothing here changes what is chosen.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, mtp_modules
+from engine.plan.perf import estimate_time
 from engine.plan.result import Layout, MemoryBreakdown
 from engine.plan.search import (
     CLEARLY_FASTER,
@@ -177,7 +179,39 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "backward, hiding its dispatch and combine (Megatron's "
             "--overlap-moe-expert-parallel-comm)"
         )
+    out += _dispatcher_hint(ctx, c)
     return out
+
+
+WORTH_SAYING = 0.05
+"""A change the user would have to make (install DeepEP) is suggested when it saves at least
+this share of the step."""
+
+
+def _dispatcher_hint(ctx: PlanContext, c: Candidate) -> list[str]:
+    """Where the expert-parallel group spans nodes under NCCL's all-to-all (every routed copy
+    of a token crosses the network), what DeepEP's dispatch (a token once per remote node)
+    would make of the same layout, when that is clearly faster."""
+    d = c.draft
+    if (
+        d.framework != Framework.MEGATRON
+        or not ctx.dims.is_moe
+        or d.deepep
+        or d.ep * d.expert_tp <= ctx.hw.domain
+        or ctx.nodes <= 1
+        or c.est is None
+    ):
+        return []
+    seq = ctx.spec.training.seq_len
+    with_deepep = estimate_time(ctx.dims, replace(d, deepep=True), ctx.hw, seq_len=seq)
+    if with_deepep.step_time_s > (1 - WORTH_SAYING) * c.est.step_time_s:
+        return []
+    return [
+        f"the expert all-to-all spans {math.ceil(d.ep * d.expert_tp / ctx.hw.domain)} nodes and "
+        "NCCL sends every routed copy of a token: DeepEP sends it once per node "
+        f"({with_deepep.step_time_s:.3g} s a step instead of {c.est.step_time_s:.3g} s; "
+        "--moe-dispatcher deepep, with DeepEP installed)"
+    ]
 
 
 def alternatives(

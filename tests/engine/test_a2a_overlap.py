@@ -179,3 +179,22 @@ def test_recalibrating_a_run_forces_the_overlap_it_ran_with() -> None:
         rec = {"strategy": "3d", "framework": "megatron", "tp": 1, "pp": 1, "dp": 32, "ep": 8}
         forced = _forced(spec, {**rec, "a2a_overlap": ran}, "run-1")
         assert forced.layout.moe_a2a_overlap is ran
+
+
+def test_where_the_second_micro_batch_does_not_fit_the_search_weighs_it_off() -> None:
+    # One stage: the overlap keeps two micro-batches' activations alive. At micro-batch 4 the
+    # pair fits only under full recompute, which the overlap cannot run with; without the
+    # overlap MLP-only recompute fits, and the plan must find that layout.
+    layout = {"framework": Framework.MEGATRON, "tp": 1, "ep": 8, "pp": 1, "zero_stage": 1}
+    free, on, off = (
+        plan(_spec(o, micro_batch=4, **layout)).recommended for o in (None, True, False)
+    )
+    assert on.recompute == Recompute.FULL and not on.a2a_overlap
+    assert (free.recompute, free.a2a_overlap) == (off.recompute, False) == (Recompute.MLP, False)
+    assert free.step_time_s < on.step_time_s
+    # At micro-batch 2 both fit (the overlap with more recompute): the faster one is planned.
+    free, on, off = (
+        plan(_spec(o, micro_batch=2, **layout)).recommended for o in (None, True, False)
+    )
+    assert on.a2a_overlap and off.recompute == Recompute.NONE and on.recompute != Recompute.NONE
+    assert free.step_time_s == pytest.approx(min(on.step_time_s, off.step_time_s))

@@ -95,3 +95,17 @@ def test_the_cli_takes_the_dispatcher() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["spec"]["training"]["moe_dispatcher"] == "deepep"
+
+
+def test_an_all_to_all_across_nodes_under_nccl_names_deepep() -> None:
+    def hints(dispatcher: MoeDispatcher | None, ep: int) -> list[str]:
+        spec = _spec(dispatcher).model_copy(
+            update={"layout": LayoutSpec(framework=Framework.MEGATRON, ep=ep, pp=16, tp=2)}
+        )
+        return [n for n in plan(spec).recommended.notes if "DeepEP sends it once per node" in n]
+
+    across = hints(None, 64)
+    assert len(across) == 1 and "spans 8 nodes" in across[0]
+    assert "--moe-dispatcher deepep" in across[0]
+    assert hints(MoeDispatcher.DEEPEP, 64) == []  # already asked for
+    assert hints(None, 8) == []  # the group stays inside a node: NVLink either way
