@@ -247,7 +247,8 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Megatron MoE layouts: hide the expert all-to-all behind another micro-batch's "
-        "compute (--overlap-moe-expert-parallel-comm); default: wherever the layout allows",
+        "compute (--overlap-moe-expert-parallel-comm) where the layout allows; default: off, "
+        "as in Megatron (the plan says when it would be faster)",
     )
     g.add_argument(
         "--global-batch-nearest",

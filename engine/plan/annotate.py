@@ -90,6 +90,8 @@ def describe(d: LayoutDraft | Layout) -> str:
         parts.append("+ distributed optimizer")
     if d.offload != Offload.NONE:
         parts.append(f"+ {d.offload.value} offload")
+    if d.a2a_overlap:
+        parts.append("+ all-to-all overlap")
     return " ".join(parts)
 
 

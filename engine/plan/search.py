@@ -384,7 +384,7 @@ def _micro_steps(
         m = per_replica // mb
         if v > 1 and m % g.pp:
             continue  # Megatron's interleaved schedule: micro-batches divisible by pp
-        fitted = fitted_off = False
+        fitted = False
         partial: Candidate | None = None
         for rc in rcs:
             if rc == Recompute.LIGHT and (lay.framework or FRAMEWORK_OF[s]) != Framework.MEGATRON:
@@ -428,13 +428,6 @@ def _micro_steps(
             if c.fits:
                 fitted = True
                 break
-            if d.a2a_overlap and lay.moe_a2a_overlap is None and not fitted_off:
-                # With one stage the overlap holds a second micro-batch's activations: without
-                # it the layout may fit at this recompute; the overlap is then still tried
-                # with more recompute, and the ranking weighs the two.
-                off_c = _weigh(ctx, replace(d, a2a_overlap=False))
-                out.append(off_c)
-                fitted = fitted_off = off_c.fits
             if rc == Recompute.NONE and blocks:
                 # A few recomputed layers can be cheaper than recomputing a part of every
                 # layer (selective, MLP): weigh the least block recompute that fits beside them.
@@ -447,13 +440,11 @@ def _micro_steps(
 
 
 def _a2a_overlap(ctx: PlanContext, d: LayoutDraft) -> bool:
-    """Megatron's expert-parallel all-to-all overlap wherever it can run, unless the user
-    turned it off (``layout.moe_a2a_overlap``): hiding the all-to-all is never slower in the
-    time model, and Megatron-Core's MoE guide recommends it for expert-parallel training. Its
-    one cost is memory with a single stage (a second micro-batch alive), so where that does
-    not fit the search also weighs the layout without it (see :func:`_micro_steps`)."""
-    want = ctx.spec.layout.moe_a2a_overlap
-    return want is not False and a2a_overlap_applies(ctx.dims, d)
+    """Megatron's expert-parallel all-to-all overlap, where the user asked for it
+    (``layout.moe_a2a_overlap``) and the layout can run it. Off otherwise, as in Megatron,
+    whose own performance recipes mostly leave it off (it holds SMs and, with one stage, a
+    second micro-batch's activations); the plan says when asking for it would be faster."""
+    return ctx.spec.layout.moe_a2a_overlap is True and a2a_overlap_applies(ctx.dims, d)
 
 
 def _block_recompute_applies(ctx: PlanContext, d: LayoutDraft, rcs: list[Recompute]) -> bool:

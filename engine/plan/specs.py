@@ -545,8 +545,9 @@ class LayoutSpec(_Strict):
     """Interleaved pipeline: model chunks per stage."""
     moe_a2a_overlap: bool | None = None
     """Megatron's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm``):
-    on where a Megatron MoE layout allows it (ep > 1, pp 1 or interleaved, no full recompute)
-    unless set false."""
+    true uses it where a Megatron MoE layout allows it (ep > 1, pp 1 or interleaved, no full
+    recompute, not Megatron-FSDP); unset or false leaves it off, as Megatron does (unset, the
+    plan says when asking for it would be faster)."""
 
     @property
     def is_forced(self) -> bool:

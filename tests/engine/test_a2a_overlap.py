@@ -16,6 +16,7 @@ import pytest
 
 from engine.monitor.calibrate import _forced
 from engine.plan import perf
+from engine.plan.annotate import describe
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
 from engine.plan.planner import plan
@@ -121,29 +122,46 @@ def _spec(overlap: bool | None = None, **layout: object) -> Spec:
     )
 
 
-def test_the_plan_turns_it_on_and_writes_it() -> None:
-    p = plan(_spec(framework=Framework.MEGATRON, ep=8, pp=1, zero_stage=1))
+def test_asked_for_the_plan_uses_it_and_writes_it() -> None:
+    p = plan(_spec(True, framework=Framework.MEGATRON, ep=8, pp=1, zero_stage=1))
     lay = p.recommended
     assert lay.a2a_overlap
     args = megatron_args(p).splitlines()
     assert all(flag in args for flag in OVERLAP)
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in pretrain_gpt_script(p).splitlines()
     assert any("--overlap-moe-expert-parallel-comm" in n for n in lay.notes)
+    assert describe(lay).endswith("+ all-to-all overlap")
 
 
-def test_told_not_to_it_stays_off_and_costs_the_all_to_all() -> None:
-    on = plan(
-        _spec(framework=Framework.MEGATRON, ep=8, pp=1, zero_stage=1, micro_batch=1)
-    ).recommended
-    off_plan = plan(
-        _spec(False, framework=Framework.MEGATRON, ep=8, pp=1, zero_stage=1, micro_batch=1)
+def test_by_default_it_stays_off_as_in_megatron_and_the_plan_offers_it() -> None:
+    layout = {"framework": Framework.MEGATRON, "ep": 8, "pp": 1, "zero_stage": 1}
+    default = plan(_spec(micro_batch=1, **layout))
+    told_off = plan(_spec(False, micro_batch=1, **layout))
+    on = plan(_spec(True, micro_batch=1, **layout)).recommended
+    for p in (default, told_off):
+        off = p.recommended
+        assert not off.a2a_overlap
+        assert not any(flag in megatron_args(p) for flag in OVERLAP)
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" not in pretrain_gpt_script(p)
+        assert (off.tp, off.pp, off.ep, off.recompute) == (on.tp, on.pp, on.ep, on.recompute)
+        assert on.step_time_s < off.step_time_s
+    offer = [w for w in default.warnings if "--moe-a2a-overlap" in w]
+    assert len(offer) == 1 and f"{on.step_time_s:.3g} s a step" in offer[0]
+    assert not any("--moe-a2a-overlap" in w for w in told_off.warnings)  # the user said no
+
+
+def test_an_offer_only_where_it_saves_time() -> None:
+    dense = plan(
+        Spec(
+            model=ModelSpec(preset="llama-3-8b"),
+            hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=4),
+            training=TrainingSpec(seq_len=4096, global_batch=256),
+        )
     )
-    off = off_plan.recommended
-    assert not off.a2a_overlap
-    assert not any(flag in megatron_args(off_plan) for flag in OVERLAP)
-    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in pretrain_gpt_script(off_plan)
-    assert (off.tp, off.pp, off.ep, off.recompute) == (on.tp, on.pp, on.ep, on.recompute)
-    assert on.step_time_s < off.step_time_s
+    assert not any("--moe-a2a-overlap" in w for w in dense.warnings)
+    # Two stages without interleaving: the overlap cannot run, so there is nothing to offer.
+    piped = plan(_spec(framework=Framework.MEGATRON, ep=8, pp=2, virtual_stages=1))
+    assert not any("--moe-a2a-overlap" in w for w in piped.warnings)
 
 
 def test_asked_for_where_it_cannot_run_the_plan_says_so() -> None:
@@ -181,20 +199,19 @@ def test_recalibrating_a_run_forces_the_overlap_it_ran_with() -> None:
         assert forced.layout.moe_a2a_overlap is ran
 
 
-def test_where_the_second_micro_batch_does_not_fit_the_search_weighs_it_off() -> None:
+def test_the_second_micro_batch_it_keeps_alive_is_held_in_memory() -> None:
     # One stage: the overlap keeps two micro-batches' activations alive. At micro-batch 4 the
-    # pair fits only under full recompute, which the overlap cannot run with; without the
-    # overlap MLP-only recompute fits, and the plan must find that layout.
+    # pair fits only under full recompute, which the overlap cannot run with: asked for, the
+    # plan recomputes in full and says the overlap had no effect; without it MLP-only
+    # recompute fits and is faster.
     layout = {"framework": Framework.MEGATRON, "tp": 1, "ep": 8, "pp": 1, "zero_stage": 1}
-    free, on, off = (
-        plan(_spec(o, micro_batch=4, **layout)).recommended for o in (None, True, False)
-    )
+    asked = plan(_spec(True, micro_batch=4, **layout))
+    on, off = asked.recommended, plan(_spec(micro_batch=4, **layout)).recommended
     assert on.recompute == Recompute.FULL and not on.a2a_overlap
-    assert (free.recompute, free.a2a_overlap) == (off.recompute, False) == (Recompute.MLP, False)
-    assert free.step_time_s < on.step_time_s
-    # At micro-batch 2 both fit (the overlap with more recompute): the faster one is planned.
-    free, on, off = (
-        plan(_spec(o, micro_batch=2, **layout)).recommended for o in (None, True, False)
-    )
+    assert any(w.startswith("layout.moe_a2a_overlap") for w in asked.warnings)
+    assert off.recompute == Recompute.MLP and off.step_time_s < on.step_time_s
+    # At micro-batch 2 the pair needs more recompute than a single micro-batch does.
+    on = plan(_spec(True, micro_batch=2, **layout)).recommended
+    off = plan(_spec(micro_batch=2, **layout)).recommended
     assert on.a2a_overlap and off.recompute == Recompute.NONE and on.recompute != Recompute.NONE
-    assert free.step_time_s == pytest.approx(min(on.step_time_s, off.step_time_s))
+    assert on.memory_per_gpu.activations > off.memory_per_gpu.activations
