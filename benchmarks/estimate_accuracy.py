@@ -291,10 +291,6 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
         # No published run offloaded: left free, the planner would offload a layout that does
         # not fit its (80 GB) memory model and time the offload instead of the run.
         offload=Offload.NONE,
-        # No row states Megatron's all-to-all overlap; it is off by default (Megatron-LM's
-        # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig
-        # moe_a2a_overlap=False). Left free, the planner would turn it on.
-        moe_a2a_overlap=False,
     )
 
 
@@ -373,6 +369,10 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # llama31_llm_pretrain.py, set_llama31_common_configs).
             grads_bf16=row["id"].startswith("mbridge") or None,
             moe_dispatcher=_dispatcher(row),
+            # No row states Megatron's all-to-all overlap: off, Megatron's default (Megatron-LM's
+            # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig
+            # moe_a2a_overlap=False), said explicitly so the plan makes no offer for it.
+            moe_a2a_overlap=False,
             moe_capacity_factor=tr.get("moe_capacity_factor"),
         ),
         layout=_layout(row, _strategy(row)),

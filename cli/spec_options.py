@@ -243,7 +243,7 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
     )
     g.add_argument(
         "--moe-a2a-overlap",
-        dest="layout__moe_a2a_overlap",
+        dest="training__moe_a2a_overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Megatron MoE layouts: hide the expert all-to-all behind another micro-batch's "

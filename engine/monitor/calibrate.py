@@ -184,8 +184,6 @@ def read_preflight(where: Path) -> float | None:
 def _forced(spec: Spec, rec: dict[str, Any], run: str) -> Spec:
     """``spec`` with the run's layout forced, so re-planning it estimates that layout."""
     given = {k: rec[k] for k in _FORCED_FIELDS if rec.get(k) is not None}
-    if rec.get("a2a_overlap") is not None:
-        given["moe_a2a_overlap"] = rec["a2a_overlap"]
     try:
         layout = LayoutSpec.model_validate(given)
     except ValidationError as e:

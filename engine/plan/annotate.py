@@ -406,9 +406,9 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
         )
     if lay.sequence_parallel and lay.tp == 1:
         out.append("layout.sequence_parallel: needs tp > 1; it has no effect here")
-    if spec.layout.moe_a2a_overlap and not lay.a2a_overlap:
+    if spec.training.moe_a2a_overlap and not lay.a2a_overlap:
         out.append(
-            "layout.moe_a2a_overlap: needs a Megatron MoE layout with ep > 1, one pipeline stage "
+            "training.moe_a2a_overlap: needs a Megatron MoE layout with ep > 1, one pipeline stage "
             "or --virtual-stages, and no full recompute; it has no effect here"
         )
     if not lay.fits and spec.layout.is_forced:

@@ -176,11 +176,11 @@ def _overlap_offer(spec: Spec, is_moe: bool, recommended: Layout) -> list[str]:
     """Megatron's expert all-to-all overlap is off unless asked for (as in Megatron). Where
     asking for it would plan a step at least :data:`WORTH_SAYING` shorter, one line says which
     layout and how fast; the user opts in with ``--moe-a2a-overlap``."""
-    if not is_moe or spec.layout.moe_a2a_overlap is not None or not recommended.fits:
+    if not is_moe or spec.training.moe_a2a_overlap is not None or not recommended.fits:
         return []
-    asked = spec.layout.model_copy(update={"moe_a2a_overlap": True})
+    asked = spec.training.model_copy(update={"moe_a2a_overlap": True})
     try:
-        other = plan(spec.model_copy(update={"layout": asked})).recommended
+        other = plan(spec.model_copy(update={"training": asked})).recommended
     except SpecError:
         return []
     if not (other.fits and other.a2a_overlap):

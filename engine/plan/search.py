@@ -441,10 +441,10 @@ def _micro_steps(
 
 def _a2a_overlap(ctx: PlanContext, d: LayoutDraft) -> bool:
     """Megatron's expert-parallel all-to-all overlap, where the user asked for it
-    (``layout.moe_a2a_overlap``) and the layout can run it. Off otherwise, as in Megatron,
+    (``training.moe_a2a_overlap``) and the layout can run it. Off otherwise, as in Megatron,
     whose own performance recipes mostly leave it off (it holds SMs and, with one stage, a
     second micro-batch's activations); the plan says when asking for it would be faster."""
-    return ctx.spec.layout.moe_a2a_overlap is True and a2a_overlap_applies(ctx.dims, d)
+    return ctx.spec.training.moe_a2a_overlap is True and a2a_overlap_applies(ctx.dims, d)
 
 
 def _block_recompute_applies(ctx: PlanContext, d: LayoutDraft, rcs: list[Recompute]) -> bool:

@@ -493,6 +493,11 @@ class TrainingSpec(_Strict):
     risk to accuracy over long runs; None or False: fp32 main grads (Megatron's default)."""
     moe_dispatcher: MoeDispatcher | None = None
     """MoE token dispatch: alltoall (None) or deepep (:class:`MoeDispatcher`)."""
+    moe_a2a_overlap: bool | None = None
+    """Megatron's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm``):
+    true uses it where a Megatron MoE layout allows it (ep > 1, pp 1 or interleaved, no full
+    recompute, not Megatron-FSDP); unset or false leaves it off, as Megatron does (unset, the
+    plan says when asking for it would be faster)."""
     moe_capacity_factor: float | None = Field(default=None, gt=0, le=16)
     """MoE expert capacity as a multiple of the mean load: tokens beyond it are dropped
     (Megatron's ``--moe-expert-capacity-factor``, padded to capacity so every shape is static);
@@ -543,11 +548,6 @@ class LayoutSpec(_Strict):
     recompute: Recompute | None = None
     virtual_stages: int | None = Field(default=None, ge=1, le=128)
     """Interleaved pipeline: model chunks per stage."""
-    moe_a2a_overlap: bool | None = None
-    """Megatron's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm``):
-    true uses it where a Megatron MoE layout allows it (ep > 1, pp 1 or interleaved, no full
-    recompute, not Megatron-FSDP); unset or false leaves it off, as Megatron does (unset, the
-    plan says when asking for it would be faster)."""
 
     @property
     def is_forced(self) -> bool:

@@ -117,8 +117,8 @@ def _spec(overlap: bool | None = None, **layout: object) -> Spec:
         model=MOE,
         hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=4),
         network=NetworkSpec(tier=NetworkTier.IB_NDR),
-        training=TrainingSpec(seq_len=4096, global_batch=256),
-        layout=LayoutSpec(moe_a2a_overlap=overlap, **layout),  # type: ignore[arg-type]
+        training=TrainingSpec(seq_len=4096, global_batch=256, moe_a2a_overlap=overlap),
+        layout=LayoutSpec(**layout),  # type: ignore[arg-type]
     )
 
 
@@ -168,7 +168,7 @@ def test_asked_for_where_it_cannot_run_the_plan_says_so() -> None:
     p = plan(_spec(True, framework=Framework.MEGATRON, ep=8, pp=4, virtual_stages=1))
     assert not p.recommended.a2a_overlap
     assert not any(flag in megatron_args(p) for flag in OVERLAP)
-    said = [m for m in p.warnings if m.startswith("layout.moe_a2a_overlap")]
+    said = [m for m in p.warnings if m.startswith("training.moe_a2a_overlap")]
     assert len(said) == 1 and "virtual-stages" in said[0]
 
 
@@ -187,16 +187,16 @@ def test_the_cli_takes_the_switch() -> None:
         return json.loads(out.stdout)  # type: ignore[no-any-return]
 
     off = run("--no-moe-a2a-overlap")
-    assert off["spec"]["layout"]["moe_a2a_overlap"] is False  # type: ignore[index]
+    assert off["spec"]["training"]["moe_a2a_overlap"] is False  # type: ignore[index]
     assert off["recommended"]["a2a_overlap"] is False  # type: ignore[index]
 
 
-def test_recalibrating_a_run_forces_the_overlap_it_ran_with() -> None:
-    spec = _spec()
-    for ran in (True, False):
-        rec = {"strategy": "3d", "framework": "megatron", "tp": 1, "pp": 1, "dp": 32, "ep": 8}
-        forced = _forced(spec, {**rec, "a2a_overlap": ran}, "run-1")
-        assert forced.layout.moe_a2a_overlap is ran
+def test_recalibrating_a_run_keeps_the_overlap_it_ran_with() -> None:
+    rec = {"strategy": "3d", "framework": "megatron", "tp": 1, "pp": 1, "dp": 32, "ep": 8}
+    for ran in (True, False, None):
+        forced = _forced(_spec(ran), rec, "run-1")
+        assert forced.training.moe_a2a_overlap is ran
+        assert forced.layout.ep == 8
 
 
 def test_the_second_micro_batch_it_keeps_alive_is_held_in_memory() -> None:
@@ -208,7 +208,7 @@ def test_the_second_micro_batch_it_keeps_alive_is_held_in_memory() -> None:
     asked = plan(_spec(True, micro_batch=4, **layout))
     on, off = asked.recommended, plan(_spec(micro_batch=4, **layout)).recommended
     assert on.recompute == Recompute.FULL and not on.a2a_overlap
-    assert any(w.startswith("layout.moe_a2a_overlap") for w in asked.warnings)
+    assert any(w.startswith("training.moe_a2a_overlap") for w in asked.warnings)
     assert off.recompute == Recompute.MLP and off.step_time_s < on.step_time_s
     # At micro-batch 2 the pair needs more recompute than a single micro-batch does.
     on = plan(_spec(True, micro_batch=2, **layout)).recommended

@@ -63,8 +63,9 @@ def _spec(dispatcher: MoeDispatcher | None, overlap: bool | None = None) -> Spec
         model=DSV3_SHAPE,
         hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=256),
         network=NetworkSpec(tier=NetworkTier.IB_NDR),
-        training=TrainingSpec(seq_len=4096, global_batch=4096, moe_dispatcher=dispatcher),
-        layout=LayoutSpec(moe_a2a_overlap=overlap),
+        training=TrainingSpec(
+            seq_len=4096, global_batch=4096, moe_dispatcher=dispatcher, moe_a2a_overlap=overlap
+        ),
     )
 
 

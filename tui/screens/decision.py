@@ -191,7 +191,6 @@ class DecisionStep(StepPane):
             "sequence_parallel",
             "recompute",
             "virtual_stages",
-            "moe_a2a_overlap",
         ):
             if getattr(old, name) is not None:
                 data[name] = getattr(old, name)
