@@ -1,6 +1,6 @@
 """Step 4, the training set-up: sequence length, batch, precision (fp8 where the GPU has it),
-Megatron's gradient precision, optimizer, recompute, and the token budget and price the cost
-estimate uses.
+Megatron's gradient precision and expert all-to-all overlap, optimizer, recompute, and the token
+budget and price the cost estimate uses.
 
 The global batch is the user's: when no layout can split it over the GPUs, the planner's refusal
 is shown here, at the field, with the nearest batches that can be trained as buttons (the
@@ -83,6 +83,17 @@ class TrainingStep(StepPane):
             compact=True,
             id="f-grads_bf16",
         )
+        yield Static("Expert all-to-all (Megatron MoE)", classes="select-label")
+        yield Select(
+            [
+                ("on the critical path (Megatron's default)", AUTO),
+                ("overlapped (--overlap-moe-expert-parallel-comm)", "on"),
+            ],
+            value=AUTO,
+            allow_blank=False,
+            compact=True,
+            id="f-moe_a2a_overlap",
+        )
         yield Static("Optimizer", classes="select-label")
         yield Select(
             [(o.value, o.value) for o in Optimizer],
@@ -122,6 +133,7 @@ class TrainingStep(StepPane):
         rows["steps"].value = str(t.steps)
         self.query_one("#f-precision", Select).value = t.precision.value if t.precision else AUTO
         self.query_one("#f-grads_bf16", Select).value = "bf16" if t.grads_bf16 else AUTO
+        self.query_one("#f-moe_a2a_overlap", Select).value = "on" if t.moe_a2a_overlap else AUTO
         self.query_one("#f-optimizer", Select).value = t.optimizer.value
         self.query_one("#f-recompute", Select).value = t.recompute.value if t.recompute else AUTO
 
@@ -150,8 +162,18 @@ class TrainingStep(StepPane):
         if self.select_value("grads_bf16"):
             data["grads_bf16"] = True
         old = self.session.spec.training
+        if self.select_value("moe_a2a_overlap"):
+            data["moe_a2a_overlap"] = True
+        elif old.moe_a2a_overlap is False:
+            data["moe_a2a_overlap"] = False  # a profile's explicit "no" (no offer), kept
         # Fields this step does not show are kept as they were (profiles may set them).
-        for name in ("reference_batch", "grad_clip"):
+        for name in (
+            "reference_batch",
+            "grad_clip",
+            "global_batch_nearest",
+            "moe_dispatcher",
+            "moe_capacity_factor",
+        ):
             data.setdefault(name, getattr(old, name))
         model, problems = self.build(TrainingSpec, data, errs)
         summary = self.query_one("#training-summary", Static)
