@@ -318,8 +318,9 @@ def pretrain_gpt_script(plan: Plan) -> str:
         "set +a",
     ]
     if plan.recommended.a2a_overlap:
-        # The overlapped all-to-all runs on its own CUDA streams beside the compute ones:
-        # Megatron's guide runs it with more than one hardware queue.
+        # The overlapped all-to-all runs on its own CUDA streams beside the compute ones, which
+        # one hardware queue would serialise; Megatron MoE launch scripts that turn the overlap
+        # on set 32 (and 1 without it).
         lines.append("export CUDA_DEVICE_MAX_CONNECTIONS=32")
     lines += [
         'NODE_RANK="${NODE_RANK:-0}"',
