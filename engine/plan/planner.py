@@ -32,7 +32,7 @@ from engine.plan.context import PlanContext, resolve_precision
 from engine.plan.forced import check_forced, forced_fit_step
 from engine.plan.models import resolve_model
 from engine.plan.result import BatchChoice, GpuInfo, Layout, PathStep, Plan
-from engine.plan.search import candidates
+from engine.plan.search import Candidate, candidates, evaluate, overlapped
 from engine.plan.specs import LayoutSpec, Spec
 
 __all__ = ["plan"]
@@ -74,7 +74,7 @@ def plan(spec: Spec) -> Plan:
         choices = faster_choices(ctx, chosen)
         warnings += [_offer(ctx, recommended, c) for c in choices]
     warnings += mistakes(ctx, recommended)
-    warnings += _overlap_offer(spec, dims.is_moe, recommended)
+    warnings += _overlap_offer(ctx, cands, chosen)
     return Plan(
         spec=spec,
         model=dims,
@@ -172,22 +172,20 @@ def _gpu_info(ctx: PlanContext) -> GpuInfo:
     )
 
 
-def _overlap_offer(spec: Spec, is_moe: bool, recommended: Layout) -> list[str]:
+def _overlap_offer(ctx: PlanContext, cands: list[Candidate], chosen: Candidate) -> list[str]:
     """Megatron's expert all-to-all overlap is off unless asked for (as in Megatron). Where
-    asking for it would plan a step at least :data:`WORTH_SAYING` shorter, one line says which
-    layout and how fast; the user opts in with ``--moe-a2a-overlap``."""
-    if not is_moe or spec.training.moe_a2a_overlap is not None or not recommended.fits:
+    asking for it would plan a step at least :data:`WORTH_SAYING` shorter (the search's own
+    layouts with it, :func:`engine.plan.search.overlapped`), one line says which layout and how
+    fast; the user opts in with ``--moe-a2a-overlap``."""
+    if not ctx.dims.is_moe or ctx.spec.training.moe_a2a_overlap is not None or not chosen.fits:
         return []
-    asked = spec.training.model_copy(update={"moe_a2a_overlap": True})
-    try:
-        other = plan(spec.model_copy(update={"training": asked})).recommended
-    except SpecError:
+    other = overlapped(ctx, cands)
+    chosen = evaluate(ctx, chosen)
+    if other is None or other.est is None or chosen.est is None:
         return []
-    if not (other.fits and other.a2a_overlap):
-        return []
-    if other.step_time_s > (1 - WORTH_SAYING) * recommended.step_time_s:
+    if other.time_per_sequence > (1 - WORTH_SAYING) * chosen.time_per_sequence:
         return []
     return [
-        f"with Megatron's expert all-to-all overlap (--moe-a2a-overlap): {describe(other)}, "
-        f"{other.step_time_s:.3g} s a step instead of {recommended.step_time_s:.3g} s"
+        f"with Megatron's expert all-to-all overlap (--moe-a2a-overlap): {describe(other.draft)}, "
+        f"{other.est.step_time_s:.3g} s a step instead of {chosen.est.step_time_s:.3g} s"
     ]

@@ -447,6 +447,24 @@ def _a2a_overlap(ctx: PlanContext, d: LayoutDraft) -> bool:
     return ctx.spec.training.moe_a2a_overlap is True and a2a_overlap_applies(ctx.dims, d)
 
 
+def overlapped(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:
+    """What asking for Megatron's all-to-all overlap would plan, searched cheaply: each of
+    ``cands`` that can run it, with it, at the least recompute (from its own on, full excluded:
+    the overlap cannot run under it) at which the overlap's memory fits; the fastest of those."""
+    rcs = [rc for rc in _recomputes(ctx) if rc != Recompute.FULL]
+    out: list[Candidate] = []
+    for c in cands:
+        d = c.draft
+        if d.a2a_overlap or not a2a_overlap_applies(ctx.dims, d) or d.recompute not in rcs:
+            continue
+        for rc in rcs[rcs.index(d.recompute) :]:
+            o = _weigh(ctx, replace(d, a2a_overlap=True, recompute=rc))
+            if o.fits:
+                out.append(o)
+                break
+    return best(ctx, out)
+
+
 def _block_recompute_applies(ctx: PlanContext, d: LayoutDraft, rcs: list[Recompute]) -> bool:
     """Whether a full recompute of only some layers of each model chunk is searched for ``d``:
     Megatron layouts (``--recompute-method block``), when the planner chooses the recompute."""
