@@ -409,7 +409,8 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     if spec.training.moe_a2a_overlap and not lay.a2a_overlap:
         out.append(
             "training.moe_a2a_overlap: needs a Megatron MoE layout with ep > 1, one pipeline stage "
-            "or --virtual-stages, and no full recompute; it has no effect here"
+            "or --virtual-stages, no full recompute and no Megatron-FSDP (zero stage 3); it has "
+            "no effect here"
         )
     if not lay.fits and spec.layout.is_forced:
         out.append(_forced_misfit(ctx, lay))

@@ -415,7 +415,10 @@ def _micro_steps(
                 deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
                 capacity=ctx.spec.training.moe_capacity_factor or 0.0,
             )
-            d = replace(d, a2a_overlap=_a2a_overlap(ctx, d))
+            # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
+            # Megatron, whose own recipes mostly leave it off (the plan says when it would be
+            # faster). _weigh keeps it only where the layout can run it.
+            d = replace(d, a2a_overlap=ctx.spec.training.moe_a2a_overlap is True)
             blocks = _block_recompute_applies(ctx, d, rcs)
             if rc == Recompute.FULL and blocks:
                 partial = partial or _block_recompute(ctx, d)
@@ -437,14 +440,6 @@ def _micro_steps(
         if not fitted:
             break
     return out
-
-
-def _a2a_overlap(ctx: PlanContext, d: LayoutDraft) -> bool:
-    """Megatron's expert-parallel all-to-all overlap, where the user asked for it
-    (``training.moe_a2a_overlap``) and the layout can run it. Off otherwise, as in Megatron,
-    whose own performance recipes mostly leave it off (it holds SMs and, with one stage, a
-    second micro-batch's activations); the plan says when asking for it would be faster."""
-    return ctx.spec.training.moe_a2a_overlap is True and a2a_overlap_applies(ctx.dims, d)
 
 
 def overlapped(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from textual.pilot import Pilot
 from textual.widgets import Select
 
 from engine.plan.specs import HardwareSpec, ModelSpec, Precision, Recompute, Spec, TrainingSpec
-from tests.tui.wizard_support import at_step, settle, until
+from tests.tui.wizard_support import at_step, to_training, until
 from tui.app import DtrainApp
 
 
@@ -24,13 +23,6 @@ def _app(tmp_path: Path, gpu: str) -> DtrainApp:
     return DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
 
 
-async def _to_training(pilot: Pilot[int]) -> None:
-    await settle(pilot)
-    for _ in range(3):
-        await pilot.press("ctrl+n")
-    await at_step(pilot, "training")
-
-
 def test_fp8_on_a_gpu_without_fp8_is_refused_at_the_training_step(tmp_path: Path) -> None:
     asyncio.run(_fp8(tmp_path))
 
@@ -38,7 +30,7 @@ def test_fp8_on_a_gpu_without_fp8_is_refused_at_the_training_step(tmp_path: Path
 async def _fp8(tmp_path: Path) -> None:
     app = _app(tmp_path, "a100-80gb")
     async with app.run_test(size=(120, 40)) as pilot:
-        await _to_training(pilot)
+        await to_training(pilot)
         select = app.screen.query_one("#f-precision", Select)
         assert (Precision.FP8.value, Precision.FP8.value) in [
             (str(label), value) for label, value in select._options
@@ -61,7 +53,7 @@ def test_bf16_gradients_are_chosen_at_the_training_step(tmp_path: Path) -> None:
 async def _grads(tmp_path: Path) -> None:
     app = _app(tmp_path, "h100-sxm")
     async with app.run_test(size=(120, 40)) as pilot:
-        await _to_training(pilot)
+        await to_training(pilot)
         app.screen.query_one("#f-grads_bf16", Select).value = "bf16"
         await until(pilot, lambda: bool(app.spec.training.grads_bf16), "bf16 grads in the spec")
         app.screen.query_one("#f-grads_bf16", Select).value = "auto"
@@ -77,7 +69,7 @@ def test_light_recompute_is_refused_for_a_dense_model_at_the_training_step(
 async def _light(tmp_path: Path) -> None:
     app = _app(tmp_path, "h100-sxm")
     async with app.run_test(size=(120, 40)) as pilot:
-        await _to_training(pilot)
+        await to_training(pilot)
         select = app.screen.query_one("#f-recompute", Select)
         select.value = Recompute.LIGHT.value
         await until(pilot, lambda: bool(app.session.step_errors["training"]), "light refused")

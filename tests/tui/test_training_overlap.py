@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from textual.pilot import Pilot
 from textual.widgets import Input, Select
 
 from engine.plan.specs import HardwareSpec, ModelSpec, MoeDispatcher, Spec, TrainingSpec
-from tests.tui.wizard_support import at_step, settle, until
+from tests.tui.wizard_support import to_training, until
 from tui.app import DtrainApp
 
 
@@ -24,13 +23,6 @@ def _app(tmp_path: Path, training: TrainingSpec) -> DtrainApp:
     return DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
 
 
-async def _to_training(pilot: Pilot[int]) -> None:
-    await settle(pilot)
-    for _ in range(3):
-        await pilot.press("ctrl+n")
-    await at_step(pilot, "training")
-
-
 def test_the_overlap_is_chosen_at_the_training_step(tmp_path: Path) -> None:
     asyncio.run(_choose(tmp_path))
 
@@ -38,7 +30,7 @@ def test_the_overlap_is_chosen_at_the_training_step(tmp_path: Path) -> None:
 async def _choose(tmp_path: Path) -> None:
     app = _app(tmp_path, TrainingSpec(seq_len=4096, global_batch=256))
     async with app.run_test(size=(120, 40)) as pilot:
-        await _to_training(pilot)
+        await to_training(pilot)
         select = app.screen.query_one("#f-moe_a2a_overlap", Select)
         assert select.value == "auto" and app.spec.training.moe_a2a_overlap is None
         select.value = "on"
@@ -62,7 +54,7 @@ async def _kept(tmp_path: Path) -> None:
     )
     app = _app(tmp_path, given)
     async with app.run_test(size=(120, 40)) as pilot:
-        await _to_training(pilot)
+        await to_training(pilot)
         seq = app.screen.query_one("#f-seq_len", Input)
         seq.value = "2048"
         await until(pilot, lambda: app.spec.training.seq_len == 2048, "the edit applied")

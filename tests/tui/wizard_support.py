@@ -55,6 +55,14 @@ async def at_step(pilot: Pilot[int], step: str, timeout: float = 15.0) -> None:
     )
 
 
+async def to_training(pilot: Pilot[int]) -> None:
+    """From the first step to the Training step (three steps forward), the app settled."""
+    await settle(pilot)
+    for _ in range(3):
+        await pilot.press("ctrl+n")
+    await at_step(pilot, "training")
+
+
 async def retype(pilot: Pilot[int], text: str) -> None:
     """Clear the focused input (Ctrl+A, Ctrl+K) and type ``text``."""
     assert isinstance(pilot.app.focused, Input), f"focus is on {pilot.app.focused!r}"
