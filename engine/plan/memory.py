@@ -218,7 +218,7 @@ def model_states(
     is computed)."""
     nd = max(1, nd)
     if framework == Framework.DDP:
-        return _ddp_states(psi, optimizer)
+        return _ddp_states(psi, optimizer, nd)
     if framework == Framework.DEEPSPEED:
         if zero_stage in (0, 1, 2):
             return _deepspeed_states(psi, nd, zero_stage, precision, optimizer, offload, grad_accum)
@@ -238,13 +238,14 @@ def _fp32_grad_bytes(precision: Precision) -> int:
     return 4 if is_mixed(precision) else 0
 
 
-def _ddp_states(psi: float, optimizer: Optimizer) -> States:
+def _ddp_states(psi: float, optimizer: Optimizer, replicas: int) -> States:
     """torch DDP under autocast: fp32 params (the master copy) and fp32 grads, plus states. DDP's
     all-reduce buckets hold a second copy of the gradients unless the model is wrapped with
     gradient_as_bucket_view=True ("the saved memory size will be equal to the total gradients
     size", torch.nn.parallel.DistributedDataParallel docs); the shipped trainer uses the
-    default."""
-    return States(4 * psi, 4 * psi, optimizer_state_bytes(optimizer) * psi, buffers=4 * psi)
+    default, and on one GPU, with nothing to reduce, does not wrap the model at all."""
+    buckets = 4 * psi if replicas > 1 else 0.0
+    return States(4 * psi, 4 * psi, optimizer_state_bytes(optimizer) * psi, buffers=buckets)
 
 
 def _deepspeed_states(
@@ -398,6 +399,8 @@ def layer_activation_bytes(
     dropout: bool = True,
     bytes_per_value: int = 2,
     fp8_linears: bool = False,
+    eager: bool = False,
+    fp32_residual: bool = False,
 ) -> float:
     """One layer's saved activations, Korthikanti's accounting generalised to the model's shape.
 
@@ -414,7 +417,13 @@ def layer_activation_bytes(
     FlashAttention never stores it either (``flash=True``). ``bytes_per_value`` 4 doubles all
     for fp32 training. ``fp8_linears``: Transformer Engine's FP8 linears keep the FP8 cast of
     their inputs for the weight gradient, so the four GEMM inputs (QKV's and the MLP's inputs,
-    the output projection's, the second MLP matrix's: sbh, sbh, q·sbh, k·sbf) take 1 byte."""
+    the output projection's, the second MLP matrix's: sbh, sbh, q·sbh, k·sbf) take 1 byte.
+
+    ``eager``: the block is written in plain PyTorch modules (Hugging Face, torchtitan, the
+    shipped trainer), not Megatron-Core's fused ones, and keeps more (see the code).
+    ``fp32_residual``: autocast over fp32 parameters (DDP's mixed precision), so the residual
+    stream and the norms' inputs are fp32 and each linear keeps its own 16-bit cast of its input.
+    """
     h = dims.hidden
     r = dims.kv_heads * dims.head_dim / h
     q = dims.heads * dims.head_dim / h
@@ -425,7 +434,8 @@ def layer_activation_bytes(
     scale = bytes_per_value / 2
     sbh = s * b * h
     if recompute == Recompute.FULL:
-        return 2 * sbh / (t if sp else 1) * scale
+        # Only the block's input: the residual stream, fp32 under autocast over fp32 parameters.
+        return (4 if fp32_residual else 2) * sbh / (t if sp else 1) * scale
     fp8 = fp8_linears and bytes_per_value == 2
     light = recompute == Recompute.LIGHT
     replicated = 4 + 2 + 2 + (2 if dropout else 0)
@@ -449,6 +459,20 @@ def layer_activation_bytes(
         latents = 2 * (dims.q_lora_rank + dims.kv_lora_rank + dims.qk_rope_head_dim) / h
         heads = latents * t if light else heads + latents * t
     split = heads + (qo if fp8 else 2 * qo) + mlp
+    if eager:
+        # Counted op by op and measured on an H100 (tests/data/gpu_runs.json, components): an
+        # unfused SwiGLU also keeps the activation's output (2f); the attention kernel keeps K
+        # and V repeated to every query head (repeat_kv), not the narrow ones; the attention's
+        # output and its contiguous copy for the projection are two tensors.
+        if dims.gated_mlp and mlp:
+            split += 2 * f * k
+        if not dims.is_mla and dims.kv_heads < dims.heads:
+            split += 2 * (q - r) + 2 * (q - rv)
+        split += 2 * qo
+    if fp32_residual:
+        # The two norms' fp32 inputs (2 more bytes each), and the attention's input cast once
+        # more (query and key-value projections each cast it).
+        replicated += 4 + 2
     score = 0.0
     if recompute in (Recompute.NONE, Recompute.MLP) and not flash:
         score = (5 if dropout else 2) * dims.heads * s / h
@@ -566,9 +590,11 @@ def estimate_memory(
     st_dense, st_exp = _layout_states(dims, d, optimizer, gpus_per_node)
     s_local = max(1, seq_len // d.cp)
     acts = _activations(dims, d, s_local, flash)
+    if d.framework == Framework.DDP and is_mixed(d.precision):
+        acts += autocast_weight_copies(dims, d)
     buffers = st_dense.buffers + st_exp.buffers
-    if d.pp == 1:
-        buffers += logits_bytes(dims, d, s_local)
+    logits = logits_bytes(dims, d, s_local) if d.pp == 1 else 0.0
+    buffers += logits
     if d.framework == Framework.FSDP:
         # Current + prefetched unit gathered in 16-bit, and the unit's unsharded 16-bit grads.
         buffers += 3 * block_params(dims, d.tp) * (2 if is_mixed(d.precision) else 4)
@@ -587,6 +613,13 @@ def estimate_memory(
         int(acts),
         int(buffers),
     ]
+    overlap = 0
+    if d.framework in (Framework.DDP, Framework.FSDP) and d.grad_accum == 1:
+        # A plain PyTorch step frees its gradients between steps (zero_grad(set_to_none=True),
+        # torch's default) and allocates each layer's in backward as it frees that layer's
+        # activations: the peak holds the larger of the two, not both. With gradient
+        # accumulation the first micro-batch's gradients stay for the next one's activations.
+        overlap = min(parts[1], int(acts + logits))
     # model_construct: the planner builds thousands of these; the values are ints by construction.
     return MemoryBreakdown.model_construct(
         params=parts[0],
@@ -594,18 +627,36 @@ def estimate_memory(
         optimizer=parts[2],
         activations=parts[3],
         buffers=parts[4],
-        total=sum(parts),
+        overlap=overlap,
+        total=sum(parts) - overlap,
         cpu_bytes=int(st_dense.cpu + st_exp.cpu),
     )
 
 
+def autocast_weight_copies(dims: ModelDims, d: LayoutDraft) -> float:
+    """The 16-bit copies of the weights autocast makes for the forward's matrix products, which
+    each linear keeps for its backward (2 bytes a weight) until that layer's backward runs:
+    every linear of the blocks that keep their activations, the attention's only where the MLP
+    is recomputed, none in a fully recomputed block (its forward runs again), and the head."""
+    h, q = dims.hidden, dims.heads * dims.head_dim
+    attention = h * (q + 2 * dims.kv_heads * dims.head_dim) + q * h
+    dense_l, _ = per_layer_params(dims)
+    kept = {Recompute.NONE: dense_l, Recompute.MLP: attention, Recompute.FULL: 0.0}
+    per_layer = kept.get(d.recompute, dense_l)
+    layers = math.ceil(dims.layers / d.pp)
+    return 2 * (layers * per_layer + dims.vocab * h) / d.tp
+
+
 def logits_bytes(dims: ModelDims, d: LayoutDraft, s_local: int) -> float:
-    """The cross-entropy's peak (the last stage's): eager PyTorch upcasts the logits to fp32 and
-    keeps their fp32 gradient (8 bytes a logit); Megatron's fused vocab-parallel cross-entropy
-    (``--cross-entropy-loss-fusion``) works on the 16-bit logits and writes the gradient in their
-    place, with one 16-bit working copy (4 bytes). At a 152K vocabulary and 16K tokens a micro-batch
-    that is 9 GiB against 18."""
-    per_logit = 4 if d.framework == Framework.MEGATRON else 8
+    """The cross-entropy's peak (the last stage's). Eager PyTorch: the 16-bit logits the script
+    still holds (2 bytes a logit), and at the loss's backward the fp32 log-probabilities it
+    saved, the gradient arriving from the loss and the gradient of the upcast logits (4 each):
+    14 bytes a logit (measured 12 above the 16-bit logits on an H100 at 50K, 128K and 256K
+    vocabularies: tests/data/gpu_runs.json, components). Megatron's fused vocab-parallel
+    cross-entropy (``--cross-entropy-loss-fusion``) works on the 16-bit logits and writes the
+    gradient in their place, with one 16-bit working copy (4 bytes). At a 152K vocabulary and
+    16K tokens a micro-batch that is 9 GiB against 32."""
+    per_logit = 4 if d.framework == Framework.MEGATRON else 14
     return per_logit * s_local * d.micro_batch * dims.vocab / d.tp
 
 
@@ -648,6 +699,8 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
         flash=flash,
         dropout=not dims.gated_mlp,
         bytes_per_value=2 if is_mixed(d.precision) else 4,
+        eager=d.framework != Framework.MEGATRON,
+        fp32_residual=d.framework == Framework.DDP and is_mixed(d.precision),
     )
     fp8 = d.fp8_linears or d.precision == Precision.FP8
     per_layer = layer(recompute=d.recompute, fp8_linears=fp8)

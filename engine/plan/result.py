@@ -40,8 +40,11 @@ class MemoryBreakdown(_Frozen):
     """Activations saved for backward at the peak (first pipeline stage for PP)."""
     buffers: int
     """Temporary buffers: communication buckets, ZeRO-3 gathered params, logits, fragmentation."""
+    overlap: int = 0
+    """Bytes counted above that are never alive together: gradients a plain PyTorch step
+    allocates in backward as it frees the activations (DDP, FSDP)."""
     total: int
-    """Sum of the above."""
+    """The peak: the sum of the above less ``overlap``."""
     cpu_bytes: int = 0
     """Bytes moved to CPU memory per GPU by offload (optimizer and/or params)."""
 
