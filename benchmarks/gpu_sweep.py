@@ -152,7 +152,9 @@ def spec_for(
     )
 
 
-def estimate(preset: str, seq_len: int, micro_batch: int, recompute: str, *rest: Any) -> dict[str, Any]:
+def estimate(
+    preset: str, seq_len: int, micro_batch: int, recompute: str, *rest: Any
+) -> dict[str, Any]:
     """The planner's plan of one configuration, as ``plan --json`` prints it."""
     _engine()
     from engine.plan.planner import plan
@@ -240,7 +242,9 @@ def run(bundles: Path, out: Path) -> None:
         t0 = time.perf_counter()
         try:
             with contextlib.redirect_stdout(buf):
-                train.main(["--bundle", str(bundles / cid), "--steps", str(STEPS), "--device", "cuda"])
+                train.main(
+                    ["--bundle", str(bundles / cid), "--steps", str(STEPS), "--device", "cuda"]
+                )
             row["status"] = "ok"
         except torch.OutOfMemoryError as e:
             row["status"] = "oom"
@@ -253,7 +257,12 @@ def run(bundles: Path, out: Path) -> None:
         row["max_reserved_bytes"] = torch.cuda.max_memory_reserved()
         steps = [_STEP.search(line) for line in buf.getvalue().splitlines()]
         row["steps"] = [
-            {"step": int(m[1]), "loss": float(m[2]), "step_time_s": float(m[3]), "mem_gb": float(m[4])}
+            {
+                "step": int(m[1]),
+                "loss": float(m[2]),
+                "step_time_s": float(m[3]),
+                "mem_gb": float(m[4]),
+            }
             for m in steps
             if m
         ]
@@ -321,20 +330,24 @@ def probe_model(dev: _Dev, train: Any, bundle: Path, tokens: int) -> dict[str, A
     """One model's components: the optimizer step (torch's multi-tensor AdamW and the fused
     one), gradient clipping, one block's saved activations and forward+backward time, the loss
     head's cross-entropy peak and time, each per parameter, token or logit."""
-    torch = dev.torch
-    import torch.nn.functional as F  # noqa: N812
-
     c = train.Config(train.parse_args(["--bundle", str(bundle), "--device", dev.name]))
     out: dict[str, Any] = {"id": bundle.name, "hidden": c.hidden, "vocab": c.vocab}
-    with torch.device(dev.name):
+    with dev.torch.device(dev.name):
         model = train.GPT(c)
-    params = list(model.parameters())
-    out["params"] = sum(p.numel() for p in params)
+    out.update(_probe_optimizer(dev, list(model.parameters())))
+    out.update(_probe_block(dev, model.blocks[0], c, tokens))
+    del model
+    dev.free()
+    out.update(_probe_cross_entropy(dev, c.vocab, tokens))
+    dev.free()
+    return out
+
+
+def _probe_optimizer(dev: _Dev, params: list[Any]) -> dict[str, Any]:
+    torch, out = dev.torch, {"params": sum(p.numel() for p in params)}
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    for fused in (False, True):
-        if fused and not dev.cuda:
-            continue
+    for fused in (False, True) if dev.cuda else (False,):
         tag = "fused" if fused else "foreach"
         opt = torch.optim.AdamW(params, lr=1e-4, fused=fused or None)
         opt.step()  # the moments exist from here on
@@ -345,17 +358,23 @@ def probe_model(dev: _Dev, train: Any, bundle: Path, tokens: int) -> dict[str, A
     out["clip_s"] = dev.time(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0))
     for p in params:
         p.grad = None
-    blk = model.blocks[0]
+    return out
+
+
+def _probe_block(dev: _Dev, blk: Any, c: Any, tokens: int) -> dict[str, Any]:
+    torch, out = dev.torch, {}
     mb = max(1, tokens // c.seq_len)
     x = torch.randn(mb, tokens // mb, c.hidden, device=dev.name, requires_grad=True)
-    amp = torch.bfloat16
+
+    def fwd() -> Any:
+        with torch.autocast(dev.name, dtype=torch.bfloat16):
+            return blk(x)
+
+    def step() -> None:
+        fwd().float().sum().backward()
+
     for mode in ("none", "mlp"):
         blk.recompute_mlp = mode == "mlp"
-
-        def fwd() -> Any:
-            with torch.autocast(dev.name, dtype=amp):
-                return blk(x)
-
         dev.sync()
         before = dev.allocated()
         y = fwd()
@@ -363,30 +382,63 @@ def probe_model(dev: _Dev, train: Any, bundle: Path, tokens: int) -> dict[str, A
         saved = dev.allocated() - before - y.numel() * y.element_size()
         out[f"block_saved_bytes_per_token_{mode}"] = saved / tokens
         del y
-
-        def step() -> None:
-            fwd().float().sum().backward()
-
         out[f"block_fwd_bwd_s_{mode}"] = dev.time(step)
         with torch.no_grad():
             out[f"block_fwd_s_{mode}"] = dev.time(fwd)
         x.grad = None
         for p in blk.parameters():
             p.grad = None
-    del x, model, params, blk
-    dev.free()
-    logits = torch.randn(tokens, c.vocab, device=dev.name).to(amp).requires_grad_()
-    y = torch.randint(0, c.vocab, (tokens,), device=dev.name)
+    blk.recompute_mlp = False
+    return out
+
+
+def _probe_cross_entropy(dev: _Dev, vocab: int, tokens: int) -> dict[str, Any]:
+    torch = dev.torch
+    import torch.nn.functional as F  # noqa: N812
+
+    logits = torch.randn(tokens, vocab, device=dev.name).to(torch.bfloat16).requires_grad_()
+    y = torch.randint(0, vocab, (tokens,), device=dev.name)
 
     def ce() -> None:
         F.cross_entropy(logits.float(), y).backward()
         logits.grad = None
 
-    out["ce_fwd_bwd_s"] = dev.time(ce)
-    out["ce_peak_bytes_per_logit"] = dev.peak_during(ce) / (tokens * c.vocab)
-    del logits, y
-    dev.free()
-    return out
+    return {
+        "ce_fwd_bwd_s": dev.time(ce),
+        "ce_peak_bytes_per_logit": dev.peak_during(ce) / (tokens * vocab),
+    }
+
+
+def probe_alignment(out: Path) -> None:
+    """The LM head's products and cross-entropy at a vocabulary that is not a multiple of 8
+    (GPT-2's 50257, and 128257) against the same padded (50304, 128256), 16K tokens, bf16:
+    forward, and the two backward products."""
+    import torch
+
+    dev = _Dev(torch, "cuda")
+    rows = []
+    for v in (50257, 50304, 128256, 128257):
+        rows.append(_align_row(dev, v, 16384, 768))
+        print(json.dumps(rows[-1]), flush=True)
+        dev.free()
+    (out / "alignment.json").write_text(json.dumps(rows, indent=1))
+
+
+def _align_row(dev: _Dev, v: int, t: int, h: int) -> dict[str, Any]:
+    torch = dev.torch
+    x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(v, h, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(t, v, device="cuda", dtype=torch.bfloat16)
+    ce = _probe_cross_entropy(dev, v, t)
+    return {
+        "vocab": v,
+        "tokens": t,
+        "hidden": h,
+        "fwd_s": dev.time(lambda: x @ w.t(), iters=10),
+        "dgrad_s": dev.time(lambda: g @ w, iters=10),
+        "wgrad_s": dev.time(lambda: g.t() @ x, iters=10),
+        "ce_fwd_bwd_s": ce["ce_fwd_bwd_s"],
+    }
 
 
 def probe(bundles: Path, out: Path, device: str = "cuda", tokens: int = PROBE_TOKENS) -> None:
@@ -570,11 +622,14 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("out", type=Path)
     pr.add_argument("--device", default="cuda")
     pr.add_argument("--tokens", type=int, default=PROBE_TOKENS)
+    sub.add_parser("align").add_argument("out", type=Path)
     a = p.parse_args(argv)
     if a.verb == "prepare":
         prepare(a.dir, a.held_out)
     elif a.verb == "run":
         run(a.dir, a.out)
+    elif a.verb == "align":
+        probe_alignment(a.out)
     elif a.verb == "probe":
         probe(a.dir, a.out, a.device, a.tokens)
     elif a.verb == "record":

@@ -12,7 +12,12 @@ from dataclasses import replace
 
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, mtp_modules
-from engine.plan.perf import estimate_time
+from engine.plan.perf import (
+    UNALIGNED_GEMM_SLOWDOWN,
+    estimate_time,
+    padded_vocab,
+    unpadded_vocab_seconds,
+)
 from engine.plan.result import Layout, MemoryBreakdown
 from engine.plan.search import (
     CLEARLY_FASTER,
@@ -182,6 +187,15 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "--overlap-moe-expert-parallel-comm)"
         )
     out += _dispatcher_hint(ctx, c)
+    extra = unpadded_vocab_seconds(ctx.dims, d, ctx.hw, ctx.spec.training.seq_len)
+    if extra and c.est is not None:
+        out.append(
+            f"the vocabulary ({ctx.dims.vocab}) is not a multiple of 8: pad it to "
+            f"{padded_vocab(ctx.dims.vocab)} (resize the embeddings, as the example trainer "
+            f"does); the estimates assume it. Left as it is, the LM head's matrix products run "
+            f"about {UNALIGNED_GEMM_SLOWDOWN:g}x slower: {c.est.step_time_s + extra:.3g} s a "
+            f"step instead of {c.est.step_time_s:.3g} s"
+        )
     return out
 
 
@@ -297,8 +311,10 @@ def _why_lost(ctx: PlanContext, chosen: Candidate, winner: Candidate, *, is_flow
     outside = _outside_pool(ctx, winner)
     if outside:
         return f"{faster}, but {outside}"
+    # Rounded down to a tenth of a per cent: 14.97 % must not read "15 %, under the 15 %".
+    under = f"{math.floor((1 - ratio) * 1000) / 10:g}% faster ({times})"
     return (
-        f"{faster}, under the {CLEARLY_FASTER:.0%} it takes to leave the flowchart's simpler "
+        f"{under}, under the {CLEARLY_FASTER:.0%} it takes to leave the flowchart's simpler "
         f"{describe(chosen.draft)}"
     )
 

@@ -462,13 +462,12 @@ def layer_activation_bytes(
     if eager:
         # Counted op by op and measured on an H100 (tests/data/gpu_runs.json, components): an
         # unfused SwiGLU also keeps the activation's output (2f); the attention kernel keeps K
-        # and V repeated to every query head (repeat_kv), not the narrow ones; the attention's
-        # output and its contiguous copy for the projection are two tensors.
+        # and V repeated to every query head (repeat_kv), not the narrow ones. (Its output is
+        # laid out token-major already, so the projection's input is the same tensor.)
         if dims.gated_mlp and mlp:
             split += 2 * f * k
         if not dims.is_mla and dims.kv_heads < dims.heads:
             split += 2 * (q - r) + 2 * (q - rv)
-        split += 2 * qo
     if fp32_residual:
         # The two norms' fp32 inputs (2 more bytes each), and the attention's input cast once
         # more (query and key-value projections each cast it).

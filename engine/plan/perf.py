@@ -127,6 +127,12 @@ Engine's ``GroupedLinear`` loops over the rank's experts issuing one GEMM each (
 two more to quantize its input: amax and cast), so a layer's forward costs ``local experts x 2
 linears x kernels`` launches of about 10 us; the backward twice that (data and weight
 gradients), as the forward's other per-layer work."""
+UNALIGNED_GEMM_SLOWDOWN: Final = 5.7
+"""How many times longer a matrix product takes when a row of its output or input is not a
+whole number of 16 bytes (a vocabulary not a multiple of 8 in 16-bit), measured on an H100 in
+bf16 for the LM head at 16K tokens: forward, data and weight gradient together 5.9x slower at
+50257 than at 50304, 5.5x at 128257 than at 128256 (tests/data/gpu_runs.json, alignment); the
+shipped trainer's GPT-2 step 0.157 s against 0.102 s with the vocabulary padded to 50304."""
 INTRA_EFFICIENCY: Final = 0.8
 """Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate."""
 RING_STEP_LATENCY_S: Final = 12e-6
@@ -573,17 +579,50 @@ def head_dim_factor(head_dim: int, softmax_head_dim: float) -> float:
     return (1 + softmax_head_dim / ATTENTION_HEAD_DIM) / (1 + softmax_head_dim / head_dim)
 
 
+def padded_vocab(vocab: int) -> int:
+    """The vocabulary rounded up to a multiple of 64 (nanoGPT's 50257 -> 50304)."""
+    return -(-vocab // 64) * 64
+
+
+def unaligned_vocab(dims: ModelDims, d: LayoutDraft) -> bool:
+    """Whether the logits' rows (the vocabulary on one TP rank) are not a whole number of 16
+    bytes, so cuBLAS cannot run the head's products on its tensor-core kernels. Megatron pads
+    the vocabulary (``--make-vocab-size-divisible-by 128``, times TP); the Hugging Face model
+    an eager framework trains keeps the configuration's size (GPT-2's 50257)."""
+    if d.framework == Framework.MEGATRON:
+        return False
+    elements = 16 // (4 if d.precision == Precision.FP32 else 2)
+    return (dims.vocab // d.tp) % elements != 0
+
+
 def _head_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
     """The LM head and the loss of one micro-batch, forward (the last stage runs it). The head
     stays in bf16 under FP8 training: Megatron-Core's output layer is a plain
     ``ColumnParallelLinear``, not a Transformer Engine module, and torchtitan's float8
     converter skips it (``filter_fqns``: ``output``)."""
     t = d.micro_batch * seq_len / d.cp
-    rate = hw.peak_flops * hw.gemm
     n = dims.vocab / d.tp
-    gemm = 2 * t * n * dims.hidden / (rate * gemm_shape_efficiency(t, n, dims.hidden))
     softmax = 3 * 4 * t * n / hw.hbm_bytes_per_s  # fp32 logits: write, read, write grad
-    return gemm + softmax
+    return _head_gemm_forward(dims, d, hw, seq_len) + softmax
+
+
+def _head_gemm_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """The LM head's matrix product of one micro-batch, forward, at an aligned vocabulary."""
+    t = d.micro_batch * seq_len / d.cp
+    n = dims.vocab / d.tp
+    rate = hw.peak_flops * hw.gemm
+    return 2 * t * n * dims.hidden / (rate * gemm_shape_efficiency(t, n, dims.hidden))
+
+
+def unpadded_vocab_seconds(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
+    """Seconds a step would take longer if the vocabulary were left unaligned
+    (:func:`unaligned_vocab`): the head's three products of every micro-batch, each
+    :data:`UNALIGNED_GEMM_SLOWDOWN` times longer. The estimates assume it padded, as Megatron
+    pads it and as the plan tells the user to."""
+    if not unaligned_vocab(dims, d):
+        return 0.0
+    head = _head_gemm_forward(dims, d, hw, seq_len)
+    return d.grad_accum * 3 * head * (UNALIGNED_GEMM_SLOWDOWN - 1)
 
 
 def _mtp_projection_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:

@@ -170,9 +170,9 @@ def test_fp8_catalog_peaks_are_the_datasheets() -> None:
 
 
 def test_bf16_grads_on_a_layout_that_cannot_keep_them_is_said() -> None:
-    # Llama 2 7B on 8 A100s plans ZeRO-2 (DeepSpeed): --grads-bf16 has nothing to act on.
+    # Llama 3.2 1B on 8 A100s plans DDP: --grads-bf16 has nothing to act on.
     spec = _spec(Precision.BF16, gpu="a100-80gb", grads_bf16=True).model_copy(
-        update={"layout": LayoutSpec()}
+        update={"layout": LayoutSpec(), "model": ModelSpec(preset="llama-3.2-1b")}
     )
     p = plan(spec)
     assert p.recommended.framework != Framework.MEGATRON
