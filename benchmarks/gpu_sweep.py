@@ -477,6 +477,12 @@ def _components(measured: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
+def _alignment(measured: Path) -> dict[str, Any]:
+    """The alignment probe's rows (``alignment.json`` beside ``measured``), if it ran."""
+    path = measured.parent / "alignment.json"
+    return {"products": json.loads(path.read_text())} if path.exists() else {}
+
+
 def record(measured: Path) -> None:
     """Merge ``measured`` into :data:`DATA` (a row of the same id is replaced)."""
     got = json.loads(measured.read_text())
@@ -527,6 +533,7 @@ def record(measured: Path) -> None:
         "planner_gpu": GPU,
         "steps_per_run": STEPS,
         "components": _components(measured) or doc.get("components") or [],
+        "alignment": _alignment(measured) or doc.get("alignment") or {},
         "runs": sorted(rows.values(), key=lambda r: order.get(r["id"], len(order))),
     }
     tmp = DATA.with_suffix(".json.tmp")

@@ -260,3 +260,19 @@ def test_calibrate_from_a_real_h100_run_round_trips() -> None:
     assert abs(cal.memory_overhead_gib) < 2.0
     assert res.after.recommended.step_time_s == pytest.approx(0.3202, rel=0.01)
     assert res.after.path[1].answer.startswith("calibrated from run h100_run (compute ×1.")
+
+
+def test_the_unaligned_slowdown_is_the_measured_one() -> None:
+    # The head's three products at 50257 against 50304 and at 128257 against 128256.
+    from engine.plan.perf import UNALIGNED_GEMM_SLOWDOWN
+
+    rows = {r["vocab"]: r for r in RUNS["alignment"]["products"]}
+
+    def products(v: int) -> float:
+        return float(rows[v]["fwd_s"] + rows[v]["dgrad_s"] + rows[v]["wgrad_s"])
+
+    ratios = [products(50257) / products(50304), products(128257) / products(128256)]
+    assert all(4.5 < r < 7 for r in ratios)
+    assert UNALIGNED_GEMM_SLOWDOWN == pytest.approx(sum(ratios) / 2, rel=0.05)
+    # The cross-entropy does not care.
+    assert rows[50257]["ce_fwd_bwd_s"] == pytest.approx(rows[50304]["ce_fwd_bwd_s"], rel=0.1)
