@@ -12,24 +12,32 @@ Verbs:
 
 ``report`` (default)
     Read ``tests/data/gpu_runs.json``, estimate every row with the current planner, print one line
-    a row and the mean absolute percentage error of step time and peak memory, the rank
-    correlation of step time, and whether "fits" agreed with what ran out of memory. Last line,
-    for scripts: ``gpu_time_mape=... gpu_mem_mape=... gpu_time_spearman=... gpu_fit_agree=N/M``.
-``prepare DIR``
+    a row and, for the sweep and the held-out runs apart, the mean absolute percentage error of
+    step time and peak memory, the rank correlation of step time, and how many "fits" verdicts
+    agreed with what ran or ran out of memory. Last line, for scripts: ``gpu_sweep_time_mape=...
+    gpu_sweep_mem_mape=... gpu_sweep_time_spearman=... gpu_sweep_fit_agree=N/M`` and the same
+    ``gpu_held_*``.
+``prepare DIR [--held-out]``
     One bundle per configuration: ``DIR/<id>/plan.json``, the planner's plan with the layout
-    forced (the trainer reads its model, layout and training from it).
+    forced (the trainer reads its model, layout and training from it). ``--held-out``: the
+    held-out configurations, their predictions written to
+    ``tests/data/gpu_heldout_predictions.json`` before they run.
 ``run DIR OUT``
     On the GPU machine, with torch only (no dtrain-tui there): train every bundle of DIR in this
     process, one after the other (the peak-memory counter reset between them), and write
     ``OUT/measured.json`` after each (a run cut short still leaves what it measured).
+``probe DIR OUT`` / ``align OUT``
+    On the GPU machine: the components of the models of :data:`PROBES` (``components.json``) and
+    the head's products at aligned and unaligned vocabularies (``alignment.json``).
 ``record MEASURED``
-    Merge a ``measured.json`` into ``tests/data/gpu_runs.json`` (each row: the configuration, the
-    per-step times and peak memory, the estimate when recorded).
+    Merge a ``measured.json`` (and ``components.json`` / ``alignment.json`` beside it) into
+    ``tests/data/gpu_runs.json`` (each row: the configuration, the per-step times and peak
+    memory, the estimate when recorded, the prediction made before a held-out run).
 
 The trainer is not Megatron: fp32 parameters with autocast to bf16 (a bf16 copy of each weight
-lives while the forward runs), torch's AdamW (fused off: its ``foreach`` path), cross-entropy on
-fp32 logits, learned positions and LayerNorm. Those are the trainer's own costs, and the planner's
-DDP estimate is meant to cover what any plain PyTorch script of that kind spends.
+waits for its backward), fused AdamW, cross-entropy on fp32 logits, learned positions and
+LayerNorm. Those are the trainer's own costs, and the planner's DDP estimate is meant to cover
+what any plain PyTorch script of that kind spends.
 """
 
 from __future__ import annotations
@@ -189,6 +197,8 @@ def prepare(out: Path, held_out: bool = False) -> None:
 
 # ------------------------------------------------------------------------------------ GPU side
 
+# The trainer's step line (engine.monitor.logparse reads it too; not imported: this side of the
+# script runs where only torch is installed).
 _STEP = re.compile(r"step=(\d+)/\d+ loss=(\S+) tokens_per_s=\S+ step_time_s=(\S+) mem_gb=(\S+)")
 
 
@@ -542,23 +552,11 @@ def record(measured: Path) -> None:
     print(f"{len(got['runs'])} runs recorded in {DATA.relative_to(ROOT)}")
 
 
-def _spearman(a: list[float], b: list[float]) -> float:
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        for i, j in enumerate(order):
-            r[j] = float(i)
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return num / den if den else math.nan
-
-
 def report(verbose: bool = True) -> dict[str, float]:
     """Re-estimate every recorded run; print the errors and the figures per set."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from estimate_accuracy import spearman
+
     doc = json.loads(DATA.read_text())
     gib = 2**30
     sets: dict[str, dict[str, list[Any]]] = {}
@@ -606,7 +604,7 @@ def report(verbose: bool = True) -> dict[str, float]:
         out[f"gpu_{tag}_time_mape"] = statistics.fmean(acc["time"]) if acc["time"] else math.nan
         out[f"gpu_{tag}_mem_mape"] = statistics.fmean(acc["mem"]) if acc["mem"] else math.nan
         out[f"gpu_{tag}_time_spearman"] = (
-            _spearman(acc["pred"], acc["meas"]) if len(acc["pred"]) >= 3 else math.nan
+            spearman(acc["pred"], acc["meas"]) if len(acc["pred"]) >= 3 else math.nan
         )
         line += [f"{k}={v:.3f}" for k, v in out.items() if k.startswith(f"gpu_{tag}_")]
         line.append(f"gpu_{tag}_fit_agree={sum(acc['fit'])}/{len(acc['fit'])}")

@@ -637,13 +637,18 @@ def autocast_weight_copies(dims: ModelDims, d: LayoutDraft) -> float:
     each linear keeps for its backward (2 bytes a weight) until that layer's backward runs:
     every linear of the blocks that keep their activations, the attention's only where the MLP
     is recomputed, none in a fully recomputed block (its forward runs again), and the head."""
-    h, q = dims.hidden, dims.heads * dims.head_dim
-    attention = h * (q + 2 * dims.kv_heads * dims.head_dim) + q * h
     dense_l, _ = per_layer_params(dims)
-    kept = {Recompute.NONE: dense_l, Recompute.MLP: attention, Recompute.FULL: 0.0}
+    kept = {Recompute.NONE: dense_l, Recompute.MLP: attention_params(dims), Recompute.FULL: 0.0}
     per_layer = kept.get(d.recompute, dense_l)
     layers = math.ceil(dims.layers / d.pp)
-    return 2 * (layers * per_layer + dims.vocab * h) / d.tp
+    return 2 * (layers * per_layer + dims.vocab * dims.hidden) / d.tp
+
+
+def attention_params(dims: ModelDims) -> float:
+    """One layer's attention weights (query, key, value and output projections; a GQA/MHA
+    layout)."""
+    h, q = dims.hidden, dims.heads * dims.head_dim
+    return h * (q + 2 * dims.kv_heads * dims.head_dim) + q * h
 
 
 def logits_bytes(dims: ModelDims, d: LayoutDraft, s_local: int) -> float:

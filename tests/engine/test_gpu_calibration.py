@@ -18,6 +18,7 @@ import pytest
 
 from engine.plan.memory import (
     LayoutDraft,
+    attention_params,
     autocast_weight_copies,
     estimate_memory,
     layer_activation_bytes,
@@ -92,9 +93,8 @@ def test_an_eager_blocks_activations_are_what_the_h100_measured(row: dict[str, A
     # MLP-only recompute: the block keeps its attention half and the MLP's input; the planner
     # also keeps the second norm's output, which the trainer's checkpoint recomputes (Megatron's
     # TE-fused norm too; Hugging Face's MLP module does not include it): over, never under.
-    h, q = dims.hidden, dims.heads * dims.head_dim
-    attention = h * (q + 2 * dims.kv_heads * dims.head_dim) + q * h
-    mlp_measured = row["block_saved_bytes_per_token_mlp"] - 2 * attention / PROBE_TOKENS + 4 * h
+    copies = 2 * attention_params(dims) / PROBE_TOKENS
+    mlp_measured = row["block_saved_bytes_per_token_mlp"] - copies + 4 * dims.hidden
     mlp_ours = layer_activation_bytes(
         dims,
         1,
