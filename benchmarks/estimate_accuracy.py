@@ -11,9 +11,10 @@ compared on MFU in the PaLM convention (``6N + 12·L·h·s``).
 
 Settings the planner cannot state as published are mapped to its nearest ones, each explained
 where it is done: "mixed precision" of 2021 is fp16, torchtitan's "selective" AC is MLP-only
-recompute, FSDP2 under TP/EP/PP is a 3D layout with ZeRO-3 (parameters sharded too), a
-torchtitan TP/PP layout is timed as the PyTorch-native stack it is (SDPA attention, eager
-kernels), an FP8 Megatron row keeps its linear inputs in FP8 when sizing its recompute, and a
+recompute, FSDP2 under TP/EP/PP is a 3D layout with ZeRO-3 (parameters sharded too) except
+torchtitan's under PP, which keeps the stage's weights and gradients whole (ZeRO-1), a
+torchtitan TP/PP layout is timed and sized as the PyTorch-native stack it is (SDPA attention,
+eager kernels), an FP8 Megatron row keeps its linear inputs in FP8 when sizing its recompute, and a
 row stating plain 1F1B is not interleaved. torchtitan's Grand Teton H100s are the catalog's
 ``h100-sxm-500w`` (96 GB HBM2e, 500 W), as its benchmark page describes them.
 
@@ -53,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from engine.errors import SpecError  # noqa: E402
 from engine.plan.catalog import get_gpu, list_gpus  # noqa: E402
 from engine.plan.context import hardware  # noqa: E402
-from engine.plan.memory import LayoutDraft  # noqa: E402
+from engine.plan.memory import LayoutDraft, estimate_memory, logits_bytes  # noqa: E402
 from engine.plan.models import resolve_model  # noqa: E402
 from engine.plan.perf import estimate_time  # noqa: E402
 from engine.plan.planner import plan  # noqa: E402
@@ -266,6 +267,15 @@ def _layout(row: dict[str, Any], strategy: Strategy) -> LayoutSpec:
         z = lay.get("zero_stage")
         if z is None and lay.get("fsdp"):
             z = 3  # FSDP2 under EP / PP (NeMo AutoModel): parameters, grads and states sharded
+        if row["id"].startswith("torchtitan") and pp > 1:
+            # torchtitan's FSDP2 under PP does not reshard after the forward ("For PP, by
+            # default do not reshard after forward to avoid per-microbatch all-gathers",
+            # ``fsdp_reshard_after_forward = "default"``) and accumulates the micro-batches'
+            # unsharded gradients in the fp32 reduce dtype until the last one: the stage's
+            # 16-bit parameters and fp32 gradients stay whole, the fp32 master and Adam's
+            # moments sharded, one all-gather and one reduce-scatter a step -- Megatron's
+            # distributed optimizer (ZeRO-1) in memory and in traffic.
+            z = 1
         # 3D with ZeRO-3: FSDP2 under TP/PP/EP, non-expert weights sharded over DP x CP, the
         # experts over their EP x FSDP mesh (DP x CP / EP).
         zero = 1 if z is None else z
@@ -614,16 +624,38 @@ def report(rows: list[Row], verbose: bool) -> dict[str, float]:
 def memory_errors(rows: list[Row]) -> dict[str, list[float]]:
     """Signed relative errors of the predicted peak memory per GPU, by the framework the row's
     layout is planned as, over the rows that publish a peak (``measured.peak_memory_gib``:
-    torchtitan's, which counts what PyTorch's allocator held). A torchtitan TP/PP row runs the
-    same eager modules it is planned as Megatron's fused ones for, so its activations are
-    undercounted: reported apart."""
+    torchtitan's, which counts what PyTorch's allocator held). A torchtitan TP/PP row, which
+    the planner can only state as a Megatron one, is sized as the eager modules it runs
+    (:func:`eager_peak_bytes`), as it is timed; reported apart."""
     out: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         peak = r.raw["measured"].get("peak_memory_gib")
-        if not peak or r.predicted is None:
+        if not peak or r.predicted is None or r.spec is None:
             continue
-        out[r.predicted.framework.value].append(r.predicted.memory_per_gpu.total / GIB / peak - 1)
+        total = float(r.predicted.memory_per_gpu.total)
+        if r.id.startswith("torchtitan") and r.predicted.framework == Framework.MEGATRON:
+            total = eager_peak_bytes(r.spec, r.predicted)
+        out[r.predicted.framework.value].append(total / GIB / peak - 1)
     return dict(sorted(out.items()))
+
+
+def eager_peak_bytes(spec: Spec, lay: Layout) -> float:
+    """The planned layout's peak with the activations and the loss's logits of plain PyTorch
+    modules (SDPA attention, an unfused SwiGLU, K and V repeated to every head, the eager
+    cross-entropy's 14 bytes a logit) in place of Megatron-Core's fused ones; the model states
+    as planned."""
+    dims = resolve_model(spec.model)
+    seq = spec.training.seq_len
+    s_local = max(1, seq // lay.cp)
+    fused = _draft(lay, spec)
+    eager = replace(fused, framework=Framework.FSDP)
+    sizes = [
+        estimate_memory(dims, d, seq_len=seq, optimizer=spec.training.optimizer)
+        for d in (fused, eager)
+    ]
+    logits = [logits_bytes(dims, d, s_local) if d.pp == 1 else 0.0 for d in (fused, eager)]
+    swap = sizes[1].activations + logits[1] - sizes[0].activations - logits[0]
+    return float(lay.memory_per_gpu.total + swap)
 
 
 def main(argv: list[str] | None = None) -> int:
