@@ -29,8 +29,15 @@ Verbs:
 ``probe DIR OUT`` / ``align OUT``
     On the GPU machine: the components of the models of :data:`PROBES` (``components.json``) and
     the head's products at aligned and unaligned vocabularies (``alignment.json``).
+``attention OUT [--device cuda] [--seqs 2048,8192] [--head-dims 64,128]``
+    On the GPU machine: PyTorch's scaled-dot-product attention, causal, forward and forward +
+    backward, under each backend it offers (its own pick, FlashAttention-2, cuDNN,
+    memory-efficient) over sequence lengths and head widths, beside a large bf16 product's rate
+    in the same process (``attention.json``): the eager attention rate the planner assumes
+    (the catalog's ``flash_attention_vs_gemm``) against what this torch runs.
 ``record MEASURED``
-    Merge a ``measured.json`` (and ``components.json`` / ``alignment.json`` beside it) into
+    Merge a ``measured.json`` (and ``components.json`` / ``alignment.json`` /
+    ``attention.json`` beside it) into
     ``tests/data/gpu_runs.json`` (each row: the configuration, the per-step times and peak
     memory, the estimate when recorded, the prediction made before a held-out run).
 
@@ -451,6 +458,99 @@ def _align_row(dev: _Dev, v: int, t: int, h: int) -> dict[str, Any]:
     }
 
 
+ATTENTION_SEQS = (2048, 4096, 8192, 16384, 32768)
+ATTENTION_HEAD_DIMS = (64, 128)
+ATTENTION_TOKENS = 32768
+"""Tokens a probe call attends over (batch x sequence), so every length does the same work per
+token position."""
+ATTENTION_BACKENDS = ("default", "flash", "cudnn", "efficient")
+
+
+def probe_attention(
+    out: Path,
+    device: str = "cuda",
+    seqs: tuple[int, ...] = ATTENTION_SEQS,
+    head_dims: tuple[int, ...] = ATTENTION_HEAD_DIMS,
+) -> dict[str, Any]:
+    """Causal SDPA forward and forward + backward, 32 query heads over 8 key/value heads (a
+    Llama-style GQA layout), bf16 (fp32 on a CPU dry run), under each backend torch offers; a
+    backend that refuses a shape is recorded with its error. Written to ``OUT/attention.json``
+    after every row."""
+    import torch
+
+    dev = _Dev(torch, device)
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "machine": _machine(torch) if dev.cuda else {"gpu": "cpu", "torch": torch.__version__},
+        "gemm": _gemm_rate(dev),
+        "rows": [],
+    }
+    for d in head_dims:
+        for seq in seqs:
+            for name in ATTENTION_BACKENDS:
+                doc["rows"].append(_attention_row(dev, name, seq, d))
+                print(json.dumps(doc["rows"][-1]), flush=True)
+                tmp = out / ".attention.json.tmp"
+                tmp.write_text(json.dumps(doc, indent=1))
+                tmp.replace(out / "attention.json")
+                dev.free()
+    return doc
+
+
+def _dtype(dev: _Dev) -> Any:
+    return dev.torch.bfloat16 if dev.cuda else dev.torch.float32
+
+
+def _gemm_rate(dev: _Dev) -> dict[str, float]:
+    """A large square product's rate on the probe's device (8192³ in bf16 on a GPU)."""
+    n = 8192 if dev.cuda else 256
+    a = dev.torch.randn(n, n, device=dev.name, dtype=_dtype(dev))
+    seconds = dev.time(lambda: a @ a, iters=10)
+    return {"m": n, "seconds": seconds, "tflops": 2 * n**3 / seconds / 1e12}
+
+
+def _attention_row(dev: _Dev, backend: str, seq: int, d: int) -> dict[str, Any]:
+    torch = dev.torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }
+    heads, kv = 32, 8
+    batch = max(1, ATTENTION_TOKENS // seq) if dev.cuda else 1
+    q, k, v = (
+        torch.randn(batch, n, seq, d, device=dev.name, dtype=_dtype(dev), requires_grad=True)
+        for n in (heads, kv, kv)
+    )
+    grad = torch.randn(batch, heads, seq, d, device=dev.name, dtype=_dtype(dev))
+
+    def fwd() -> Any:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True
+        )
+
+    # Causal: half of the 4·s²·d score and context FLOPs a head; the backward 2.5x that.
+    flops = 4 * batch * heads * seq * seq * d / 2
+    row: dict[str, Any] = {"backend": backend, "seq": seq, "head_dim": d, "batch": batch}
+    ctx = sdpa_kernel([kernels[backend]]) if backend in kernels else contextlib.nullcontext()
+    try:
+        with ctx:
+            f = dev.time(fwd, iters=5)
+            fb = dev.time(lambda: fwd().backward(grad), iters=5)
+    except RuntimeError as e:
+        row["error"] = str(e).splitlines()[0][:200]
+        return row
+    return {
+        **row,
+        "fwd_s": f,
+        "fwd_bwd_s": fb,
+        "fwd_tflops": flops / f / 1e12,
+        "fwd_bwd_tflops": 3.5 * flops / fb / 1e12,
+    }
+
+
 def probe(bundles: Path, out: Path, device: str = "cuda", tokens: int = PROBE_TOKENS) -> None:
     import torch
 
@@ -493,11 +593,22 @@ def _alignment(measured: Path) -> dict[str, Any]:
     return {"products": json.loads(path.read_text())} if path.exists() else {}
 
 
+def _attention(measured: Path) -> dict[str, Any]:
+    """The attention probe's document (``attention.json`` beside ``measured``), if it ran."""
+    path = measured.parent / "attention.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def record(measured: Path) -> None:
     """Merge ``measured`` into :data:`DATA` (a row of the same id is replaced)."""
-    got = json.loads(measured.read_text())
-    by_id = {c[0]: c for c in configs()}
     doc = json.loads(DATA.read_text()) if DATA.exists() else {"runs": []}
+    # A probe may run alone (``attention`` only): no runs, the runs' machine and date kept.
+    got = (
+        json.loads(measured.read_text())
+        if measured.exists()
+        else {"runs": [], "machine": doc.get("machine"), "date": doc.get("date")}
+    )
+    by_id = {c[0]: c for c in configs()}
     rows = {r["id"]: r for r in doc["runs"]}
     before = json.loads(PREDICTIONS.read_text())["predictions"] if PREDICTIONS.exists() else {}
     for r in got["runs"]:
@@ -538,18 +649,59 @@ def record(measured: Path) -> None:
             "with predicted_before_run written first. Produced by benchmarks/gpu_sweep.py "
             "(prepare here, run on the GPU machine, record here); its report re-estimates them."
         ),
-        "date": time.strftime("%Y-%m-%d"),
+        "date": time.strftime("%Y-%m-%d") if got["runs"] else got.get("date"),
         "machine": got["machine"],
         "planner_gpu": GPU,
         "steps_per_run": STEPS,
         "components": _components(measured) or doc.get("components") or [],
         "alignment": _alignment(measured) or doc.get("alignment") or {},
+        "attention": _attention(measured) or doc.get("attention") or {},
         "runs": sorted(rows.values(), key=lambda r: order.get(r["id"], len(order))),
     }
     tmp = DATA.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(DATA)
-    print(f"{len(got['runs'])} runs recorded in {DATA.relative_to(ROOT)}")
+    probes = [k for k in ("components", "alignment", "attention") if doc[k]]
+    print(f"{len(got['runs'])} runs recorded in {DATA} (probes: {', '.join(probes) or 'none'})")
+
+
+def attention_report(att: dict[str, Any], verbose: bool = True) -> dict[str, float]:
+    """The attention probe's rates as a share of the large product's, beside the planner's
+    eager (SDPA) and fused (Transformer Engine) shares for the planner's GPU at each head
+    width (:func:`engine.plan.perf.head_dim_factor`)."""
+    _engine()
+    from engine.plan.catalog import get_gpu
+    from engine.plan.perf import head_dim_factor
+    from engine.plan.specs import Precision
+
+    gpu = get_gpu(GPU)
+    soft = gpu.peak_tflops(Precision.BF16) / (4 * gpu.exp_tops) if gpu.exp_tops else 0.0
+    gemm = att["gemm"]["tflops"]
+    shares: dict[str, list[float]] = defaultdict(list)
+    if verbose:
+        print(f"\nattention (SDPA, causal, GQA 32/8): large bf16 product {gemm:.0f} TFLOP/s")
+        print(
+            f"{'backend':10s} {'seq':>6s} {'d':>4s} {'fwd+bwd TF/s':>12s} {'/ gemm':>7s}  planner"
+        )
+    for r in att["rows"]:
+        if "fwd_bwd_tflops" not in r:
+            if verbose:
+                print(f"{r['backend']:10s} {r['seq']:6d} {r['head_dim']:4d}  {r['error'][:60]}")
+            continue
+        share = r["fwd_bwd_tflops"] / gemm
+        hdf = head_dim_factor(r["head_dim"], soft)
+        shares[r["backend"]].append(share / hdf)  # at the catalog's reference width
+        if verbose:
+            print(
+                f"{r['backend']:10s} {r['seq']:6d} {r['head_dim']:4d} "
+                f"{r['fwd_bwd_tflops']:12.0f} {share:7.2f}  eager "
+                f"{gpu.flash_attention_vs_gemm * hdf:.2f}, fused "
+                f"{(gpu.fused_attention_vs_gemm or gpu.flash_attention_vs_gemm) * hdf:.2f}"
+            )
+    out = {f"gpu_attention_{b}_vs_gemm": statistics.median(v) for b, v in shares.items()}
+    out["planner_eager_vs_gemm"] = gpu.flash_attention_vs_gemm
+    print(" ".join(f"{k}={v:.3f}" for k, v in out.items()))
+    return out
 
 
 def report(verbose: bool = True) -> dict[str, float]:
@@ -609,6 +761,8 @@ def report(verbose: bool = True) -> dict[str, float]:
         line += [f"{k}={v:.3f}" for k, v in out.items() if k.startswith(f"gpu_{tag}_")]
         line.append(f"gpu_{tag}_fit_agree={sum(acc['fit'])}/{len(acc['fit'])}")
     print(" ".join(line))
+    if doc.get("attention", {}).get("rows"):
+        out.update(attention_report(doc["attention"], verbose))
     return out
 
 
@@ -628,6 +782,11 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--device", default="cuda")
     pr.add_argument("--tokens", type=int, default=PROBE_TOKENS)
     sub.add_parser("align").add_argument("out", type=Path)
+    at = sub.add_parser("attention")
+    at.add_argument("out", type=Path)
+    at.add_argument("--device", default="cuda")
+    at.add_argument("--seqs", default=",".join(map(str, ATTENTION_SEQS)))
+    at.add_argument("--head-dims", default=",".join(map(str, ATTENTION_HEAD_DIMS)))
     a = p.parse_args(argv)
     if a.verb == "prepare":
         prepare(a.dir, a.held_out)
@@ -635,6 +794,13 @@ def main(argv: list[str] | None = None) -> int:
         run(a.dir, a.out)
     elif a.verb == "align":
         probe_alignment(a.out)
+    elif a.verb == "attention":
+        probe_attention(
+            a.out,
+            a.device,
+            tuple(int(x) for x in a.seqs.split(",")),
+            tuple(int(x) for x in a.head_dims.split(",")),
+        )
     elif a.verb == "probe":
         probe(a.dir, a.out, a.device, a.tokens)
     elif a.verb == "record":

@@ -276,3 +276,29 @@ def test_the_unaligned_slowdown_is_the_measured_one() -> None:
     assert UNALIGNED_GEMM_SLOWDOWN == pytest.approx(sum(ratios) / 2, rel=0.05)
     # The cross-entropy does not care.
     assert rows[50257]["ce_fwd_bwd_s"] == pytest.approx(rows[50304]["ce_fwd_bwd_s"], rel=0.1)
+
+
+def test_the_attention_probe_runs_records_alone_and_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe a GPU session runs to measure PyTorch's SDPA rate against the catalog's (its
+    # CPU dry run here: tiny shapes, fp32); recorded alone it leaves the runs and their machine
+    # as they were, and the report sets its rates beside the planner's.
+    sweep = _sweep()
+    out = tmp_path / "probe"
+    doc = sweep.probe_attention(out, "cpu", seqs=(128,), head_dims=(64,))
+    rows = json.loads((out / "attention.json").read_text())["rows"]
+    assert rows == doc["rows"] and {r["backend"] for r in rows} == set(sweep.ATTENTION_BACKENDS)
+    timed = [r for r in rows if "fwd_bwd_s" in r]
+    assert timed and all(r["fwd_bwd_s"] > r["fwd_s"] > 0 for r in timed)
+    data = tmp_path / "gpu_runs.json"
+    data.write_text((ROOT / "tests" / "data" / "gpu_runs.json").read_text())
+    monkeypatch.setattr(sweep, "DATA", data)
+    sweep.record(out / "measured.json")
+    merged = json.loads(data.read_text())
+    assert merged["attention"]["rows"] == rows
+    assert merged["runs"] == RUNS["runs"] and merged["machine"] == RUNS["machine"]
+    assert merged["date"] == RUNS["date"]
+    figures = sweep.report(verbose=False)
+    assert figures["gpu_attention_default_vs_gemm"] > 0
+    assert figures["planner_eager_vs_gemm"] == pytest.approx(0.38)
