@@ -11,7 +11,14 @@ import stat
 import time
 from pathlib import Path
 
-from tests.e2e.test_tmux_wizard import EXE, Tmux, pytestmark, tmux  # noqa: F401 - fixture, marker
+from tests.e2e.test_tmux_wizard import (  # noqa: F401 - fixture, marker
+    EXE,
+    Tmux,
+    exit_status,
+    pytestmark,
+    then_exit_status,
+    tmux,
+)
 
 PROFILE = """\
 schema_version = 2
@@ -51,7 +58,7 @@ def test_70b_plan_write_edit_in_editor_write_again(tmux: Tmux, tmp_path: Path) -
     editor.chmod(editor.stat().st_mode | stat.S_IXUSR)
     done = tmp_path / "exit-code"
     tmux.start(
-        f"EDITOR={editor} {EXE} --config-dir {config} --profile seventy; echo $? > {done}; sleep 30"
+        then_exit_status(f"EDITOR={editor} {EXE} --config-dir {config} --profile seventy", done)
     )
     tmux.wait_for("profile seventy")  # the header names the profile
     tmux.wait_for("tok/s", timeout=90)  # the plan is ready
@@ -91,7 +98,4 @@ def test_70b_plan_write_edit_in_editor_write_again(tmux: Tmux, tmp_path: Path) -
     assert len(backups) == 1 and backups[0].read_text() == edited
     assert "edited by hand" not in args.read_text()
     tmux.keys("C-q")
-    deadline = time.monotonic() + 20
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert done.read_text().strip() == "0"
+    assert exit_status(done) == "0"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_tmux_wizard import EXE, Tmux
+from tests.e2e.test_tmux_wizard import EXE, Tmux, exit_status, then_exit_status
 from tests.e2e.test_tmux_wizard import pytestmark as needs_tmux
 
 pytestmark = [needs_tmux, pytest.mark.slow]
@@ -32,14 +32,6 @@ def tmux(tmp_path: Path) -> Iterator[Tmux]:
     t = Tmux(tmp_path)
     yield t
     t.kill()
-
-
-def wait_file(path: Path, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.1)
-    return path.read_text()
 
 
 def wait_gone(tmux: Tmux, text: str, timeout: float = 30.0) -> str:
@@ -67,7 +59,7 @@ def wait_state(run: Path, states: set[str], timeout: float = 90.0) -> str:
 
 def test_demo_to_monitor_back_to_wizard_and_reopen_the_run(tmux: Tmux, tmp_path: Path) -> None:
     done = tmp_path / "exit-code"
-    tmux.start(f"{EXE} --config-dir {tmp_path / 'profiles'}; echo $? > {done}; sleep 30")
+    tmux.start(then_exit_status(f"{EXE} --config-dir {tmp_path / 'profiles'}", done))
     tmux.wait_for("tok/s")  # the plan is ready
     tmux.keys("C-l")  # the first Ctrl+L opens the Launch step, the second starts the run
     tmux.wait_for("Ctrl+L again")  # the Launch step is shown and ready
@@ -99,7 +91,7 @@ def test_demo_to_monitor_back_to_wizard_and_reopen_the_run(tmux: Tmux, tmp_path:
     assert " monitor " not in screen
     assert json.loads((run / "run.json").read_text())["state"] == "succeeded"
     tmux.keys("C-q")
-    assert wait_file(done).strip() == "0"
+    assert exit_status(done) == "0"
 
 
 def test_ctrl_x_in_monitor_run_dir_stops_the_run(tmux: Tmux, tmp_path: Path) -> None:
@@ -126,7 +118,7 @@ def test_ctrl_x_in_monitor_run_dir_stops_the_run(tmux: Tmux, tmp_path: Path) -> 
     try:
         wait_state(run, {"running"})
         done = tmp_path / "exit-code"
-        tmux.start(f"{EXE} monitor {run}; echo $? > {done}; sleep 30")
+        tmux.start(then_exit_status(f"{EXE} monitor {run}", done))
         tmux.wait_for("● running", timeout=60)
         tmux.wait_for("step ", timeout=90)  # the ranks are training
         tmux.keys("C-x")
@@ -141,7 +133,7 @@ def test_ctrl_x_in_monitor_run_dir_stops_the_run(tmux: Tmux, tmp_path: Path) -> 
         assert "failed" not in screen and "lost" not in screen, screen
         assert launcher.wait(timeout=60) == 1  # the launcher ended the run: stopped
         tmux.keys("q")
-        assert wait_file(done).strip() == "0"
+        assert exit_status(done) == "0"
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -82,6 +82,22 @@ class Tmux:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
 
 
+def then_exit_status(command: str, done: Path) -> str:
+    """``command``, then its exit status written to ``done`` whole, then a pause that keeps the
+    pane open. The status goes to a side file renamed into place: a plain ``> done`` creates
+    the file empty before the status is in it, and a test waiting for the file can read it then."""
+    return f"{command}; echo $? > {done}.part; mv {done}.part {done}; sleep 30"
+
+
+def exit_status(done: Path, timeout: float = 30.0) -> str:
+    """The exit status :func:`then_exit_status` wrote, once it is there."""
+    deadline = time.monotonic() + timeout
+    while not done.exists():
+        assert time.monotonic() < deadline, f"no exit status in {done} within {timeout}s"
+        time.sleep(0.1)
+    return done.read_text().strip()
+
+
 @pytest.fixture
 def tmux(tmp_path: Path) -> Iterator[Tmux]:
     t = Tmux(tmp_path)
@@ -93,7 +109,7 @@ def test_wizard_in_tmux_reaches_the_decision_and_writes_the_bundle(
     tmux: Tmux, tmp_path: Path
 ) -> None:
     done = tmp_path / "exit-code"
-    tmux.start(f"{EXE} --config-dir {tmp_path / 'profiles'}; echo $? > {done}; sleep 30")
+    tmux.start(then_exit_status(f"{EXE} --config-dir {tmp_path / 'profiles'}", done))
     tmux.wait_for("1 Model")  # the first screen
     tmux.wait_for("tok/s")  # the status line: the plan is ready
     tmux.keys("C-n", "C-n", "C-n", "C-n")
@@ -112,7 +128,4 @@ def test_wizard_in_tmux_reaches_the_decision_and_writes_the_bundle(
     assert plan["world_size"] >= 1
     assert (bundle / "launch_node0.sh").exists() and (bundle / "bundle.json").exists()
     tmux.keys("C-q")
-    deadline = time.monotonic() + 20
-    while not done.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert done.read_text().strip() == "0"
+    assert exit_status(done) == "0"
