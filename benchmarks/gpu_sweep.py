@@ -219,16 +219,7 @@ def _trainer() -> Any:
 
 def _machine(torch: Any) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ a
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        a @ a
-    torch.cuda.synchronize()
-    tflops = 10 * 2 * 8192**3 / (time.perf_counter() - t0) / 1e12
-    del a
+    tflops = _gemm_rate(_Dev(torch, "cuda"))["tflops"]
     return {
         "gpu": props.name,
         "memory_bytes": props.total_memory,
