@@ -222,3 +222,19 @@ def test_automodel_gpt_oss_runs_with_its_recipes_experts_and_no_recompute(
         assert r.predicted.ep == r.raw["layout"]["ep"] > 1
         assert r.predicted.recompute.value == "none"
         assert abs(r.error) < 0.2, (r.id, r.error)
+
+
+def test_stacks_older_than_sequence_parallelism_are_stated_without_it(harness: ModuleType) -> None:
+    # Sequence parallelism came with Korthikanti et al. 2022 (Megatron-LM); Narayanan 2021's
+    # Megatron-LM and BigScience's Megatron-DeepSpeed (the tr11 topology sweep and BLOOM's
+    # tr11-176B-ml.slurm, which passes no --sequence-parallel) ran without it, and a TP > 1
+    # row that leaves it unstated would be planned with it.
+    rows = [
+        r
+        for r in harness.load_rows()
+        if r.id.startswith(("narayanan2021", "bigscience", "bloom176b")) and r.spec is not None
+    ]
+    assert any(r.id.startswith("bloom176b") for r in rows)
+    tp = [r for r in rows if r.spec.layout.tp > 1]
+    assert len(tp) >= 20
+    assert not any(r.spec.layout.sequence_parallel for r in tp)

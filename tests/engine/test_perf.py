@@ -517,6 +517,23 @@ def test_small_expert_gemms_are_host_bound_under_megatron() -> None:
     assert perf.MOE_IMBALANCE > 1.0
 
 
+def test_without_expert_parallelism_no_rank_waits_for_a_busier_one() -> None:
+    # EP 1: every rank holds every expert and runs the k copies of its own tokens, however the
+    # router spreads them; the imbalance of dropless routing is an EP rank's wait.
+    hw = replace(_hw(), peak_flops=989e12, hbm_bytes_per_s=3.35e12, gemm_efficiency=0.75)
+    d = _megatron(dp=8, ep=1, micro_batch=64, grad_accum=1)
+    f = perf._layer_forward(QWEN3_30B, d, hw, 4096)
+    assert f.mlp > 2 * 128 * 2 * perf.MOE_EXPERT_KERNEL_S  # GPU bound, not launch bound
+    balanced = f.gemm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(perf, "MOE_IMBALANCE", 1.0)
+        assert perf._layer_forward(QWEN3_30B, d, hw, 4096).gemm == pytest.approx(balanced)
+        ep8 = perf._layer_forward(QWEN3_30B, replace(d, ep=8), hw, 4096).mlp
+    assert perf._layer_forward(QWEN3_30B, replace(d, ep=8), hw, 4096).mlp == pytest.approx(
+        perf.MOE_IMBALANCE * ep8
+    )
+
+
 def test_fully_sharded_experts_are_gathered_every_micro_batch() -> None:
     # Megatron-FSDP / FSDP2 with EP: a rank's experts are sharded over the expert data-parallel
     # group and gathered with each block like the dense weights; before, only the dense part
