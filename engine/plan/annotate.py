@@ -31,6 +31,7 @@ from engine.plan.search import (
 from engine.plan.specs import (
     Framework,
     ModelDims,
+    MoeDispatcher,
     NetworkTier,
     Offload,
     Precision,
@@ -428,8 +429,31 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
             "or --virtual-stages, no full recompute and no Megatron-FSDP (zero stage 3); it has "
             "no effect here"
         )
+    out += _moe_setting_mistakes(ctx, lay)
     if not lay.fits and spec.layout.is_forced:
         out.append(_forced_misfit(ctx, lay))
+    return out
+
+
+def _moe_setting_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
+    """MoE settings the recommended layout cannot use, each named with why (a setting that
+    silently does nothing would let the user believe the plan uses it)."""
+    t = ctx.spec.training
+    name = ctx.spec.model.preset or "the model"
+    out: list[str] = []
+    if t.moe_capacity_factor and not ctx.dims.is_moe:
+        out.append(
+            f"training.moe_capacity_factor: needs a mixture-of-experts model, and {name} is "
+            "dense; it has no effect here (drop --moe-capacity-factor)"
+        )
+    if t.moe_dispatcher == MoeDispatcher.DEEPEP and not (
+        ctx.dims.is_moe and lay.framework == Framework.MEGATRON and lay.ep > 1
+    ):
+        why = "is dense" if not ctx.dims.is_moe else f"runs as {describe(lay)}"
+        out.append(
+            "training.moe_dispatcher: DeepEP dispatches the tokens of a Megatron MoE layout with "
+            f"ep > 1, and {name} {why}; it has no effect here"
+        )
     return out
 
 

@@ -110,3 +110,27 @@ def test_an_all_to_all_across_nodes_under_nccl_names_deepep() -> None:
     assert "--moe-dispatcher deepep" in across[0]
     assert hints(MoeDispatcher.DEEPEP, 64) == []  # already asked for
     assert hints(None, 8) == []  # the group stays inside a node: NVLink either way
+
+
+def test_moe_settings_the_plan_cannot_use_are_named() -> None:
+    # DeepEP or a capacity factor asked for where nothing dispatches tokens (a dense model, or
+    # an MoE layout without Megatron's expert parallelism) would otherwise do nothing silently.
+    def said(spec: Spec, field: str) -> list[str]:
+        return [w for w in plan(spec).warnings if w.startswith(f"training.{field}:")]
+
+    dense = Spec(
+        model=ModelSpec(preset="llama-3-8b"),
+        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8),
+        training=TrainingSpec(moe_dispatcher=MoeDispatcher.DEEPEP, moe_capacity_factor=1.0),
+    )
+    deepep = said(dense, "moe_dispatcher")
+    assert len(deepep) == 1 and "is dense" in deepep[0]
+    assert "--moe-capacity-factor" in said(dense, "moe_capacity_factor")[0]
+    fsdp = _spec(MoeDispatcher.DEEPEP).model_copy(
+        update={"layout": LayoutSpec(framework=Framework.FSDP)}
+    )
+    assert "runs as FSDP" in said(fsdp, "moe_dispatcher")[0]
+    used = _spec(MoeDispatcher.DEEPEP).model_copy(
+        update={"layout": LayoutSpec(framework=Framework.MEGATRON, ep=64, pp=16, tp=2)}
+    )
+    assert not said(used, "moe_dispatcher") and not said(used, "moe_capacity_factor")
