@@ -189,6 +189,7 @@ class Config:
         self.steps = int(pick(args.steps, training.get("steps"), default=20))
         self.lr = float(pick(args.lr, training.get("lr"), default=3e-3))
         self.grad_clip = float(training.get("grad_clip", 1.0) or 0.0)
+        self.optimizer = str(training.get("optimizer") or "adamw")
         self.precision = str(
             pick(args.precision, layout.get("precision"), training.get("precision"), default="fp32")
         )
@@ -518,13 +519,36 @@ def init_deepspeed(model: nn.Module, c: Config, device: torch.device, world: int
         zo = ds.get("zero_optimization", {})
         for key in ("offload_optimizer", "offload_param"):
             zo.pop(key, None)
-        optimizer = torch.optim.AdamW(params, lr=c.lr)
+        optimizer = make_optimizer(params, c, device)
     elif "optimizer" not in ds:
-        optimizer = torch.optim.AdamW(params, lr=c.lr)
+        # adam8bit (bitsandbytes) is not a DeepSpeed optimizer: built here, handed to it.
+        optimizer = make_optimizer(params, c, device)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=params, optimizer=optimizer, config=ds
     )
     return engine
+
+
+def make_optimizer(params: Any, c: Config, device: torch.device) -> torch.optim.Optimizer:
+    """The plan's optimizer (``training.optimizer``), as the planner counted its states: AdamW,
+    SGD with momentum 0.9 (DeepSpeed's config and Megatron's ``--sgd-momentum`` say the same),
+    or bitsandbytes' 8-bit AdamW where it is installed and the run is on a GPU; elsewhere AdamW,
+    said once by every rank (its states take 8 bytes a parameter, not the planned 2)."""
+    if c.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=c.lr, momentum=0.9)
+    if c.optimizer == "adam8bit":
+        try:
+            import bitsandbytes as bnb  # type: ignore[import-not-found]
+        except ImportError:
+            bnb = None
+        if bnb is not None and device.type == "cuda":
+            return bnb.optim.AdamW8bit(params, lr=c.lr)  # type: ignore[no-any-return]
+        print(
+            f"{PREFIX} note: adam8bit needs bitsandbytes on a CUDA GPU; this run steps with "
+            "AdamW, whose states take 8 bytes a parameter where the plan counted 2",
+            flush=True,
+        )
+    return adamw(params, c, device)
 
 
 def adamw(params: Any, c: Config, device: torch.device) -> torch.optim.Optimizer:
@@ -693,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
             amp_dtype = torch.float32  # FSDP's own mixed-precision policy casts
         else:
             model = wrap_ddp(model, device, world)  # type: ignore[assignment]
-        optimizer = adamw(model.parameters(), c, device)
+        optimizer = make_optimizer(model.parameters(), c, device)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
     tokens_per_step = c.micro_batch * c.grad_accum * c.seq_len
     t_start = time.perf_counter()

@@ -25,8 +25,15 @@ Flag names follow Megatron-LM's ``megatron/training/arguments.py`` (NVIDIA/Megat
 from __future__ import annotations
 
 from engine.errors import DtrainError
-from engine.plan.result import Plan
-from engine.plan.specs import ModelDims, MoeDispatcher, PPSchedule, Precision, Recompute
+from engine.plan.result import Layout, Plan
+from engine.plan.specs import (
+    ModelDims,
+    MoeDispatcher,
+    Optimizer,
+    PPSchedule,
+    Precision,
+    Recompute,
+)
 from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
 
 PRETRAIN_GPT = "pretrain_gpt.sh"
@@ -216,6 +223,7 @@ def megatron_args_list(plan: Plan) -> list[str]:
         ]
     if lay.zero_stage >= 1:
         out.append("--use-distributed-optimizer")
+    out += optimizer_args(tr.optimizer, lay)
     out += [
         f"--num-layers {m.layers}",
         f"--hidden-size {m.hidden}",
@@ -275,6 +283,33 @@ def megatron_args_list(plan: Plan) -> list[str]:
         f"--train-iters {tr.steps}",
     ]
     return out
+
+
+def optimizer_args(optimizer: Optimizer, lay: Layout) -> list[str]:
+    """The optimizer as planned (Megatron's default is Adam with fp32 moments): SGD with
+    momentum, or, for 8-bit Adam, Megatron's precision-aware optimizer with both moments in FP8
+    (Transformer Engine's FusedAdam; Megatron has no bitsandbytes): the two bytes a parameter
+    the plan counts, beside the fp32 master copy. It lives in the distributed optimizer (or
+    Megatron-FSDP), so a layout without it is refused rather than written as plain Adam."""
+    if optimizer == Optimizer.SGD:
+        return ["--optimizer sgd", "--sgd-momentum 0.9"]
+    if optimizer != Optimizer.ADAM8BIT:
+        return []
+    fp8_moments = [
+        "--use-precision-aware-optimizer",
+        "--exp-avg-dtype fp8",
+        "--exp-avg-sq-dtype fp8",
+    ]
+    if lay.zero_stage >= 1:
+        return fp8_moments
+    if lay.dp * lay.cp == 1:
+        # One data-parallel rank: the distributed optimizer shards nothing, it only holds them.
+        return ["--use-distributed-optimizer", *fp8_moments]
+    raise DtrainError(
+        "adam8bit under Megatron keeps its moments in FP8 in the distributed optimizer, which "
+        "this layout does not use; pass --zero-stage 1 (or --optimizer adamw)",
+        field="training.optimizer",
+    )
 
 
 def megatron_args(plan: Plan) -> str:

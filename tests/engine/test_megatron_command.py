@@ -219,3 +219,66 @@ def test_a_sharded_moe_layout_writes_megatron_fsdp() -> None:
         "--moe-grouped-gemm",
     ):
         assert flag in lines, flag
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "zero_stage", "tp", "flags"),
+    [
+        ("adamw", 1, 1, []),
+        ("sgd", 1, 1, ["--optimizer sgd", "--sgd-momentum 0.9"]),
+        (
+            "adam8bit",
+            1,
+            1,
+            ["--use-precision-aware-optimizer", "--exp-avg-dtype fp8", "--exp-avg-sq-dtype fp8"],
+        ),
+        # One data-parallel rank: the distributed optimizer shards nothing but holds the states.
+        (
+            "adam8bit",
+            0,
+            8,
+            [
+                "--use-distributed-optimizer",
+                "--use-precision-aware-optimizer",
+                "--exp-avg-dtype fp8",
+                "--exp-avg-sq-dtype fp8",
+            ],
+        ),
+    ],
+)
+def test_the_optimizer_is_written_as_it_was_planned(
+    optimizer: str, zero_stage: int, tp: int, flags: list[str]
+) -> None:
+    # Megatron's default is Adam with fp32 moments: an SGD or 8-bit Adam plan (its memory
+    # counted at 4 or 2 bytes of states a parameter) must say so, or Megatron runs another one.
+    plan = make_plan(
+        model=ModelSpec(preset="llama-3-8b"),
+        gpu="h100-sxm",
+        gpus_per_node=8,
+        strategy=Strategy.THREE_D,
+        zero_stage=zero_stage,
+        tp=tp,
+        training={"optimizer": optimizer},
+    )
+    optimizer_flags = ("--optimizer", "--sgd", "--use-precision", "--exp-avg")
+    lines = [x for x in megatron_args(plan).splitlines() if x.startswith(optimizer_flags)]
+    if zero_stage == 0:
+        lines = [x for x in megatron_args(plan).splitlines() if x in flags]
+    assert lines == flags
+
+
+def test_8bit_adam_without_the_distributed_optimizer_is_refused() -> None:
+    from engine.errors import DtrainError
+
+    plan = make_plan(
+        model=ModelSpec(preset="llama-3-8b"),
+        gpu="h100-sxm",
+        gpus_per_node=8,
+        strategy=Strategy.THREE_D,
+        zero_stage=0,
+        tp=2,
+        training={"optimizer": "adam8bit"},
+    )
+    with pytest.raises(DtrainError) as e:
+        megatron_args(plan)
+    assert e.value.field == "training.optimizer" and "--zero-stage 1" in str(e.value)
