@@ -159,7 +159,7 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
         out.append(
             f"fp8: linear layers at the FP8 peak ({ctx.gpu.fp8_peak_tflops():g} TFLOP/s), "
             f"attention and the rest in bf16; MFU is quoted against the bf16 peak "
-            f"({ctx.gpu.peak_tflops(Precision.BF16):g} TFLOP/s)"
+            f"({ctx.gpu.peak_tflops(Precision.BF16):g} TFLOP/s); {FP8_HOW[d.framework]}"
         )
     if ctx.gpu.is_cpu:
         out.append("CPU ranks over gloo: a smoke-test set-up; times are nominal")
@@ -198,6 +198,29 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             f"step instead of {c.est.step_time_s:.3g} s"
         )
     return out
+
+
+FP8_HOW: dict[Framework, str] = {
+    Framework.MEGATRON: (
+        "megatron_args.txt asks Transformer Engine for it (--fp8-format hybrid); the example "
+        "trainer's smoke test runs bf16"
+    ),
+    Framework.FSDP: (
+        "accelerate_config.yaml converts the linears with torchao's float8 (fp8_config backend "
+        "AO) when your script trains through Accelerate; the example trainer runs bf16"
+    ),
+    Framework.DEEPSPEED: (
+        "DeepSpeed has no FP8 of its own: ds_config.json sets bf16 and your model's linears must "
+        "be Transformer Engine modules under te.fp8_autocast; the example trainer runs bf16"
+    ),
+    Framework.DDP: (
+        "DDP has no FP8 of its own: convert your model's linears (torchao's "
+        "convert_to_float8_training, or Transformer Engine modules); the example trainer runs bf16"
+    ),
+}
+"""How each framework's run gets the FP8 linears the estimate assumes (said in the plan's fp8
+note: only Megatron's and Accelerate's configs ask for them; DeepSpeed and DDP need the model
+code to)."""
 
 
 WORTH_SAYING = 0.05

@@ -181,3 +181,20 @@ def test_bf16_grads_on_a_layout_that_cannot_keep_them_is_said() -> None:
         w.startswith("training.grads_bf16:")
         for w in plan(_spec(Precision.BF16, grads_bf16=True)).warnings
     )
+
+
+@pytest.mark.parametrize(
+    ("framework", "how"),
+    [
+        (Framework.MEGATRON, "--fp8-format hybrid"),
+        (Framework.FSDP, "torchao's float8"),
+        (Framework.DEEPSPEED, "must be Transformer Engine modules"),
+        (Framework.DDP, "convert your model's linears"),
+    ],
+)
+def test_the_fp8_note_says_how_the_run_gets_its_fp8_linears(framework: Framework, how: str) -> None:
+    # The estimate assumes FP8 linears; only Megatron's and Accelerate's configs ask for them,
+    # DeepSpeed and DDP need the model code to, and the example trainer runs bf16.
+    spec = _spec(Precision.FP8).model_copy(update={"layout": LayoutSpec(framework=framework)})
+    notes = [n for n in plan(spec).recommended.notes if n.startswith("fp8:")]
+    assert len(notes) == 1 and how in notes[0] and "example trainer" in notes[0]
