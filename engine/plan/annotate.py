@@ -148,6 +148,7 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "attention's up-projections run again in backward, every matrix product's output "
             "is kept (Megatron's --recompute-modules)"
         )
+    out += _partial_recompute_how(d)
     if d.offload != Offload.NONE:
         out.append(
             f"{gib(c.mem.cpu_bytes)} per GPU lives in CPU memory ({d.offload.value}); "
@@ -221,6 +222,33 @@ FP8_HOW: dict[Framework, str] = {
 """How each framework's run gets the FP8 linears the estimate assumes (said in the plan's fp8
 note: only Megatron's and Accelerate's configs ask for them; DeepSpeed and DDP need the model
 code to)."""
+
+
+PARTIAL_RECOMPUTE: dict[Recompute, str] = {
+    Recompute.MLP: "each block's MLP",
+    Recompute.SELECTIVE: "each block's attention core",
+    Recompute.LIGHT: "the norms and activations (torch.utils.checkpoint with a selective policy)",
+}
+"""What a partial recompute checkpoints, for frameworks whose configs cannot say it."""
+
+
+def _partial_recompute_how(d: LayoutDraft) -> list[str]:
+    """Under DDP, FSDP or DeepSpeed a partial recompute is the model code's: their configs only
+    switch checkpointing of whole blocks on (Accelerate's ``fsdp_activation_checkpointing``
+    wraps every transformer layer), which is a full recompute, slower than estimated."""
+    part = PARTIAL_RECOMPUTE.get(d.recompute)
+    if part is None or d.framework == Framework.MEGATRON:
+        return []
+    where = {
+        Framework.FSDP: "accelerate_config.yaml's fsdp_activation_checkpointing wraps whole blocks",
+        Framework.DEEPSPEED: "your script chooses what deepspeed.checkpointing wraps",
+        Framework.DDP: "your script chooses what torch.utils.checkpoint wraps",
+    }[d.framework]
+    trainer = "" if d.recompute == Recompute.SELECTIVE else ", as the example trainer does"
+    return [
+        f"{d.recompute.value} recompute: the estimate checkpoints only {part}{trainer}; {where}, "
+        "and whole blocks are a full recompute (slower than estimated)"
+    ]
 
 
 WORTH_SAYING = 0.05

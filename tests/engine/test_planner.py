@@ -142,6 +142,29 @@ def test_search_covers_partial_recompute_and_small_cp() -> None:
     assert full.step_time_s > r.step_time_s
 
 
+@pytest.mark.parametrize(
+    ("framework", "where"),
+    [
+        (Framework.FSDP, "fsdp_activation_checkpointing wraps whole blocks"),
+        (Framework.DEEPSPEED, "deepspeed.checkpointing"),
+        (Framework.DDP, "torch.utils.checkpoint"),
+        (Framework.MEGATRON, None),
+    ],
+)
+def test_a_partial_recompute_says_who_must_apply_it(
+    framework: Framework, where: str | None
+) -> None:
+    # Megatron's arguments name the modules; the other frameworks' configs can only checkpoint
+    # whole blocks (a full recompute), so the plan says the model code must checkpoint the MLP.
+    spec = _spec("llama-3-8b", "h100-sxm", seq_len=4096, global_batch=64, recompute="mlp")
+    spec = spec.model_copy(update={"layout": LayoutSpec(framework=framework)})
+    said = [n for n in plan(spec).recommended.notes if n.startswith("mlp recompute:")]
+    if where is None:
+        assert not said
+    else:
+        assert len(said) == 1 and where in said[0] and "each block's MLP" in said[0]
+
+
 def test_v100_falls_back_to_fp16() -> None:
     p = plan(_spec("llama-3.2-1b", "v100-32gb", seq_len=2048, global_batch=64))
     assert p.recommended.precision == Precision.FP16
