@@ -200,6 +200,7 @@ class Config:
                 if (bundle / "ds_config.json").exists()
                 else ("fsdp" if (bundle / "fsdp.json").exists() else "ddp")
             )
+        self.megatron_smoke = fw == "megatron"
         if fw == "megatron":
             # A 3D plan exists because one replica does not fit: a full-size DDP replica would
             # run out of memory. Keep the real widths (so collectives have the real shapes) but
@@ -214,6 +215,12 @@ class Config:
             )
             fw = "ddp"
         self.framework = str(fw)
+        # Context parallelism (FSDP2 + CP, as torchtitan): each group of ``cp`` consecutive
+        # ranks trains the same sequences, a contiguous 1/cp of each per rank. The 3D smoke test
+        # above runs every rank data-parallel, so it has none.
+        self.cp = 1 if self.megatron_smoke else int(layout.get("cp") or 1)
+        self.cp_group: Any = None
+        self.cp_rank = 0
         self.recompute = str(layout.get("recompute") or "none")
         # Full recompute of only the first N blocks (Megatron's block method); 0: every block.
         self.recompute_layers = int(layout.get("recompute_layers") or 0)
@@ -248,6 +255,7 @@ class Block(nn.Module):
         self.down = nn.Linear(c.ffn, c.hidden, bias=False)
         self.recompute_mlp = c.recompute == "mlp"
         self.recompute_light = c.recompute == "light"
+        self.cp, self.cp_group, self.cp_rank = c.cp, c.cp_group, c.cp_rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute_light and self.training:
@@ -268,7 +276,10 @@ class Block(nn.Module):
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.cp > 1:
+            a = self.context_parallel_attention(q, k, v)
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
         if self.recompute_mlp and self.training:
             # Partial recompute (layout recompute = "mlp"): the MLP's intermediates are not kept;
@@ -277,6 +288,23 @@ class Block(nn.Module):
 
             return x + checkpoint(self.mlp, x, use_reentrant=False)
         return x + self.mlp(x)
+
+    def context_parallel_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Causal attention of this rank's slice of the sequence against every rank's keys and
+        values, all-gathered over the context-parallel group (the all-gather variant of context
+        parallelism, Accelerate's default ``cp_comm_strategy``; its backward reduce-scatters
+        their gradients): query ``i`` of slice ``r`` sees the keys up to its own position."""
+        from torch.distributed.nn.functional import all_gather
+
+        k = torch.cat(all_gather(k.contiguous(), group=self.cp_group), dim=2)
+        v = torch.cat(all_gather(v.contiguous(), group=self.cp_group), dim=2)
+        t = q.shape[2]
+        q_pos = torch.arange(t, device=q.device) + self.cp_rank * t
+        kv_pos = torch.arange(k.shape[2], device=q.device)
+        mask = kv_pos[None, :] <= q_pos[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(self.ln2(x))
@@ -332,9 +360,10 @@ class GPT(nn.Module):
             self.head.weight = self.embed.weight
         self.recompute = c.recompute == "full"
         self.recompute_layers = c.recompute_layers
+        self.cp_rank = c.cp_rank
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        pos = torch.arange(idx.shape[1], device=idx.device) + self.cp_rank * idx.shape[1]
         x = self.embed(idx) + self.pos(pos)
         for i, blk in enumerate(self.blocks):
             block_recomputes = not self.recompute_layers or i < self.recompute_layers
@@ -363,12 +392,18 @@ def _rule(seq_len: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 def batch(
     c: Config, step: int, rank: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generated tokens with a learnable rule (x[t+1] = 7*x[t] + 3 mod vocab): loss must fall."""
+    """Generated tokens with a learnable rule (x[t+1] = 7*x[t] + 3 mod vocab): loss must fall.
+    ``rank`` is the data-parallel rank: a context-parallel group draws the same sequences."""
     g = torch.Generator().manual_seed(c.seed + 1000 * step + rank)
     start = torch.randint(0, c.vocab, (c.micro_batch, 1), generator=g)
     a, b = _rule(c.seq_len, c.vocab)
     seq = ((start * a + b) % c.vocab).to(device)
-    return seq[:, :-1], seq[:, 1:]
+    x, y = seq[:, :-1], seq[:, 1:]
+    if c.cp > 1:
+        # This rank's contiguous slice of every sequence its context-parallel group trains.
+        part = c.seq_len // c.cp
+        x, y = (t[:, c.cp_rank * part : (c.cp_rank + 1) * part] for t in (x, y))
+    return x, y
 
 
 # --------------------------------------------------------------------------- distributed set-up
@@ -695,12 +730,27 @@ def main(argv: list[str] | None = None) -> int:
             world_size=world,
             device_id=device if device.type == "cuda" else None,
         )
+    data_rank = rank
+    if c.cp > 1:
+        if world % c.cp or c.seq_len % c.cp:
+            sys.exit(
+                f"{PREFIX} error: context parallelism cp={c.cp} needs a world size ({world}) and "
+                f"a sequence length ({c.seq_len}) it divides; re-plan for these ranks"
+            )
+        # Consecutive ranks share a sequence (TP innermost, then CP, then DP, as the plan orders
+        # them); every rank builds every group, as torch.distributed requires.
+        for first in range(0, world, c.cp):
+            group = dist.new_group(list(range(first, first + c.cp)))
+            if first <= rank < first + c.cp:
+                c.cp_group = group
+        c.cp_rank, data_rank = rank % c.cp, rank // c.cp
     torch.manual_seed(c.seed)
     if rank == 0:
         log(
             f"start framework={c.framework} world_size={world} backend={backend} device={device.type} "
             f"layers={c.layers} hidden={c.hidden} heads={c.heads} vocab={c.vocab} seq_len={c.seq_len} "
             f"micro_batch={c.micro_batch} grad_accum={c.grad_accum} precision={c.precision} steps={c.steps}"
+            + (f" cp={c.cp}" if c.cp > 1 else "")
         )
     with device:
         # Built where it trains: no full-size copy on the host first (a billion-parameter
@@ -719,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
             model = wrap_ddp(model, device, world)  # type: ignore[assignment]
         optimizer = make_optimizer(model.parameters(), c, device)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
-    tokens_per_step = c.micro_batch * c.grad_accum * c.seq_len
+    tokens_per_step = c.micro_batch * c.grad_accum * c.seq_len // c.cp
     t_start = time.perf_counter()
     for step in range(1, c.steps + 1):
         t0 = time.perf_counter()
@@ -728,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         skip_collective(c, step, rank, device)
         total = 0.0
         for micro in range(c.grad_accum):
-            x, y = batch(c, step * c.grad_accum + micro, rank, device)
+            x, y = batch(c, step * c.grad_accum + micro, data_rank, device)
             if ds_engine is not None:
                 logits = ds_engine(x)
                 loss = F.cross_entropy(logits.float().flatten(0, -2), y.reshape(-1))
@@ -775,6 +825,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
         avg = total / c.grad_accum
+        if c.cp > 1:
+            # The sequences' loss: the mean of the group's equal slices, the same on each rank.
+            mean = torch.tensor([avg], device=device)
+            dist.all_reduce(mean, group=c.cp_group)
+            avg = float(mean) / c.cp
         if not math.isfinite(avg):
             print(f"{PREFIX} warning: loss is {avg} at step {step}", file=sys.stderr, flush=True)
         log(

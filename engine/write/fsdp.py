@@ -114,6 +114,9 @@ def fsdp_settings_dict(plan: Plan, *, version: int = FSDP_VERSION) -> dict[str, 
         "grad_accum": lay.grad_accum,
         "global_batch": lay.global_batch,
         "grad_clip": plan.spec.training.grad_clip,
+        # Context parallelism: consecutive groups of cp ranks split each sequence (torchtitan's
+        # FSDP2 + CP; the example trainer all-gathers keys and values within the group).
+        **({"context_parallel": lay.cp} if lay.cp > 1 else {}),
     }
 
 
@@ -164,6 +167,20 @@ def accelerate_config(plan: Plan, *, version: int = FSDP_VERSION) -> str:
         "use_cpu": plan.gpu.dist_backend == "gloo",
         "fsdp_config": fsdp,
     }
+    if lay.cp > 1:
+        if version != 2:
+            raise DtrainError(
+                f"context parallelism (cp={lay.cp}) runs under FSDP2 only in Accelerate; "
+                "pass --fsdp-version 2",
+                field="--fsdp-version",
+            )
+        # Accelerate's ParallelismConfig: the FSDP2 mesh of dp shards x cp sequence slices.
+        data["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": 1,
+            "parallelism_config_dp_shard_size": lay.dp,
+            "parallelism_config_tp_size": 1,
+            "parallelism_config_cp_size": lay.cp,
+        }
     if plan.nodes > 1:
         data["main_process_ip"] = addr or "NODE0_ADDRESS"
         data["main_process_port"] = plan.spec.launch.master_port

@@ -219,7 +219,8 @@ spec = importlib.util.spec_from_file_location("dtrain_train", sys.argv[1])
 train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)
 c = types.SimpleNamespace(hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, gated=True,
                           recompute="none", vocab=50, seq_len=40, layers=1, tie=True,
-                          recompute_layers=0, seed=3, micro_batch=3, lr=1e-3, fsdp={})
+                          recompute_layers=0, seed=3, micro_batch=3, lr=1e-3, fsdp={},
+                          cp=1, cp_group=None, cp_rank=0)
 model = train.GPT(c)
 x, y = train.batch(c, 7, 1, torch.device("cpu"))
 seq = torch.cat([x, y[:, -1:]], 1).tolist()

@@ -23,7 +23,8 @@ train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)
 def cfg(mode, recompute_layers=0):
     return types.SimpleNamespace(hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, gated=True,
                                  recompute=mode, vocab=50, seq_len=8, layers=2, tie=False,
-                                 recompute_layers=recompute_layers)
+                                 recompute_layers=recompute_layers, cp=1, cp_group=None,
+                                 cp_rank=0)
 
 def run(mode, recompute_layers=0):
     torch.manual_seed(0)

@@ -350,6 +350,28 @@ def test_accelerate_config_loads_with_accelerates_loader(
     assert cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == expected
 
 
+def test_a_context_parallel_plan_carries_its_cp_to_accelerate(tmp_path: Path) -> None:
+    # FSDP2 + CP: fsdp.json names the degree (the example trainer splits each sequence over
+    # that many consecutive ranks) and Accelerate's own launcher reads the mesh from the config.
+    pytest.importorskip("accelerate", reason="accelerate is not installed")
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    plan = make_plan(strategy=Strategy.FSDP_FULL, gpus_per_node=4, cp=2, seq_len=64)
+    write_bundle(plan, tmp_path, options=WriteOptions(fsdp_version=2))
+    assert json.loads((tmp_path / "fsdp.json").read_text())["context_parallel"] == 2
+    parsed = launch_command_parser().parse_args(
+        ["--config_file", str(tmp_path / "accelerate_config.yaml"), "train.py"]
+    )
+    args, _, _ = _validate_launch_command(parsed)
+    assert args.use_fsdp and args.use_parallelism_config
+    assert (args.parallelism_config_cp_size, args.parallelism_config_dp_shard_size) == (2, 2)
+    with pytest.raises(DtrainError) as e:
+        write_bundle(plan, tmp_path / "v1", options=WriteOptions(fsdp_version=1))
+    assert "--fsdp-version 2" in str(e.value)
+    plain = make_plan(strategy=Strategy.FSDP_FULL, gpus_per_node=4)
+    assert "context_parallel" not in fsdp_settings_dict(plain)
+
+
 def test_fsdp_settings_follow_the_plan() -> None:
     hybrid = fsdp_settings_dict(golden_plans()["mixtral_2x8h100_fsdp"])
     assert hybrid["sharding_strategy"] == "HYBRID_SHARD"
