@@ -201,6 +201,7 @@ class Config:
                 else ("fsdp" if (bundle / "fsdp.json").exists() else "ddp")
             )
         self.megatron_smoke = fw == "megatron"
+        experts = int(model.get("num_experts") or 0)
         if fw == "megatron":
             # A 3D plan exists because one replica does not fit: a full-size DDP replica would
             # run out of memory. Keep the real widths (so collectives have the real shapes) but
@@ -208,13 +209,24 @@ class Config:
             if args.layers is None and self.layers > 2:
                 self.layers = 2
             print(
-                f"{PREFIX} note: the example trainer has no TP/PP; this 3D plan runs as a "
+                f"{PREFIX} note: the example trainer has no TP/PP"
+                f"{' or experts' if experts > 1 else ''}; this 3D plan runs as a "
                 f"{self.layers}-block data-parallel smoke test over every rank. Train the real "
                 "model with Megatron-LM and megatron_args.txt",
                 flush=True,
             )
             fw = "ddp"
         self.framework = str(fw)
+        if experts > 1 and not self.megatron_smoke:
+            # The 3D note above already says the smoke test is not the real run.
+            print(
+                f"{PREFIX} note: the example trainer has no experts: this mixture-of-experts "
+                f"plan ({experts} experts, top-{model.get('experts_per_token') or 1}, "
+                f"ep={layout.get('ep') or 1}) runs a dense model with one expert-sized MLP a "
+                "block, so its memory and step time are not the plan's; train the model with "
+                "your script (--script)",
+                flush=True,
+            )
         # Context parallelism (FSDP2 + CP, as torchtitan): each group of ``cp`` consecutive
         # ranks trains the same sequences, a contiguous 1/cp of each per rank. The 3D smoke test
         # above runs every rank data-parallel, so it has none.
