@@ -208,6 +208,27 @@ async def _smoke(tmp_path: Path) -> None:
         assert str(app.screen.query_one("#start", Button).label).startswith("Start run")
 
 
+def test_a_mixture_of_experts_launch_is_labelled_a_smoke_test(tmp_path: Path) -> None:
+    asyncio.run(_moe_smoke(tmp_path))
+
+
+async def _moe_smoke(tmp_path: Path) -> None:
+    # The example trainer has no experts: a MoE plan launched with it trains a dense model.
+    spec = demo_spec()
+    moe = spec.model.model_copy(update={"num_experts": 4, "experts_per_token": 2})
+    app = DtrainApp(
+        spec.model_copy(update={"model": moe}), out_dir=tmp_path / "b", plan_delay_s=0.01
+    )
+    async with app.run_test(size=(140, 44)) as pilot:
+        await settle(pilot)
+        assert await app.wizard.go("launch")
+        await at_step(pilot, "launch")
+        await settle(pilot)
+        summary = text_of(app, "#launch-summary")
+        assert "SMOKE TEST" in summary and "no experts" in summary and "--script" in summary
+        assert str(app.screen.query_one("#start", Button).label).startswith("Start smoke test")
+
+
 def test_ssh_summary_does_not_say_this_machine(tmp_path: Path) -> None:
     asyncio.run(_ssh(tmp_path))
 

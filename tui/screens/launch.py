@@ -156,23 +156,32 @@ class LaunchStep(StepPane):
             text += (
                 f"\n⚠ local runs every node's ranks on this machine ({hw.world_size} processes)."
             )
-        if self.smoke_test:
+        plan = self.session.plan
+        if self.smoke_test and plan is not None and plan.recommended.framework.value == "megatron":
             text += (
                 "\n⚠ SMOKE TEST: this 3D (Megatron-LM) plan starts the example trainer, which "
                 "trains its data-parallel part only. The real run is pretrain_gpt.sh in the "
                 "bundle (MEGATRON_LM=/path/to/Megatron-LM ./pretrain_gpt.sh; Ctrl+Y on the "
                 "Configs step copies it)."
             )
+        elif self.smoke_test:
+            text += (
+                "\n⚠ SMOKE TEST: this mixture-of-experts plan starts the example trainer, which "
+                "has no experts: it trains a dense model with one expert-sized MLP a block. The "
+                "real run is your training script (a profile's launch.script, or dtrain-tui "
+                "launch DIR --script PATH)."
+            )
         return text
 
     @property
     def smoke_test(self) -> bool:
-        """The plan is 3D (Megatron-LM) but the launch starts the example trainer."""
+        """The launch starts the example trainer on a plan it can only approximate: a 3D
+        (Megatron-LM) plan, or a mixture-of-experts one (the trainer has no experts)."""
         plan = self.session.plan
         return (
             plan is not None
-            and plan.recommended.framework.value == "megatron"
             and plan.spec.launch.script is None
+            and (plan.recommended.framework.value == "megatron" or plan.model.is_moe)
         )
 
     @on(Button.Pressed, "#start")
