@@ -26,6 +26,7 @@ from engine.plan.search import (
     best,
     deep_enough,
     evaluate,
+    kernels_only,
     smallest,
 )
 from engine.plan.specs import (
@@ -363,6 +364,13 @@ def _why_lost(ctx: PlanContext, chosen: Candidate, winner: Candidate, *, is_flow
     outside = _outside_pool(ctx, winner)
     if outside:
         return f"{faster}, but {outside}"
+    fused = kernels_only(ctx, chosen, winner)
+    if fused is not None:
+        return (
+            f"{faster}, only by Megatron's fused kernels: Megatron runs the plan's own layout in "
+            f"{fused.time:.3g} s (--framework megatron --tp 1 --pp 1); the model needs no tensor "
+            "or pipeline parallelism for it"
+        )
     # Rounded down to a tenth of a per cent: 14.97 % must not read "15 %, under the 15 %".
     under = f"{math.floor((1 - ratio) * 1000) / 10:g}% faster ({times})"
     return (

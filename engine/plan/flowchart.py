@@ -22,6 +22,7 @@ from engine.plan.search import (
     best,
     deep_enough,
     evaluate,
+    kernels_only,
     smallest,
 )
 from engine.plan.specs import Offload, Strategy
@@ -237,7 +238,23 @@ def choose(
         near = [c for c in pool if c.draft.offload == Offload.NONE]
     fastest = best(ctx, near)
     chosen = flow or fastest
-    if flow and fastest and fastest is not flow and fastest.time < flow.time * (1 - CLEARLY_FASTER):
+    fused = kernels_only(ctx, flow, fastest)
+    if flow and fastest and fused is not None:
+        path.append(
+            PathStep(
+                question="Is a nearby layout clearly faster?",
+                answer="no",
+                reason=(
+                    f"{describe(fastest.draft)} ({fastest.time:.3g} s vs {flow.time:.3g} s) is "
+                    "faster only by Megatron's fused kernels: Megatron runs this layout itself in "
+                    f"{fused.time:.3g} s (--framework megatron --tp 1 --pp 1), so the model "
+                    "needs no tensor or pipeline parallelism for it"
+                ),
+            )
+        )
+    elif (
+        flow and fastest and fastest is not flow and fastest.time < flow.time * (1 - CLEARLY_FASTER)
+    ):
         gain = 1 - fastest.time / flow.time
         path.append(
             PathStep(

@@ -417,7 +417,7 @@ def _micro_steps(
             )
             # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
             # Megatron, whose own recipes mostly leave it off (the plan says when it would be
-            # faster). _weigh keeps it only where the layout can run it.
+            # faster). weigh keeps it only where the layout can run it.
             d = replace(d, a2a_overlap=ctx.spec.training.moe_a2a_overlap is True)
             blocks = _block_recompute_applies(ctx, d, rcs)
             if rc == Recompute.FULL and blocks:
@@ -426,7 +426,7 @@ def _micro_steps(
                     out.append(partial)
                     fitted = True
                     break
-            c = _weigh(ctx, d)
+            c = weigh(ctx, d)
             out.append(c)
             if c.fits:
                 fitted = True
@@ -453,7 +453,7 @@ def overlapped(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:
         if d.a2a_overlap or not a2a_overlap_applies(ctx.dims, d) or d.recompute not in rcs:
             continue
         for rc in rcs[rcs.index(d.recompute) :]:
-            o = _weigh(ctx, replace(d, a2a_overlap=True, recompute=rc))
+            o = weigh(ctx, replace(d, a2a_overlap=True, recompute=rc))
             if o.fits:
                 out.append(o)
                 break
@@ -476,13 +476,13 @@ def _block_recompute(ctx: PlanContext, d: LayoutDraft) -> Candidate | None:
     heaviest = min(split) // max(1, d.virtual_stages)  # N applies to every chunk
     if heaviest < 2:
         return None
-    best = _weigh(ctx, replace(d, recompute_layers=heaviest - 1))
+    best = weigh(ctx, replace(d, recompute_layers=heaviest - 1))
     if not best.fits:
         return None
     lo, hi = 1, heaviest - 1  # hi fits
     while lo < hi:
         mid = (lo + hi) // 2
-        c = _weigh(ctx, replace(d, recompute_layers=mid))
+        c = weigh(ctx, replace(d, recompute_layers=mid))
         if c.fits:
             hi, best = mid, c
         else:
@@ -519,7 +519,7 @@ def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candi
     return out
 
 
-def _weigh(ctx: PlanContext, d: LayoutDraft) -> Candidate:
+def weigh(ctx: PlanContext, d: LayoutDraft) -> Candidate:
     """``d`` with its memory and whether it fits the GPU and, for offload, the host. The
     all-to-all overlap is kept only where ``d`` (perhaps now fully recomputed) can run it."""
     if d.a2a_overlap and not a2a_overlap_applies(ctx.dims, d):
@@ -598,6 +598,50 @@ def best(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:
     fastest = min(c.time_per_sequence for c in fitting)
     tied = [c for c in fitting if c.time_per_sequence <= fastest * (1 + TIE)]
     return min(tied, key=_simplicity)
+
+
+def kernels_only(
+    ctx: PlanContext, flow: Candidate | None, fastest: Candidate | None
+) -> Candidate | None:
+    """Megatron running the flowchart's DDP layout, when that makes a clearly faster
+    model-parallel Megatron layout no longer clearly faster: the gain then comes from Megatron's
+    fused kernels (the eager stacks' element-wise work, SDPA), not from splitting the model, and
+    a model whose full replica fits each GPU does not need TP or PP for it (GPT-2 at TP 2 on one
+    node). None where the model parallelism earns its place: the model needs sharding (the
+    flowchart's pick is not DDP), the data-parallel Megatron layout does not fit, or it is itself
+    clearly slower (communication, batch)."""
+    if (
+        flow is None
+        or fastest is None
+        or fastest.draft.framework != Framework.MEGATRON
+        or flow.draft.strategy != Strategy.DDP
+        or ctx.dims.is_moe
+        or fastest.draft.tp * fastest.draft.pp * fastest.draft.cp == 1
+        or fastest.time >= flow.time * (1 - CLEARLY_FASTER)
+    ):
+        return None
+    d = flow.draft
+    data_parallel = replace(
+        fastest.draft,
+        tp=1,
+        pp=1,
+        cp=1,
+        dp=d.world_size,
+        zero_stage=1,
+        micro_batch=d.micro_batch,
+        grad_accum=d.grad_accum,
+        recompute=d.recompute,
+        recompute_layers=0,
+        sequence_parallel=False,
+        pp_schedule=PPSchedule.ONE_F_ONE_B,
+        virtual_stages=1,
+        first_stage_layers=0,
+        last_stage_layers=0,
+    )
+    c = weigh(ctx, data_parallel)
+    if not c.fits or fastest.time < evaluate(ctx, c).time * (1 - CLEARLY_FASTER):
+        return None
+    return c
 
 
 def smallest(cands: list[Candidate]) -> Candidate:

@@ -183,6 +183,28 @@ def test_small_model_on_many_gpus_stays_ddp() -> None:
     assert p.recommended.strategy == Strategy.DDP
 
 
+def test_model_parallelism_is_not_taken_for_megatrons_kernels_alone() -> None:
+    # GPT-2 at 2K tokens, batch 64, on 8 H100s: Megatron at TP 2 is more than 15 % faster than
+    # eager DDP, but Megatron at TP 1 (the same data-parallel layout) is faster still: the gain
+    # is the fused kernels, and a model whose replica fits needs no TP for them.
+    p = plan(_spec("gpt2", "h100-sxm", seq_len=2048, global_batch=64))
+    assert p.recommended.strategy == Strategy.DDP
+    step = _answers(p)["Is a nearby layout clearly faster?"]
+    assert step == "no"
+    reason = next(s.reason for s in p.path if s.question == "Is a nearby layout clearly faster?")
+    assert "fused kernels" in reason and "--framework megatron --tp 1 --pp 1" in reason
+    tp = [a for a in p.alternatives if a.framework == Framework.MEGATRON and a.tp > 1]
+    assert tp and "only by Megatron's fused kernels" in (tp[0].rejected_because or "")
+    assert tp[0].step_time_s < 0.85 * p.recommended.step_time_s  # clearly faster, still not taken
+    # Where the layout itself earns it, it is taken: GPT-2 XL over two nodes on plain TCP
+    # pipelines across them rather than all-reduce every gradient over the slow link.
+    slow = plan(_spec("gpt2-xl", "a100-80gb", nodes=2, seq_len=1024, global_batch=64))
+    slow = plan(
+        slow.spec.model_copy(update={"network": NetworkSpec(tier="tcp")})  # type: ignore[arg-type]
+    )
+    assert slow.recommended.framework == Framework.MEGATRON and slow.recommended.pp > 1
+
+
 def test_nothing_fits_is_reported_not_raised() -> None:
     p = plan(_spec("llama-3.1-405b", "l4", gpn=1, seq_len=4096, global_batch=8))
     assert not p.recommended.fits
