@@ -150,6 +150,12 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "is kept (Megatron's --recompute-modules)"
         )
     out += _partial_recompute_how(d)
+    if d.framework == Framework.DEEPSPEED and d.ep > 1:
+        out.append(
+            f"ep={d.ep} is DeepSpeed-MoE's: your model builds its expert layers with "
+            f"deepspeed.moe.layer.MoE(ep_size={d.ep}) (ds_config.json cannot set it); the example "
+            "trainer has no experts"
+        )
     if d.offload != Offload.NONE:
         out.append(
             f"{gib(c.mem.cpu_bytes)} per GPU lives in CPU memory ({d.offload.value}); "

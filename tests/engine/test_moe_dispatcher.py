@@ -134,3 +134,23 @@ def test_moe_settings_the_plan_cannot_use_are_named() -> None:
         update={"layout": LayoutSpec(framework=Framework.MEGATRON, ep=64, pp=16, tp=2)}
     )
     assert not said(used, "moe_dispatcher") and not said(used, "moe_capacity_factor")
+
+
+def test_deepspeed_expert_parallelism_is_the_model_codes() -> None:
+    # DeepSpeed-MoE's EP is an argument of the model's expert layers, which ds_config.json
+    # cannot set: the plan says where it goes, with the degree it planned (the real signature).
+    import inspect
+
+    pytest.importorskip("deepspeed")
+    from deepspeed.moe.layer import MoE
+
+    spec = Spec(
+        model=ModelSpec(preset="mixtral-8x7b"),
+        hardware=HardwareSpec(gpu="h100-sxm", gpus_per_node=8),
+        training=TrainingSpec(seq_len=4096, global_batch=64),
+        layout=LayoutSpec(framework=Framework.DEEPSPEED, ep=8),
+    )
+    lay = plan(spec).recommended
+    said = [n for n in lay.notes if n.startswith("ep=8 is DeepSpeed-MoE's")]
+    assert len(said) == 1 and "MoE(ep_size=8)" in said[0]
+    assert "ep_size" in inspect.signature(MoE.__init__).parameters
