@@ -184,49 +184,38 @@ async def _copy(tmp_path: Path) -> None:
     assert launch_command(Path("/b"), "sky.yaml", "r1") == "cd /b && sky launch -c r1 sky.yaml"
 
 
-def test_3d_launch_is_labelled_a_smoke_test(tmp_path: Path) -> None:
+def test_3d_and_moe_launches_are_labelled_smoke_tests(tmp_path: Path) -> None:
     asyncio.run(_smoke(tmp_path))
 
 
 async def _smoke(tmp_path: Path) -> None:
+    def summary() -> str:
+        return text_of(app, "#launch-summary")
+
+    def start_label() -> str:
+        return str(app.screen.query_one("#start", Button).label)
+
     app = DtrainApp(spec_3d(), out_dir=tmp_path / "b", plan_delay_s=0.01)
     async with app.run_test(size=(140, 44)) as pilot:
         await settle(pilot)
         assert await app.wizard.go("launch")
         await at_step(pilot, "launch")
         await settle(pilot)
-        summary = text_of(app, "#launch-summary")
-        assert "SMOKE TEST" in summary and "pretrain_gpt.sh" in summary
-        assert str(app.screen.query_one("#start", Button).label).startswith("Start smoke test")
-        app.load_spec(demo_spec())  # a DDP plan: a real run
+        assert "SMOKE TEST" in summary() and "pretrain_gpt.sh" in summary()
+        assert start_label().startswith("Start smoke test")
+        # The example trainer has no experts: a MoE plan launched with it trains a dense model.
+        demo = demo_spec()
+        moe = demo.model.model_copy(update={"num_experts": 4, "experts_per_token": 2})
+        app.load_spec(demo.model_copy(update={"model": moe}))
         await settle(pilot)
-        await until(
-            pilot,
-            lambda: "SMOKE" not in text_of(app, "#launch-summary"),
-            lambda: text_of(app, "#launch-summary"),
-        )
-        assert str(app.screen.query_one("#start", Button).label).startswith("Start run")
-
-
-def test_a_mixture_of_experts_launch_is_labelled_a_smoke_test(tmp_path: Path) -> None:
-    asyncio.run(_moe_smoke(tmp_path))
-
-
-async def _moe_smoke(tmp_path: Path) -> None:
-    # The example trainer has no experts: a MoE plan launched with it trains a dense model.
-    spec = demo_spec()
-    moe = spec.model.model_copy(update={"num_experts": 4, "experts_per_token": 2})
-    app = DtrainApp(
-        spec.model_copy(update={"model": moe}), out_dir=tmp_path / "b", plan_delay_s=0.01
-    )
-    async with app.run_test(size=(140, 44)) as pilot:
+        await until(pilot, lambda: "no experts" in summary(), summary)
+        assert "--script" in summary() and start_label().startswith("Start smoke test")
+        # A dense profile loaded after it: a real run (the Model step keeps no expert count).
+        app.load_spec(demo)
         await settle(pilot)
-        assert await app.wizard.go("launch")
-        await at_step(pilot, "launch")
-        await settle(pilot)
-        summary = text_of(app, "#launch-summary")
-        assert "SMOKE TEST" in summary and "no experts" in summary and "--script" in summary
-        assert str(app.screen.query_one("#start", Button).label).startswith("Start smoke test")
+        await until(pilot, lambda: "SMOKE" not in summary(), summary)
+        assert start_label().startswith("Start run")
+        assert app.session.spec.model.num_experts is None
 
 
 def test_ssh_summary_does_not_say_this_machine(tmp_path: Path) -> None:

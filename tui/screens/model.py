@@ -158,25 +158,26 @@ class ModelStep(StepPane):
             self.preset_error = one_line(e) or type(e).__name__
         m = self.session.spec.model
         rows = self.rows()
+        # Every field from this spec, emptied where it has no value: a field left as an earlier
+        # spec filled it (a MoE profile's experts, then a dense one loaded) would be read back
+        # into the new spec.
+        rows["config_path"].set_quietly(str(m.config_path) if m.config_path else "")
+        rows["preset"].set_quietly(m.preset or "")
+        rows["params"].set_quietly(f"{m.params:g}" if m.params else "")
+        for name in _DIMS:
+            value = getattr(m, name)
+            rows[name].set_quietly("" if value is None else str(value))
+        rows["mtp_layers"].set_quietly("" if m.mtp_layers is None else str(m.mtp_layers))
         source = "src-dims"
         if m.config_path:
-            rows["config_path"].set_quietly(str(m.config_path))
             source = "src-config"
         elif m.preset:
             self.selected_preset = m.preset
-            rows["preset"].set_quietly(m.preset)
             source = "src-preset"
         elif m.layers and m.hidden:
             source = "src-dims"
         elif m.params:
-            rows["params"].set_quietly(f"{m.params:g}")
             source = "src-count"
-        for name in _DIMS:
-            value = getattr(m, name)
-            if value is not None:
-                rows[name].set_quietly(str(value))
-        if m.mtp_layers is not None:
-            rows["mtp_layers"].set_quietly(str(m.mtp_layers))
         self._fill_presets(rows["preset"].value)
         self.applied = source
         self.query_one(TabbedContent).active = source
