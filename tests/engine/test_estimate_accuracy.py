@@ -317,3 +317,21 @@ def test_narayanan_2021_parallelism_sweeps_keep_their_published_orderings(
     assert all(g > 1.0 for g in gain) and gain == sorted(gain, reverse=True), gain
     # Fig. 16 (91B, TP 8 x PP 8, "the best microbatch size is 2") is not kept: under plain 1F1B
     # micro-batch 1 plans 1.5 % faster than 2 at GBS 128 (tests/data/published_runs.md).
+
+
+def test_megatron_bridge_2509_rows_are_scored_as_fp8_and_token_drop(harness: ModuleType) -> None:
+    # 25.09's table has no precision column; its note makes every row FP8 ("different
+    # quantization granularities" of the scaling), and its token-drop MoE rows run Megatron-
+    # Bridge's token-drop helper (capacity factor 1.0). All but one row (EP 64 cannot fit a
+    # pipeline stage of 32 GPUs) are scored.
+    rows = [r for r in harness.load_rows() if r.id.startswith("mbridge2509")]
+    assert len(rows) == 19
+    scored = [r for r in rows if r.spec is not None]
+    assert len(scored) == 19
+    assert all(r.spec.training.precision.value == "fp8" for r in scored)
+    drop = [r for r in scored if "tokendrop" in r.id]
+    assert len(drop) == 9
+    assert all(r.spec.training.moe_capacity_factor == 1.0 for r in drop)
+    for r in rows:
+        harness.evaluate(r)
+    assert sum(1 for r in rows if not math.isnan(r.error)) == 18
