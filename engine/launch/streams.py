@@ -19,7 +19,7 @@ from pathlib import Path
 from engine.errors import DtrainError
 from engine.launch.options import LaunchOptions
 from engine.launch.policy import NodeState
-from engine.launch.torchrun_output import Groups, group_runs, shown, split_tee
+from engine.launch.torchrun_output import Groups, close_pieces, group_runs, shown, split_tee
 from engine.launch.transport_watch import TransportWatch
 from engine.monitor.events import Event, LineBatch
 from engine.rundir.files import RunDir, new_run_dir
@@ -79,6 +79,9 @@ class StreamingRun:
         self._threads: list[threading.Thread] = []
         self._transport = TransportWatch(self.run, self.bundle_dir, self.name)
         """The NCCL transport check; run.json's ``transport`` entry."""
+        self._reader = threading.local()
+        """Each stream reader's own state: ``partial``, the rank lines torchrun's tee has given
+        only in part so far (:func:`engine.launch.torchrun_output.group_runs`)."""
 
     # ------------------------------------------------------------------ hooks
 
@@ -115,6 +118,7 @@ class StreamingRun:
 
     def _pump(self, node: int, stream: str, read: Callable[[], bytes]) -> None:
         tail = b""
+        self._reader.partial = {}
         try:
             while True:
                 try:
@@ -125,6 +129,7 @@ class StreamingRun:
                 if not chunk:
                     if tail:
                         self._ingest(node, stream, tail + b"\n")
+                    self._flush_partial(stream)
                     break
                 cut = chunk.rfind(b"\n") + 1
                 if not cut:
@@ -155,13 +160,41 @@ class StreamingRun:
         if "\r" in text:
             text = text.replace("\r\n", "\n")  # a CR before the newline is not part of a line
         groups = self._group(node, stream, text)
-        hosts = [st.host for st in self._nodes]
         if "NCCL" in text or "AF_INET" in text:
-            self._transport.feed(groups, hosts)
+            self._transport.feed(groups, [st.host for st in self._nodes])
         if "Watchdog caught" in text or "Timed out waiting" in text:  # frdump.TIMEOUT_GATE
             from engine.launch.frdump import note_timeout
 
             note_timeout(self, groups)  # a collective timed out: the supervisor diagnoses it
+        self._deliver(stream, groups, ts, dirty, len(data))
+
+    def _partial(self) -> dict[int, dict[int, str]]:
+        """This reader's partial rank lines, by node and local rank."""
+        partial: dict[int, dict[int, str]] | None = getattr(self._reader, "partial", None)
+        if partial is None:
+            partial = self._reader.partial = {}
+        return partial
+
+    def _flush_partial(self, stream: str) -> None:
+        """The stream ended: a rank line still waiting for its end (the rank died mid-line) is
+        delivered as it is."""
+        partial = self._partial()
+        gpn = self.manifest.gpus_per_node
+        groups: Groups = {
+            (n, n * gpn + local): [text]
+            for n, lines in sorted(partial.items())
+            for local, text in sorted(lines.items())
+        }
+        partial.clear()
+        if groups:
+            size = sum(len(t) for lines in groups.values() for t in lines)
+            self._deliver(stream, groups, time.time(), True, size)
+
+    def _deliver(self, stream: str, groups: Groups, ts: float, dirty: bool, size: int) -> None:
+        """Write each rank's lines to its log (one flushed call), then queue one
+        :class:`LineBatch` per rank; ``size``: the bytes they came from (the consumer's
+        backlog)."""
+        hosts = [st.host for st in self._nodes]
         events: list[Event] = []
         for (n, rank), lines in groups.items():
             if self._dir_error is None:
@@ -180,7 +213,7 @@ class StreamingRun:
         self._last_activity = time.monotonic()
         with self._cond:
             self._events.extend(events)
-            self._pending_bytes += len(data)
+            self._pending_bytes += size
             self._cond.notify_all()
             if self._pending_bytes > self.max_pending_bytes:
                 # The consumer is behind (a busy screen): stop reading for a moment, as a
@@ -206,7 +239,8 @@ class StreamingRun:
                 lines.pop()
             return self._keep_untagged(node, stream, lines, ctrl)
 
-        return group_runs(text, node, self.manifest.gpus_per_node, untagged)
+        partial = self._partial().setdefault(node, {})
+        return group_runs(text, node, self.manifest.gpus_per_node, untagged, partial)
 
     def _keep_untagged(
         self,
@@ -237,6 +271,8 @@ class StreamingRun:
         groups: Groups = {}
         lines = text.split("\n")
         lines.pop()  # text ends with a newline
+        gpn = self.manifest.gpus_per_node
+        partial = self._partial()
         for line in lines:
             raw = line.encode("utf-8", "surrogateescape")
             if ctrl is not None and ctrl(node, stream, raw):
@@ -244,10 +280,17 @@ class StreamingRun:
             n, rank, body = self._split(node, raw)
             if rank is None:
                 self._nodes[n].table.scan(body)
+            out = body.decode("utf-8", "surrogateescape")
+            if rank is not None:
+                # A partial line torchrun spliced (see group_runs): filed by its pieces' ranks.
+                pending = partial.setdefault(n, {})
+                if pending or "[default" in out:
+                    local, out = close_pieces(out, rank - n * gpn, pending)
+                    rank = n * gpn + local
             lst = groups.get((n, rank))
             if lst is None:
                 groups[(n, rank)] = lst = []
-            lst.append(body.decode("utf-8", "surrogateescape"))
+            lst.append(out)
         return groups
 
     def _dir_failed(self, e: OSError) -> None:

@@ -48,28 +48,41 @@ def _run_of(local: str) -> _RunOf:
 
 
 def split_tee(node: int, gpus_per_node: int, raw: bytes) -> tuple[int, int | None, bytes]:
-    """(node, global rank or None, line without the tee prefix) for one raw line of ``node``."""
+    """(node, global rank or None, line without its tee prefix) for one raw line of ``node``;
+    prefixes inside the line (partial lines torchrun spliced) are left for
+    :func:`close_pieces`."""
     mt = TEE_RE.match(raw)
     if mt:
-        line, prefix = raw[mt.end() :], raw[: mt.end()]
-        if prefix in line:  # a partial line torchrun's tail spliced (see group_runs)
-            line = line.replace(prefix, b"")
-        return node, node * gpus_per_node + int(mt.group(1)), line
+        return node, node * gpus_per_node + int(mt.group(1)), raw[mt.end() :]
     return node, None, raw
 
 
 def group_runs(
-    text: str, node: int, gpus_per_node: int, untagged: Callable[[str], list[str]]
+    text: str,
+    node: int,
+    gpus_per_node: int,
+    untagged: Callable[[str], list[str]],
+    partial: dict[int, str] | None = None,
 ) -> Groups:
     """{(node, rank): [lines without prefixes, in order]} for ``text`` (whole lines, each ending
     in a newline) of one node, split by the tee prefixes. ``untagged`` gets each stretch of
     lines without a prefix (as text) and returns the lines to keep for the node itself.
+
+    torchrun's tail of each rank writes what ``readline`` returned, prefixed, to one shared
+    stdout; a line a rank had written only in part (``print`` writes the text and its newline
+    apart) comes out as ``[default1]:text``, its end later as ``[default1]:\n``, and another
+    rank's whole line can land between the two: ``[default1]:text[default0]:line`` then
+    ``[default1]:``. Each prefix inside a line therefore ends the partial line before it, which
+    waits in ``partial`` (local rank -> text; the caller keeps one per node and stream, across
+    calls) for its rank's next piece. Seen under load on two CPU ranks: rank 0's step line had
+    been filed as rank 1's.
 
     Works per run of consecutive lines of one rank, not per line: a run's end is found with one
     regex search (the first line without the run's prefix) and its lines come out of one
     ``str.split`` on "newline + prefix", prefixes already gone."""
     base = node * gpus_per_node
     groups: Groups = {}
+    pending: dict[int, str] = {} if partial is None else partial
     tee, next_tagged, runs = _TEE_STR_RE.match, _NEXT_TAGGED_RE.search, _RUNS
     pos, end_all = 0, len(text)
     while pos < end_all:
@@ -92,19 +105,41 @@ def group_runs(
         # Every line up to ``end`` starts with this run's prefix: split on "\n" + prefix.
         chunk = text[pos + plen : end - 1]
         lines = chunk.split(sep)
-        if chunk.count(sep[1:]) >= len(lines):  # one C-speed scan of the run
-            # The prefix inside a line: torchrun's tail read a partial line (a rank writing
-            # "text" and "\n" apart, as print() does under PYTHONUNBUFFERED) and prefixed both
-            # halves, "[default1]:text[default1]:\n". Joined again.
-            lines = [ln.replace(sep[1:], "") for ln in lines]
+        pos = end
+        if chunk.count("[default") >= len(lines):  # one C-speed scan of the run
+            # More prefixes than the lines' own: one inside a line.
+            _spliced(lines, local, base, node, pending, groups)
+            continue
+        if pending and local in pending:
+            lines[0] = pending.pop(local) + lines[0]
         key = (node, base + local)
         lst = groups.get(key)
         if lst is None:
             groups[key] = lines
         else:
             lst += lines
-        pos = end
     return groups
+
+
+def _spliced(
+    lines: list[str], local: int, base: int, node: int, pending: dict[int, str], groups: Groups
+) -> None:
+    """File a run's lines of which some hold tee prefixes inside (see :func:`group_runs`)."""
+    for line in lines:
+        owner, whole = close_pieces(line, local, pending)
+        groups.setdefault((node, base + owner), []).append(whole)
+
+
+def close_pieces(line: str, local: int, pending: dict[int, str]) -> tuple[int, str]:
+    """(local rank, whole line) that ``line`` (of local rank ``local``, its prefix gone) ends:
+    the text before each tee prefix inside it is a partial line of the rank it belongs to and
+    waits in ``pending``; the last piece ends its rank's line."""
+    parts = _TEE_STR_RE.split(line)  # [text, local, text, local, text, ...]
+    owner = local
+    for i in range(0, len(parts) - 1, 2):
+        pending[owner] = pending.get(owner, "") + parts[i]
+        owner = int(parts[i + 1])
+    return owner, pending.pop(owner, "") + parts[-1]
 
 
 def shown(line: str) -> str:

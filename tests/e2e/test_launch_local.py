@@ -242,11 +242,13 @@ def test_leftover_child_holding_the_output_does_not_keep_the_run_alive(tmp_path:
 
 
 def test_odd_output_is_split_per_rank_exactly_on_disk_and_in_events(tmp_path: Path) -> None:
-    # Runs of one rank, interleaved ranks, lines with no rank prefix, CRLF, empty lines, a
-    # prefix look-alike inside a line, bad UTF-8 and a last line with no newline.
+    # Runs of one rank, interleaved ranks, lines with no rank prefix, CRLF, empty lines,
+    # prefix look-alikes inside a line, bad UTF-8 and a last line with no newline. (A real tee
+    # prefix inside a line is torchrun's splice of a partial line: tests/engine/
+    # test_torchrun_splice.py.)
     raw = (
         b"[default0]:a1\n[default0]:a2\r\n[default1]:b1\n\nlauncher says hi\r\n"
-        b"[default1]:b2 [default0]:not a prefix\n[default0]:\n[default]:no rank\n"
+        b"[default1]:b2 [default]:not a prefix [defaultx]:\n[default0]:\n[default]:no rank\n"
         b"[default1]:bad \xff\xfe utf8\n[default0]:a3\n[default1]:b3 no newline"
     )
     (tmp_path / "raw.bin").write_bytes(raw)
