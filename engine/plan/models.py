@@ -422,7 +422,50 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
             experts=_need_int(c, "num_experts", "num_local_experts", "num_experts"),
             top_k=_need_int(c, "experts_per_token", "num_experts_per_tok", default=2),
         )
-    return _build(name, mt, shape)
+    return _build(name, mt, shape).model_copy(update=_rotary(c))
+
+
+def _rotary(c: dict[str, Any]) -> dict[str, Any]:
+    """The config's rotary embedding: base, rotated share of a head, scaling (type and factor).
+    transformers' newer configs nest them under ``rope_parameters``."""
+    nested = c.get("rope_parameters")
+    params = nested if isinstance(nested, dict) else {}
+    theta = _positive(c, "rope_theta", params.get("rope_theta", c.get("rope_theta")))
+    if theta is None:
+        theta = _positive(c, "rotary_emb_base", c.get("rotary_emb_base"))
+    share = _positive(c, "rotary_pct", c.get("rotary_pct", c.get("partial_rotary_factor")))
+    if share is not None and share > 1:
+        raise SpecError(
+            f"config.json rotary_pct {share} is above 1 (it is the share of a head rotated); "
+            "fix the file",
+            field="model.config_path (rotary_pct)",
+        )
+    scaling = c.get("rope_scaling")
+    if not isinstance(scaling, dict):
+        scaling = params
+    kind = scaling.get("rope_type", scaling.get("type", ""))
+    kind = kind if isinstance(kind, str) and kind != "default" else ""
+    factor = _positive(c, "rope_scaling.factor", scaling.get("factor")) if kind else None
+    return {
+        "rope_theta": theta or 0.0,
+        "rotary_percent": share or 1.0,
+        "rope_scaling": kind,
+        "rope_scaling_factor": factor or 0.0,
+    }
+
+
+def _positive(c: dict[str, Any], key: str, v: object) -> float | None:
+    """``v`` as a positive number; None when absent; one clear line when it is not a number."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf"):
+        shown = repr(v)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise SpecError(
+            f"config.json {key} must be a positive number (got {shown}); fix the file",
+            field=f"model.config_path ({key})",
+        )
+    return float(v)
 
 
 def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:

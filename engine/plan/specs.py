@@ -362,6 +362,16 @@ class ModelDims(BaseModel):
     of highest affinity); 0: every expert open to every token."""
     group_topk: int = 0
     """Groups a token's experts come from (``topk_group``)."""
+    rope_theta: float = 0.0
+    """Rotary base (``rope_theta``; GPT-NeoX's ``rotary_emb_base``); 0: not stated (Megatron's
+    ``--rotary-base`` default, 10000)."""
+    rotary_percent: float = 1.0
+    """Share of each head's dimensions rotated (GPT-NeoX's ``rotary_pct``, ``partial_rotary_
+    factor``)."""
+    rope_scaling: str = ""
+    """The config's RoPE scaling type (``llama3``, ``yarn``, ...); empty: none."""
+    rope_scaling_factor: float = 0.0
+    """Its ``factor``."""
     mtp_layers: int = 0
     """Multi-token prediction modules (DeepSeek-V3 report §2.2; Megatron-Core's
     ``--mtp-num-layers``): each one more transformer layer of the model's kind, a ``2h -> h``

@@ -76,6 +76,8 @@ def architecture_args(m: ModelDims) -> list[str]:
     out = [f"--normalization {'RMSNorm' if llama else 'LayerNorm'}"]
     rope = llama or m.arch in _ROPE_LAYERNORM
     out.append(f"--position-embedding-type {'rope' if rope else 'learned_absolute'}")
+    if rope:
+        out += rotary_args(m)
     if m.arch in _NO_LINEAR_BIAS or (m.arch == "generic" and m.gated_mlp):
         out.append("--disable-bias-linear")
         if m.arch == "qwen2":
@@ -110,6 +112,38 @@ def architecture_args(m: ModelDims) -> list[str]:
     if llama:
         out += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     return out
+
+
+def rotary_args(m: ModelDims) -> list[str]:
+    """The rotary embedding as the model's config has it (Megatron's defaults are base 10000,
+    every dimension rotated, no scaling): ``--rotary-base`` (Llama 3: 500000, Qwen3: 1e6),
+    ``--rotary-percent`` (GPT-NeoX: 0.25) and Llama 3.1's frequency scaling
+    (``--use-rope-scaling``; Megatron's fixed low/high frequency factors 1 and 4 over 8192
+    original positions are Llama 3.1's and 3.2's). YaRN scaling has no flag here:
+    :func:`rotary_note` says so."""
+    out = []
+    if m.rope_theta:
+        out.append(f"--rotary-base {round(m.rope_theta)}")
+    if m.rotary_percent != 1.0:
+        out.append(f"--rotary-percent {m.rotary_percent:g}")
+    if m.rope_scaling == "llama3":
+        out += ["--use-rope-scaling", f"--rope-scaling-factor {m.rope_scaling_factor:g}"]
+    return out
+
+
+def rotary_note(m: ModelDims) -> str:
+    """A comment for ``megatron_args.txt`` where the rotary embedding is not all in its
+    flags: an unknown base (dimensions given by hand) or a scaling other than Llama 3.1's."""
+    if not (_llama_like(m) or m.arch in _ROPE_LAYERNORM):
+        return ""
+    if m.rope_scaling and m.rope_scaling != "llama3":
+        return (
+            f"# The config's {m.rope_scaling} RoPE scaling (factor {m.rope_scaling_factor:g}) is not "
+            "passed: it extends a trained context; add Megatron's flags for it to train with it."
+        )
+    if not m.rope_theta:
+        return "# No rope_theta known: Megatron's --rotary-base default is 10000; set yours."
+    return ""
 
 
 def activation_args(m: ModelDims) -> list[str]:
@@ -322,6 +356,9 @@ def megatron_args(plan: Plan) -> str:
         "# pretrain_gpt.sh runs Megatron-LM with these, adding the data and tokenizer; add your",
         "# checkpoint flags (--save, --load) here. By hand: $(grep -v '^#' megatron_args.txt)",
     ]
+    note = rotary_note(plan.model)
+    if note:
+        header.append(note)
     return "\n".join(header + megatron_args_list(plan)) + "\n"
 
 
@@ -343,7 +380,6 @@ def pretrain_gpt_script(plan: Plan) -> str:
         f"#   TOKENIZER_MODEL  a Hugging Face tokenizer (name or directory) for {single_line(m.name)}",
         "#   NODE_RANK        this node's rank (default 0)",
         "#   MASTER_ADDR, MASTER_PORT, TORCHRUN as for launch_node*.sh",
-        "# Check --rotary-base against the model's rope_theta (Megatron's default is 10000).",
         "set -euo pipefail",
         'cd "$(dirname "${BASH_SOURCE[0]}")"',
         ': "${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout (it holds pretrain_gpt.py)}"',

@@ -89,6 +89,55 @@ def test_architecture_flags(preset: str, present: list[str], absent: list[str]) 
         assert flag not in lines, flag
 
 
+@pytest.mark.parametrize(
+    ("preset", "rotary"),
+    [
+        # Megatron rotates with base 10000 over whole heads unless told: each model's own.
+        ("llama-3-8b", ["--rotary-base 500000"]),
+        ("qwen3-30b-a3b", ["--rotary-base 1000000"]),
+        ("pythia-160m", ["--rotary-base 10000", "--rotary-percent 0.25"]),
+        (
+            "llama-3.1-405b",
+            ["--rotary-base 500000", "--use-rope-scaling", "--rope-scaling-factor 8"],
+        ),
+        ("gpt-oss-20b", ["--rotary-base 150000"]),
+        ("gpt2", []),
+    ],
+)
+def test_rotary_embedding_flags_come_from_the_config(preset: str, rotary: list[str]) -> None:
+    lines = _args(preset)
+    flags = ("--rotary-", "--use-rope-scaling", "--rope-scaling-")
+    assert [line for line in lines if line.startswith(flags)] == rotary
+
+
+def test_a_scaling_without_flags_and_an_unknown_base_are_said(tmp_path: Path) -> None:
+    plan = make_plan(
+        model=ModelSpec(preset="gpt-oss-20b"),
+        gpu="h100-sxm",
+        gpus_per_node=8,
+        strategy=Strategy.THREE_D,
+    )
+    assert "# The config's yarn RoPE scaling (factor 32) is not passed" in megatron_args(plan)
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = make_plan(
+        model=ModelSpec(config_path=tmp_path / "config.json"),
+        gpu="h100-sxm",
+        gpus_per_node=8,
+        strategy=Strategy.THREE_D,
+    )
+    text = megatron_args(plan)
+    assert "# No rope_theta known" in text
+    assert not any(line.startswith("--rotary-") for line in text.splitlines())
+
+
 def test_pretrain_gpt_is_written_next_to_the_arguments() -> None:
     files = render_bundle(golden_plans()["llama70b_4x8h100_3d"])
     assert {"megatron_args.txt", PRETRAIN_GPT} <= set(files)

@@ -148,3 +148,42 @@ def test_gpt_oss_reads_as_transformers_builds_it() -> None:
     # Active: the model card's 5.1B leaves the input embedding out; the planner counts it.
     assert round((big.params_active - big.vocab * big.hidden) / 1e9, 2) == 5.13
     assert resolve_model(ModelSpec(preset="gpt-oss-20b")).params_total == d.params_total
+
+
+def test_rotary_embedding_is_read_as_transformers_states_it(tmp_path: Path) -> None:
+    # Where a stored real config states its rotary embedding, the preset of that name agrees.
+    stated = 0
+    for f in _config_files():
+        cfg = json.loads(f.read_text())
+        if "rope_theta" not in cfg:
+            continue
+        stated += 1
+        real, preset = load_hf_config(f), resolve_model(ModelSpec(preset=f.stem))
+        keys = ("rope_theta", "rotary_percent")  # the stored configs keep rope_scaling or not
+        if "rope_scaling" in cfg:
+            keys += ("rope_scaling", "rope_scaling_factor")
+        assert {k: getattr(real, k) for k in keys} == {k: getattr(preset, k) for k in keys}
+    assert stated >= 3
+    gpt_oss = load_hf_config(CONFIGS / "gpt-oss-20b.json")
+    assert (gpt_oss.rope_theta, gpt_oss.rope_scaling, gpt_oss.rope_scaling_factor) == (
+        150000.0,
+        "yarn",
+        32.0,
+    )
+    base = json.loads((CONFIGS / "llama-3-8b.json").read_text())
+    # transformers' newer configs nest them under rope_parameters; GPT-NeoX names its own.
+    newer = {**base, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}
+    neox = json.loads((CONFIGS / "pythia-160m.json").read_text())
+    neox.update(rotary_emb_base=10000, rotary_pct=0.25)
+    for name, cfg, want in (
+        ("newer", newer, (500000.0, 1.0, "")),
+        ("neox", neox, (10000.0, 0.25, "")),
+        ("none", base, (0.0, 1.0, "")),
+    ):
+        (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
+        d = load_hf_config(tmp_path / f"{name}.json")
+        assert (d.rope_theta, d.rotary_percent, d.rope_scaling) == want, name
+    (tmp_path / "bad.json").write_text(json.dumps({**base, "rope_theta": "big"}))
+    with pytest.raises(SpecError, match="rope_theta must be a positive number") as e:
+        load_hf_config(tmp_path / "bad.json")
+    assert e.value.field == "model.config_path (rope_theta)"

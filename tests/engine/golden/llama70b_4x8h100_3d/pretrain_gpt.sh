@@ -9,7 +9,6 @@
 #   TOKENIZER_MODEL  a Hugging Face tokenizer (name or directory) for llama-2-70b
 #   NODE_RANK        this node's rank (default 0)
 #   MASTER_ADDR, MASTER_PORT, TORCHRUN as for launch_node*.sh
-# Check --rotary-base against the model's rope_theta (Megatron's default is 10000).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 : "${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout (it holds pretrain_gpt.py)}"
