@@ -426,8 +426,8 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
 
 
 def _rotary(c: dict[str, Any]) -> dict[str, Any]:
-    """The config's rotary embedding: base, rotated share of a head, scaling (type and factor).
-    transformers' newer configs nest them under ``rope_parameters``."""
+    """The config's rotary embedding: base, rotated share of a head, scaling (type and factor),
+    transformers' newer configs nesting them under ``rope_parameters``; and its norms' epsilon."""
     nested = c.get("rope_parameters")
     params = nested if isinstance(nested, dict) else {}
     theta = _positive(c, "rope_theta", params.get("rope_theta", c.get("rope_theta")))
@@ -446,11 +446,17 @@ def _rotary(c: dict[str, Any]) -> dict[str, Any]:
     kind = scaling.get("rope_type", scaling.get("type", ""))
     kind = kind if isinstance(kind, str) and kind != "default" else ""
     factor = _positive(c, "rope_scaling.factor", scaling.get("factor")) if kind else None
+    eps = None
+    for key in ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"):
+        if c.get(key) is not None:
+            eps = _positive(c, key, c[key])
+            break
     return {
         "rope_theta": theta or 0.0,
         "rotary_percent": share or 1.0,
         "rope_scaling": kind,
         "rope_scaling_factor": factor or 0.0,
+        "norm_eps": eps or 0.0,
     }
 
 

@@ -372,6 +372,9 @@ class ModelDims(BaseModel):
     """The config's RoPE scaling type (``llama3``, ``yarn``, ...); empty: none."""
     rope_scaling_factor: float = 0.0
     """Its ``factor``."""
+    norm_eps: float = 0.0
+    """The norms' epsilon (``rms_norm_eps``, ``layer_norm_eps``, ``layer_norm_epsilon``); 0: not
+    stated (Megatron's ``--norm-epsilon`` default, 1e-5)."""
     mtp_layers: int = 0
     """Multi-token prediction modules (DeepSeek-V3 report §2.2; Megatron-Core's
     ``--mtp-num-layers``): each one more transformer layer of the model's kind, a ``2h -> h``

@@ -74,6 +74,8 @@ def architecture_args(m: ModelDims) -> list[str]:
     embedding, biases, dropout, q/k norm and head width."""
     llama = _llama_like(m)
     out = [f"--normalization {'RMSNorm' if llama else 'LayerNorm'}"]
+    if m.norm_eps:
+        out.append(f"--norm-epsilon {m.norm_eps:g}")  # Megatron's default 1e-5; Qwen's 1e-6
     rope = llama or m.arch in _ROPE_LAYERNORM
     out.append(f"--position-embedding-type {'rope' if rope else 'learned_absolute'}")
     if rope:

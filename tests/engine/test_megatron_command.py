@@ -110,6 +110,17 @@ def test_rotary_embedding_flags_come_from_the_config(preset: str, rotary: list[s
     assert [line for line in lines if line.startswith(flags)] == rotary
 
 
+@pytest.mark.parametrize(
+    ("preset", "eps"),
+    [("qwen3-30b-a3b", "1e-06"), ("gemma-7b", "1e-06"), ("llama-3-8b", "1e-05"), ("gpt2", "1e-05")],
+)
+def test_the_norms_epsilon_comes_from_the_config(preset: str, eps: str) -> None:
+    # Megatron's --norm-epsilon defaults to 1e-5; Qwen and Gemma normalise with 1e-6.
+    assert [line for line in _args(preset) if line.startswith("--norm-epsilon")] == [
+        f"--norm-epsilon {eps}"
+    ]
+
+
 def test_a_scaling_without_flags_and_an_unknown_base_are_said(tmp_path: Path) -> None:
     plan = make_plan(
         model=ModelSpec(preset="gpt-oss-20b"),

@@ -151,7 +151,8 @@ def test_gpt_oss_reads_as_transformers_builds_it() -> None:
 
 
 def test_rotary_embedding_is_read_as_transformers_states_it(tmp_path: Path) -> None:
-    # Where a stored real config states its rotary embedding, the preset of that name agrees.
+    # Where a stored real config states its rotary embedding (and norm epsilon), the preset of
+    # that name agrees.
     stated = 0
     for f in _config_files():
         cfg = json.loads(f.read_text())
@@ -160,6 +161,8 @@ def test_rotary_embedding_is_read_as_transformers_states_it(tmp_path: Path) -> N
         stated += 1
         real, preset = load_hf_config(f), resolve_model(ModelSpec(preset=f.stem))
         keys = ("rope_theta", "rotary_percent")  # the stored configs keep rope_scaling or not
+        if "rms_norm_eps" in cfg:
+            keys += ("norm_eps",)
         if "rope_scaling" in cfg:
             keys += ("rope_scaling", "rope_scaling_factor")
         assert {k: getattr(real, k) for k in keys} == {k: getattr(preset, k) for k in keys}
