@@ -426,8 +426,9 @@ def evaluate(row: Row) -> None:
     row.predicted = p.recommended
     step = p.recommended.step_time_s
     eager = row.id.startswith("torchtitan") and p.recommended.framework == Framework.MEGATRON
-    if eager:
-        step = _retimed(row.spec, row.predicted, eager=eager)
+    chunks = _uneven_chunks(row.raw)
+    if eager or chunks:
+        step = _retimed(row.spec, row.predicted, eager=eager, chunks=chunks)
     if row.measured_s:
         row.error = (step - row.measured_s) / row.measured_s
     elif row.measured_mfu:
@@ -438,13 +439,30 @@ def evaluate(row: Row) -> None:
 
 
 def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
+    """The planned layout as the time model takes it, with what the planner adds from the
+    spec's training settings (the expert TP, the MoE dispatcher and capacity)."""
+    tr = spec.training
     return LayoutDraft(
         **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)},
-        grads_bf16=bool(spec.training.grads_bf16),
+        etp=lay.expert_tp,
+        grads_bf16=bool(tr.grads_bf16),
+        deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
+        capacity=tr.moe_capacity_factor or 0.0,
     )
 
 
-def _retimed(spec: Spec, lay: Layout, *, eager: bool) -> float:
+def _uneven_chunks(raw: dict[str, Any]) -> int:
+    """The row's stated interleaving where its layers do not split evenly over pp x v model
+    chunks (0 otherwise)."""
+    lay = raw["layout"]
+    v, pp = lay.get("virtual_stages") or 1, lay.get("pp") or 1
+    schedule = (lay.get("pipeline_schedule") or "").lower()
+    if v <= 1 or pp <= 1 or (schedule and "interleav" not in schedule):
+        return 0
+    return v if raw["model"]["layers"] % (pp * v) else 0
+
+
+def _retimed(spec: Spec, lay: Layout, *, eager: bool, chunks: int = 0) -> float:
     """The planned layout re-timed as the row ran it. ``eager``: a torchtitan TP/PP layout,
     which the planner can only state as a Megatron one, timed as the PyTorch-native (FSDP2)
     stack it is: SDPA attention, eager element-wise kernels, no Megatron overlap of the
@@ -454,6 +472,8 @@ def _retimed(spec: Spec, lay: Layout, *, eager: bool) -> float:
     draft = _draft(lay, spec)
     if eager:
         draft = replace(draft, framework=Framework.FSDP)
+    if chunks:
+        draft = replace(draft, virtual_stages=chunks)
     dims = resolve_model(spec.model)
     return estimate_time(dims, draft, hw, seq_len=spec.training.seq_len).step_time_s
 
