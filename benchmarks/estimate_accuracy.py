@@ -379,10 +379,11 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # llama31_llm_pretrain.py, set_llama31_common_configs).
             grads_bf16=row["id"].startswith("mbridge") or None,
             moe_dispatcher=_dispatcher(row),
-            # No row states Megatron's all-to-all overlap: off, Megatron's default (Megatron-LM's
+            # Megatron's all-to-all overlap is off, its default (Megatron-LM's
             # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig
-            # moe_a2a_overlap=False), said explicitly so the plan makes no offer for it.
-            moe_a2a_overlap=False,
+            # moe_a2a_overlap=False), said explicitly so the plan makes no offer for it; on
+            # for DeepSeek-V3's DualPipe, which is that overlap (see _DUALPIPE_CHUNKS).
+            moe_a2a_overlap=_dualpipe(row),
             moe_capacity_factor=tr.get("moe_capacity_factor"),
         ),
         layout=_layout(row, _strategy(row)),
@@ -451,13 +452,27 @@ def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
     )
 
 
+_DUALPIPE_CHUNKS = 2
+"""DeepSeek-V3's DualPipe (report §3.2.1) feeds micro-batches from both ends of the pipeline,
+each rank holding two model chunks (its "two copies of the model parameters"), and pairs one
+chunk's forward with another's backward so that each one's all-to-all dispatch and combine
+run under the other's computation on 20 of the H800's 132 SMs: Megatron-Core's expert-parallel
+all-to-all overlap over two virtual stages, which is how the row is timed."""
+
+
+def _dualpipe(raw: dict[str, Any]) -> bool:
+    return "dualpipe" in (raw["layout"].get("pipeline_schedule") or "").lower()
+
+
 def _uneven_chunks(raw: dict[str, Any]) -> int:
     """The row's stated interleaving where its layers do not split evenly over pp x v model
-    chunks (0 otherwise)."""
+    chunks, DualPipe's two chunks a rank included (0 otherwise)."""
     lay = raw["layout"]
     v, pp = lay.get("virtual_stages") or 1, lay.get("pp") or 1
+    if _dualpipe(raw):
+        v = _DUALPIPE_CHUNKS
     schedule = (lay.get("pipeline_schedule") or "").lower()
-    if v <= 1 or pp <= 1 or (schedule and "interleav" not in schedule):
+    if v <= 1 or pp <= 1 or (schedule and "interleav" not in schedule and not _dualpipe(raw)):
         return 0
     return v if raw["model"]["layers"] % (pp * v) else 0
 
@@ -473,7 +488,9 @@ def _retimed(spec: Spec, lay: Layout, *, eager: bool, chunks: int = 0) -> float:
     if eager:
         draft = replace(draft, framework=Framework.FSDP)
     if chunks:
-        draft = replace(draft, virtual_stages=chunks)
+        draft = replace(
+            draft, virtual_stages=chunks, a2a_overlap=bool(spec.training.moe_a2a_overlap)
+        )
     dims = resolve_model(spec.model)
     return estimate_time(dims, draft, hw, seq_len=spec.training.seq_len).step_time_s
 
