@@ -469,10 +469,12 @@ def _uneven_chunks(raw: dict[str, Any]) -> int:
     chunks, DualPipe's two chunks a rank included (0 otherwise)."""
     lay = raw["layout"]
     v, pp = lay.get("virtual_stages") or 1, lay.get("pp") or 1
+    schedule = (lay.get("pipeline_schedule") or "").lower()
     if _dualpipe(raw):
         v = _DUALPIPE_CHUNKS
-    schedule = (lay.get("pipeline_schedule") or "").lower()
-    if v <= 1 or pp <= 1 or (schedule and "interleav" not in schedule and not _dualpipe(raw)):
+    elif schedule and "interleav" not in schedule:
+        return 0  # a stated plain 1F1B
+    if v <= 1 or pp <= 1:
         return 0
     return v if raw["model"]["layers"] % (pp * v) else 0
 

@@ -281,12 +281,10 @@ class StreamingRun:
             if rank is None:
                 self._nodes[n].table.scan(body)
             out = body.decode("utf-8", "surrogateescape")
-            if rank is not None:
+            if rank is not None and (partial.get(n) or "[default" in out):
                 # A partial line torchrun spliced (see group_runs): filed by its pieces' ranks.
-                pending = partial.setdefault(n, {})
-                if pending or "[default" in out:
-                    local, out = close_pieces(out, rank - n * gpn, pending)
-                    rank = n * gpn + local
+                local, out = close_pieces(out, rank - n * gpn, partial.setdefault(n, {}))
+                rank = n * gpn + local
             lst = groups.get((n, rank))
             if lst is None:
                 groups[(n, rank)] = lst = []

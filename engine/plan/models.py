@@ -74,14 +74,18 @@ MAX_DIM = 2**31
 def _need_int(c: dict[str, Any], field: str, *keys: str, default: int | None = None) -> int:
     v = _cfg(c, *keys, default=default)
     if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
-        shown = repr(v)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise SpecError(
-            f"config.json has no positive integer {keys[0]!r} up to {MAX_DIM} (got {shown}); "
+            f"config.json has no positive integer {keys[0]!r} up to {MAX_DIM} (got {_shown(v)}); "
             "fix the file or pass --layers/--hidden/--heads/--vocab instead",
             field=f"model.config_path ({field})",
         )
     return v
+
+
+def _shown(v: object) -> str:
+    """A config value as an error line quotes it: its repr, cut to 40 characters."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class _Shape(NamedTuple):
@@ -422,10 +426,10 @@ def _dims_from_hf(c: dict[str, Any], name: str) -> ModelDims:
             experts=_need_int(c, "num_experts", "num_local_experts", "num_experts"),
             top_k=_need_int(c, "experts_per_token", "num_experts_per_tok", default=2),
         )
-    return _build(name, mt, shape).model_copy(update=_rotary(c))
+    return _build(name, mt, shape).model_copy(update=_rope_and_norm(c))
 
 
-def _rotary(c: dict[str, Any]) -> dict[str, Any]:
+def _rope_and_norm(c: dict[str, Any]) -> dict[str, Any]:
     """The config's rotary embedding: base, rotated share of a head, scaling (type and factor),
     transformers' newer configs nesting them under ``rope_parameters``; and its norms' epsilon."""
     nested = c.get("rope_parameters")
@@ -465,10 +469,8 @@ def _positive(c: dict[str, Any], key: str, v: object) -> float | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf"):
-        shown = repr(v)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise SpecError(
-            f"config.json {key} must be a positive number (got {shown}); fix the file",
+            f"config.json {key} must be a positive number (got {_shown(v)}); fix the file",
             field=f"model.config_path ({key})",
         )
     return float(v)

@@ -63,6 +63,11 @@ _ROPE_LAYERNORM = frozenset({"gpt_neox", "falcon"})
 """LayerNorm models with rotary positions."""
 
 
+def _has_rope(m: ModelDims) -> bool:
+    """Rotary positions: the Llama family and the LayerNorm models that rotate."""
+    return _llama_like(m) or m.arch in _ROPE_LAYERNORM
+
+
 def _llama_like(m: ModelDims) -> bool:
     """RMSNorm, RoPE, no biases, no dropout: the Llama family, and dimensions given by hand
     with a gated MLP (the planner models those as Llama-style decoders)."""
@@ -76,7 +81,7 @@ def architecture_args(m: ModelDims) -> list[str]:
     out = [f"--normalization {'RMSNorm' if llama else 'LayerNorm'}"]
     if m.norm_eps:
         out.append(f"--norm-epsilon {m.norm_eps:g}")  # Megatron's default 1e-5; Qwen's 1e-6
-    rope = llama or m.arch in _ROPE_LAYERNORM
+    rope = _has_rope(m)
     out.append(f"--position-embedding-type {'rope' if rope else 'learned_absolute'}")
     if rope:
         out += rotary_args(m)
@@ -129,14 +134,16 @@ def rotary_args(m: ModelDims) -> list[str]:
     if m.rotary_percent != 1.0:
         out.append(f"--rotary-percent {m.rotary_percent:g}")
     if m.rope_scaling == "llama3":
-        out += ["--use-rope-scaling", f"--rope-scaling-factor {m.rope_scaling_factor:g}"]
+        out.append("--use-rope-scaling")
+        if m.rope_scaling_factor:  # else Megatron's default, 8 (Llama 3.1's)
+            out.append(f"--rope-scaling-factor {m.rope_scaling_factor:g}")
     return out
 
 
 def rotary_note(m: ModelDims) -> str:
     """A comment for ``megatron_args.txt`` where the rotary embedding is not all in its
     flags: an unknown base (dimensions given by hand) or a scaling other than Llama 3.1's."""
-    if not (_llama_like(m) or m.arch in _ROPE_LAYERNORM):
+    if not _has_rope(m):
         return ""
     if m.rope_scaling and m.rope_scaling != "llama3":
         return (

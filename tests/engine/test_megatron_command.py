@@ -342,3 +342,26 @@ def test_8bit_adam_without_the_distributed_optimizer_is_refused() -> None:
     with pytest.raises(DtrainError) as e:
         megatron_args(plan)
     assert e.value.field == "training.optimizer" and "--zero-stage 1" in str(e.value)
+
+
+def test_llama3_scaling_without_a_factor_keeps_megatrons_default(tmp_path: Path) -> None:
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    plan = make_plan(
+        model=ModelSpec(config_path=tmp_path / "config.json"),
+        gpu="h100-sxm",
+        gpus_per_node=8,
+        strategy=Strategy.THREE_D,
+    )
+    lines = megatron_args(plan).splitlines()
+    assert "--use-rope-scaling" in lines
+    assert not any(line.startswith("--rope-scaling-factor") for line in lines)
