@@ -60,6 +60,7 @@ from engine.plan.perf import estimate_time  # noqa: E402
 from engine.plan.planner import plan  # noqa: E402
 from engine.plan.result import Layout  # noqa: E402
 from engine.plan.specs import (  # noqa: E402
+    Fp8Recipe,
     Framework,
     HardwareSpec,
     LayoutSpec,
@@ -170,6 +171,23 @@ def _precision(row: dict[str, Any]) -> Precision | None:
         return Precision.BF16
     if "mixed precision" in text or "fp16" in text:
         return Precision.FP16
+    return None
+
+
+def _fp8_recipe(row: dict[str, Any]) -> Fp8Recipe | None:
+    """The FP8 scaling the row names: Megatron-Bridge's "FP8-MX" / "MXFP8" and torchao's
+    mxfp8 (MX block scales), its 25.09 "blockwise" and DeepSeek-V3's fine-grained 1x128 /
+    128x128 (block scales), "FP8-CS", "per-tensor" and torchao's "tensorwise" (one scale per
+    tensor); None where it names none (per-tensor either way in the time model)."""
+    if not is_fp8(row):
+        return None
+    text = (row["training"].get("precision") or "").lower()
+    if "mx" in text:
+        return Fp8Recipe.MXFP8
+    if "blockwise" in text or "1x128" in text:
+        return Fp8Recipe.BLOCKWISE
+    if "-cs" in text or "per-tensor" in text or "tensorwise" in text:
+        return Fp8Recipe.TENSORWISE
     return None
 
 
@@ -346,6 +364,8 @@ def _strategy(row: dict[str, Any]) -> Strategy:
 def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
     """The row as a forced-layout Spec, or None and why it cannot be one."""
     hw, lay, tr = row["hardware"], row["layout"], row["training"]
+    if row["scope"] == "ratio":
+        return None, "ratio row: its GPUs' power limit is not stated (see the FP8 recipe test)"
     if row["scope"] != "end_to_end":
         return None, "per-layer timing"
     gpu = _gpu_key(hw["gpu"])
@@ -374,6 +394,7 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             seq_len=tr["seq_len"],
             global_batch=tr["global_batch"],
             precision=precision,
+            fp8_recipe=_fp8_recipe(row),
             # Megatron-Bridge's performance recipes keep bf16 gradients:
             # ``cfg.ddp.grad_reduce_in_fp32 = False`` (scripts/performance/configs/llama/
             # llama31_llm_pretrain.py, set_llama31_common_configs).

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from cli.spec_options import add_spec_options, spec_from_args
 from engine.plan.result import Layout, Plan
+from engine.plan.specs import Precision
 
 GIB = 1024**3
 
@@ -99,8 +100,12 @@ def render(p: Plan, out: TextIO) -> None:
         f"({_gib(p.gpu.memory_bytes)} GiB each, {p.gpu.dist_backend})\n"
     )
     t = p.spec.training
+    precision = r.precision.value
+    if t.fp8_recipe and r.precision == Precision.FP8:
+        precision += f" ({t.fp8_recipe.value})"
     w(
-        f"Training  seq {t.seq_len}, global batch {t.global_batch}, {r.precision.value}, {t.optimizer.value}\n"
+        f"Training  seq {t.seq_len}, global batch {t.global_batch}, {precision}, "
+        f"{t.optimizer.value}\n"
         + (f"Estimates {p.calibration.label()}\n" if p.calibration is not None else "")
         + "\n"
     )

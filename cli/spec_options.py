@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from engine.errors import SpecError, validation_messages
 from engine.plan.specs import (
     Backend,
+    Fp8Recipe,
     Framework,
     IntraNodeLink,
     MoeDispatcher,
@@ -114,6 +115,16 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--global-batch", "training", "global_batch", {"type": whole_number}),
     ("--micro-batch", "training", "micro_batch", {"type": whole_number}),
     ("--precision", "training", "precision", {"choices": _choices(Precision)}),
+    (
+        "--fp8-recipe",
+        "training",
+        "fp8_recipe",
+        {
+            "choices": _choices(Fp8Recipe),
+            "help": "with --precision fp8: delayed (default) or tensorwise per-tensor scales, "
+            "mxfp8 (Blackwell) or blockwise block scales (more accurate, GEMMs a little slower)",
+        },
+    ),
     ("--optimizer", "training", "optimizer", {"choices": _choices(Optimizer)}),
     ("--recompute", "training", "recompute", {"choices": _choices(Recompute)}),
     (

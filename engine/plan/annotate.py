@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from engine.plan.context import PlanContext
+from engine.plan.context import BLOCK_SCALED_FP8_RATE, PlanContext
 from engine.plan.memory import LayoutDraft, mtp_modules
 from engine.plan.perf import (
     UNALIGNED_GEMM_SLOWDOWN,
@@ -30,6 +30,7 @@ from engine.plan.search import (
     smallest,
 )
 from engine.plan.specs import (
+    Fp8Recipe,
     Framework,
     ModelDims,
     MoeDispatcher,
@@ -38,6 +39,7 @@ from engine.plan.specs import (
     Precision,
     Recompute,
     Strategy,
+    megatron_fp8_flags,
 )
 from engine.plan.stages import stage_layers
 from engine.plan.strategies import DISPLAY_NAME
@@ -164,11 +166,7 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     if d.precision == Precision.FP16:
         out.append("fp16: dynamic loss scaling is on (initial scale 2^16)")
     if d.precision == Precision.FP8:
-        out.append(
-            f"fp8: linear layers at the FP8 peak ({ctx.gpu.fp8_peak_tflops():g} TFLOP/s), "
-            f"attention and the rest in bf16; MFU is quoted against the bf16 peak "
-            f"({ctx.gpu.peak_tflops(Precision.BF16):g} TFLOP/s); {FP8_HOW[d.framework]}"
-        )
+        out.append(_fp8_note(ctx, d))
     if ctx.gpu.is_cpu:
         out.append("CPU ranks over gloo: a smoke-test set-up; times are nominal")
     mtp = ctx.dims.mtp_layers
@@ -208,10 +206,39 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     return out
 
 
+def _fp8_note(ctx: PlanContext, d: LayoutDraft) -> str:
+    """What FP8 training means for this plan: the linears' rate under the recipe, the bf16
+    rest, and how the framework's configs ask for it."""
+    peak = ctx.gpu.fp8_peak_tflops()
+    asked = ctx.spec.training.fp8_recipe
+    recipe = asked or Fp8Recipe.DELAYED
+    rate = f"at the FP8 peak ({peak:g} TFLOP/s)"
+    if recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+        rate = (
+            f"at {BLOCK_SCALED_FP8_RATE:.0%} of the FP8 peak ({peak * BLOCK_SCALED_FP8_RATE:g} "
+            f"of {peak:g} TFLOP/s: {recipe.value}'s block scales)"
+        )
+    how = FP8_HOW[d.framework]
+    if d.framework == Framework.MEGATRON:
+        how = how.format(flags=" ".join(megatron_fp8_flags(recipe)))
+    elif d.framework == Framework.FSDP and recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+        how = how.replace(
+            "; the example",
+            f", per tensor: for {recipe.value} convert them yourself (torchao's MXLinear, or "
+            "Transformer Engine's recipe); the example",
+        )
+    label = f"fp8 ({asked.value} scaling)" if asked else "fp8"
+    return (
+        f"{label}: linear layers {rate}, attention and the rest in bf16; "
+        f"MFU is quoted against the bf16 peak ({ctx.gpu.peak_tflops(Precision.BF16):g} "
+        f"TFLOP/s); {how}"
+    )
+
+
 FP8_HOW: dict[Framework, str] = {
     Framework.MEGATRON: (
-        "megatron_args.txt asks Transformer Engine for it (--fp8-format hybrid); the example "
-        "trainer's smoke test runs bf16"
+        "megatron_args.txt asks Transformer Engine for it ({flags}); the example trainer's "
+        "smoke test runs bf16"
     ),
     Framework.FSDP: (
         "accelerate_config.yaml converts the linears with torchao's float8 (fp8_config backend "

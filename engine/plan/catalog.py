@@ -62,6 +62,9 @@ class GpuType:
     """Dense FP8 tensor-core peak (0 where the hardware has no FP8)."""
     scaleup_gpus: int = 0
     """GPUs one NVLink / xGMI domain joins when it spans nodes (72 for GB200 NVL72); 0: the node."""
+    mx_formats: bool = False
+    """Tensor cores that apply MX block scales in the matmul (OCP microscaling: an E8M0 scale per
+    32 elements; NVIDIA Blackwell, SM100 and up), which MXFP8 training needs."""
     flash_attention_vs_gemm: float = 0.5
     """A causal FlashAttention-2 kernel's rate (forward and backward averaged, as PyTorch SDPA
     runs it under FSDP / DeepSpeed / torchtitan) relative to a large GEMM on this GPU. FA2 was
@@ -293,6 +296,7 @@ _GPUS: tuple[GpuType, ...] = (
         hbm_gbps=8000.0,
         fp8_tflops=4500.0,
         exp_tops=4.65,
+        mx_formats=True,
     ),
     GpuType(
         "mi300x",
@@ -360,6 +364,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=5000.0,
         scaleup_gpus=72,
         exp_tops=4.65,
+        mx_formats=True,
     ),
     GpuType(
         "b300",
@@ -386,6 +391,7 @@ _GPUS: tuple[GpuType, ...] = (
         fused_attention_vs_gemm=1.0,
         fp8_tflops=4500.0,
         exp_tops=9.3,
+        mx_formats=True,
     ),
     GpuType(
         "gb300",
@@ -411,6 +417,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=5000.0,
         scaleup_gpus=72,
         exp_tops=9.3,
+        mx_formats=True,
     ),
     GpuType(
         "mi325x",

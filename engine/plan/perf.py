@@ -437,6 +437,9 @@ class MicroBatch(NamedTuple):
     """Tensor/context/expert-parallel and pipeline traffic left exposed."""
     backward: float
     """The backward share of ``compute`` (what a once-per-step reduction can hide behind)."""
+    fill: float
+    """The mean ``compute`` of the other stages: what the pipeline's fill and drain wait on
+    (:func:`estimate_time`); ``compute`` itself without a pipeline."""
 
 
 def _act_bytes(d: LayoutDraft) -> int:
@@ -868,7 +871,8 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     mtp = mtp_modules(dims, d)
     head = 3 * _head_forward(dims, d, hw, seq_len)
     head += mtp * (head + 3 * _mtp_projection_forward(dims, d, hw, seq_len))
-    compute = comm = backward = 0.0
+    comm = backward = 0.0
+    stages: list[float] = []
     before = 0
     for i, n in enumerate(split):
         n_dense = min(n, max(0, dims.dense_layers - before))
@@ -876,12 +880,14 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
         if i == len(split) - 1:
             n += mtp
         stage = [n_dense * a + (n - n_dense) * b for a, b in zip(dense, moe, strict=True)]
-        compute = max(compute, stage[0] + (head if i == len(split) - 1 else 0.0))
+        stages.append(stage[0] + (head if i == len(split) - 1 else 0.0))
         backward = max(backward, stage[1])
         comm = max(comm, stage[2])
+    compute = max(stages)
+    fill = (sum(stages) - compute) / (len(stages) - 1) if len(stages) > 1 else compute
     if d.pp > 1:
         comm += _p2p(dims, d, hw, seq_len) * (1 - Overlap.pp)
-    return MicroBatch(compute, comm, backward)
+    return MicroBatch(compute, comm, backward, fill)
 
 
 def _p2p(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
@@ -917,10 +923,11 @@ def estimate_time(
     seq_len: int,
     tokens_budget: float | None = None,
 ) -> Estimate:
-    """Step time and throughput of layout ``d``: ``m + (p-1)/v`` micro-batch times on the
-    heaviest stage, then what is left exposed of the data-parallel reduction, offload and the
-    optimizer step. Rank order is TP innermost, then CP, then DP, then PP outermost (Megatron's
-    order), so TP stays inside a node, PP spans nodes."""
+    """Step time and throughput of layout ``d``: ``m`` micro-batch times on the heaviest stage
+    and ``(p-1)/v`` on the others (the pipeline's fill and drain), then what is left exposed of
+    the data-parallel reduction, offload and the optimizer step. Rank order is TP innermost,
+    then CP, then DP, then PP outermost (Megatron's order), so TP stays inside a node, PP spans
+    nodes."""
     world = d.world_size
     tokens = d.global_batch * seq_len
     share = _recomputed_share(dims, d)
@@ -931,7 +938,10 @@ def estimate_time(
     slots = m + ((d.pp - 1) / v if d.pp > 1 else 0.0)
     bubble = bubble_fraction(d.pp, m, v)
     comm, optimizer = _step_comm(dims, d, hw, mb)
-    compute = mb.compute * slots + optimizer
+    # 1F1B with stage times t_i takes (m - 1) max t + sum t: the first micro-batch's forward
+    # crosses every stage, the heaviest runs all m, the last backward crosses back. The fill
+    # and drain are the other stages' work, not the heaviest's (the LM head's last stage).
+    compute = mb.compute * m + mb.fill * (slots - m) + optimizer
     exposed = mb.comm * slots + comm
     step = compute + exposed
     tokens_per_s = tokens / step

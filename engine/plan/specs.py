@@ -36,6 +36,38 @@ class Precision(StrEnum):
     FP8 = "fp8"
 
 
+class Fp8Recipe(StrEnum):
+    """How FP8 training scales its tensors into the FP8 range (Megatron-LM's ``--fp8-recipe``,
+    Transformer Engine's recipes). Per-tensor scaling runs the FP8 GEMMs at full rate;
+    block-scaled recipes keep more accuracy (a scale per block of values) for GEMMs that load
+    and apply those scales, :data:`engine.plan.context.BLOCK_SCALED_FP8_RATE` of the rate."""
+
+    DELAYED = "delayed"
+    """One scale per tensor from the amax history of past steps (TE's DelayedScaling, the
+    hybrid E4M3/E5M2 format; Megatron's default)."""
+    TENSORWISE = "tensorwise"
+    """One scale per tensor from the tensor itself (current scaling: NeMo's "FP8-CS",
+    torchao's float8 tensorwise)."""
+    MXFP8 = "mxfp8"
+    """OCP microscaling: an E8M0 scale per 32 values, applied by Blackwell's tensor cores (NeMo's
+    "FP8-MX" / MXFP8, torchao's mxfp8)."""
+    BLOCKWISE = "blockwise"
+    """A scale per 1 x 128 block of activations and 128 x 128 block of weights (DeepSeek-V3's
+    fine-grained quantisation; TE's Float8BlockScaling)."""
+
+
+def megatron_fp8_flags(recipe: Fp8Recipe | None) -> list[str]:
+    """Megatron-LM's flags for FP8 training under ``recipe`` (None: delayed), as
+    Megatron-Bridge's mixed-precision recipes set them (``bf16_with_fp8_mixed``,
+    ``..._current_scaling_...``, ``..._mxfp8_...``, ``..._subchannel_scaling_...``): the hybrid
+    format (E4M3 forward, E5M2 gradients) for per-tensor scales, E4M3 throughout for block
+    scales."""
+    if recipe in (None, Fp8Recipe.DELAYED):
+        return ["--fp8-format hybrid", "--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"]
+    fmt = "hybrid" if recipe == Fp8Recipe.TENSORWISE else "e4m3"
+    return [f"--fp8-format {fmt}", f"--fp8-recipe {recipe.value}"]
+
+
 class Optimizer(StrEnum):
     """Optimizer, which sets the bytes of optimizer state per parameter."""
 
@@ -496,6 +528,9 @@ class TrainingSpec(_Strict):
     """Sequences per GPU per forward/backward; None lets the planner choose."""
     precision: Precision | None = None
     """bf16, fp16 or fp32; None: bf16 where the GPU has it, else fp16 (fp32 on cpu)."""
+    fp8_recipe: Fp8Recipe | None = None
+    """With ``precision`` fp8: how its tensors are scaled (:class:`Fp8Recipe`); None: delayed
+    per-tensor scaling (Megatron's default)."""
     optimizer: Optimizer = Optimizer.ADAMW
     """adamw, sgd (with momentum) or adam8bit."""
     recompute: Recompute | None = None

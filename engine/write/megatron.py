@@ -33,6 +33,7 @@ from engine.plan.specs import (
     PPSchedule,
     Precision,
     Recompute,
+    megatron_fp8_flags,
 )
 from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
 
@@ -247,12 +248,7 @@ def megatron_args_list(plan: Plan) -> list[str]:
         if tr.grads_bf16:
             out.append("--grad-reduce-in-bf16")
     if lay.precision == Precision.FP8:
-        # Transformer Engine's hybrid recipe (E4M3 forward, E5M2 gradients), delayed scaling.
-        out += [
-            "--fp8-format hybrid",
-            "--fp8-amax-history-len 1024",
-            "--fp8-amax-compute-algo max",
-        ]
+        out += megatron_fp8_flags(tr.fp8_recipe)
     elif lay.precision == Precision.FP16:
         out.append("--fp16")
     if lay.zero_stage >= 3:

@@ -18,6 +18,7 @@ import pytest
 from engine.plan import perf
 from engine.plan.catalog import get_gpu
 from engine.plan.memory import gpu_reserves, gpu_usable_bytes
+from engine.plan.specs import Fp8Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
@@ -369,3 +370,27 @@ def test_deepseek_v3s_dualpipe_is_timed_as_the_overlap_it_is(harness: ModuleType
     planned = harness.plan(row.spec).recommended
     plain = harness._retimed(row.spec, planned, eager=False)
     assert harness._retimed(row.spec, planned, eager=False, chunks=2) < 0.8 * plain
+
+
+def test_rows_are_timed_under_the_fp8_recipe_they_name(harness: ModuleType) -> None:
+    # Megatron-Bridge's "FP8-MX" / "MXFP8" and 25.09's blockwise rows scale in blocks, its
+    # "FP8-CS" and 25.09's per-tensor rows per tensor; DeepSeek-V3 trained fine-grained
+    # (1x128 / 128x128) blocks. Held out: on the same layout block scales plan slower, as
+    # each pair measured (2-7 % apart).
+    rows = {r.id: r for r in harness.load_rows()}
+    recipe = {rid: rows[rid].spec.training.fp8_recipe for rid in rows if rows[rid].spec}
+    assert recipe["mbridge2511_dgx_b200_llama3_8b_8gpu_fp8_mx"] == Fp8Recipe.MXFP8
+    assert recipe["mbridge2511_dgx_b200_llama3_8b_8gpu_fp8_cs"] == Fp8Recipe.TENSORWISE
+    assert recipe["mbridge2602_dgx_gb200_llama3_70b_64gpu_mxfp8"] == Fp8Recipe.MXFP8
+    assert recipe["mbridge2509_dgx_b200_llama3_8b_8gpu_alt"] == Fp8Recipe.BLOCKWISE
+    assert recipe["mbridge2509_dgx_b200_llama3_8b_8gpu"] == Fp8Recipe.TENSORWISE
+    assert recipe["deepseekv3_2048xh800_pretrain"] == Fp8Recipe.BLOCKWISE
+    assert recipe["mbridge2602_dgx_gb200_llama3_70b_64gpu_fp8"] is None
+    assert recipe["narayanan2021_t1_gpt3.6b_64gpu"] is None
+    for gpu in ("b200", "gb200", "gb300"):
+        pair = [rows[f"mbridge2511_dgx_{gpu}_llama3_8b_8gpu_fp8_{s}"] for s in ("cs", "mx")]
+        for r in pair:
+            harness.evaluate(r)
+        cs, mx = (r.measured_s * (1 + r.error) for r in pair)
+        assert 1.0 < mx / cs < 1.1, gpu
+        assert pair[1].measured_s > pair[0].measured_s

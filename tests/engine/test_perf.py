@@ -79,6 +79,35 @@ def _draft(**kw: object) -> LayoutDraft:
     return LayoutDraft(**base)  # type: ignore[arg-type]
 
 
+def test_the_pipeline_fill_and_drain_wait_on_the_other_stages_not_the_heaviest() -> None:
+    # BigScience's 177B trial (tr11 chronicle, 2022-02-25): 96 layers of 12288 over 48 stages,
+    # two layers a stage and the 250k-vocabulary head (about 1.7 layers of compute) on the
+    # last. 1F1B with stage times t_i takes (m - 1) max t + sum t: the heavy last stage runs
+    # every micro-batch, the fill and drain are the light stages' work.
+    dims = resolve_model(ModelSpec(layers=96, hidden=12288, heads=64, ffn=4 * 12288, vocab=250880))
+    d = _draft(
+        strategy=Strategy.THREE_D,
+        framework=Framework.MEGATRON,
+        precision=Precision.FP16,
+        dp=8,
+        pp=48,
+        grad_accum=256,
+        recompute=Recompute.FULL,
+    )
+    hw = _hw(nodes=48, gpn=8)
+    mb = micro_batch_time(dims, d, hw, 2048)
+    assert mb.compute > 1.4 * mb.fill  # the head's stage against the others
+    e = estimate_time(dims, d, hw, seq_len=2048)
+    optimizer = e.compute_time_s - (256 * mb.compute + 47 * mb.fill)
+    assert 0 <= optimizer < 0.01 * e.compute_time_s
+    # Timing the fill at the heaviest stage's pace would overstate the step by 47 slots'
+    # difference (about 8 s of 140 here).
+    assert 47 * (mb.compute - mb.fill) > 0.05 * e.compute_time_s
+    # An even pipeline (no head heavier than a layer's share) keeps (m + p - 1) slots.
+    even = micro_batch_time(dims, replace(d, pp=1, grad_accum=256), hw, 2048)
+    assert even.fill == even.compute
+
+
 def test_single_gpu_is_compute_and_the_optimizer_step() -> None:
     hw = _hw(gpn=1)
     e = estimate_time(DIMS, _draft(dp=1, grad_accum=64), hw, seq_len=4096)
@@ -543,7 +572,7 @@ def test_fully_sharded_experts_are_gathered_every_micro_batch() -> None:
     d = LayoutDraft(
         Strategy.THREE_D, Framework.MEGATRON, dp=16, ep=2, zero_stage=3, micro_batch=1, grad_accum=4
     )
-    mb = perf.MicroBatch(compute=0.0, comm=0.0, backward=0.0)  # nothing to hide behind
+    mb = perf.MicroBatch(compute=0.0, comm=0.0, backward=0.0, fill=0.0)  # nothing to hide behind
     dense, expert = perf.stage_params(dims, d)
     alone = perf._sharded_exposed(d, hw, dense, mb, dims.layers, True)
     both = perf._sharded_exposed(d, hw, dense, mb, dims.layers, True, expert)

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from textual.widgets import Select
 
-from engine.plan.specs import HardwareSpec, ModelSpec, Precision, Recompute, Spec, TrainingSpec
+from engine.plan.specs import (
+    Fp8Recipe,
+    HardwareSpec,
+    ModelSpec,
+    Precision,
+    Recompute,
+    Spec,
+    TrainingSpec,
+)
 from tests.tui.wizard_support import at_step, to_training, until
 from tui.app import DtrainApp
 
@@ -78,3 +86,52 @@ async def _light(tmp_path: Path) -> None:
         select.value = Recompute.MLP.value
         await until(pilot, lambda: not app.session.step_errors["training"], "mlp accepted")
         assert app.spec.training.recompute == Recompute.MLP
+
+
+def test_the_fp8_recipe_is_chosen_at_the_training_step_and_checked_against_the_gpu(
+    tmp_path: Path,
+) -> None:
+    asyncio.run(_recipe(tmp_path))
+
+
+async def _recipe(tmp_path: Path) -> None:
+    app = _app(tmp_path, "h100-sxm")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await to_training(pilot)
+        recipe = app.screen.query_one("#f-fp8_recipe", Select)
+        recipe.value = Fp8Recipe.BLOCKWISE.value
+        # A scaling recipe without fp8 training is refused, in words, at the step.
+        await until(pilot, lambda: bool(app.session.step_errors["training"]), "needs fp8")
+        assert "pick fp8" in " ".join(app.session.step_errors["training"])
+        app.screen.query_one("#f-precision", Select).value = Precision.FP8.value
+        await until(pilot, lambda: not app.session.step_errors["training"], "fp8 blockwise")
+        assert app.spec.training.fp8_recipe == Fp8Recipe.BLOCKWISE
+        # MXFP8 needs tensor cores that apply MX scales: an H100 has none.
+        recipe.value = Fp8Recipe.MXFP8.value
+        await until(pilot, lambda: bool(app.session.step_errors["training"]), "mxfp8 refused")
+        problem = " ".join(app.session.step_errors["training"])
+        assert "h100-sxm has no MXFP8 tensor cores" in problem and "b200" in problem
+        recipe.value = "auto"
+        await until(pilot, lambda: not app.session.step_errors["training"], "default recipe")
+        assert app.spec.training.fp8_recipe is None
+
+
+def test_a_profiles_fp8_recipe_survives_the_training_step(tmp_path: Path) -> None:
+    asyncio.run(_kept(tmp_path))
+
+
+async def _kept(tmp_path: Path) -> None:
+    spec = Spec(
+        model=ModelSpec(preset="llama-3-8b"),
+        hardware=HardwareSpec(gpu="b200", gpus_per_node=8, nodes=1),
+        training=TrainingSpec(
+            seq_len=4096, global_batch=64, precision=Precision.FP8, fp8_recipe=Fp8Recipe.MXFP8
+        ),
+    )
+    app = DtrainApp(spec, out_dir=tmp_path / "b", plan_delay_s=0.05)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await to_training(pilot)
+        assert app.screen.query_one("#f-fp8_recipe", Select).value == Fp8Recipe.MXFP8.value
+        app.screen.query_one("#f-grads_bf16", Select).value = "bf16"  # an edit re-reads the step
+        await until(pilot, lambda: bool(app.spec.training.grads_bf16), "edit applied")
+        assert app.spec.training.fp8_recipe == Fp8Recipe.MXFP8

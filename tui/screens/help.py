@@ -35,7 +35,7 @@ STEPS: dict[Step, str] = {
     Step.MODEL: "a preset, a local config.json, dimensions or a bare parameter count",
     Step.HARDWARE: "GPU type, GPUs per node, nodes, host RAM",
     Step.NETWORK: "inter-node tier and interfaces; the bandwidth the plan assumes",
-    Step.TRAINING: "sequence, batch, precision, optimizer, token budget and price",
+    Step.TRAINING: "sequence, batch, precision (and FP8 scaling), optimizer, token budget and price",
     Step.DECISION: "the flowchart path, memory per GPU, time and cost; force a layout",
     Step.CONFIGS: "preview every bundle file, diff against disk, write, edit, copy the command",
     Step.LAUNCH: "backend, hosts, run directory; start and watch every rank",

@@ -1,5 +1,5 @@
-"""Step 4, the training set-up: sequence length, batch, precision (fp8 where the GPU has it),
-Megatron's gradient precision and expert all-to-all overlap, optimizer, recompute, and the token
+"""Step 4, the training set-up: sequence length, batch, precision (fp8 where the GPU has it, and
+its scaling recipe), Megatron's gradient precision and expert all-to-all overlap, optimizer, recompute, and the token
 budget and price the cost estimate uses.
 
 The global batch is the user's: when no layout can split it over the GPUs, the planner's refusal
@@ -18,7 +18,7 @@ from textual.widgets import Button, Input, Select, Static
 
 from engine.plan.catalog import get_gpu, list_gpus
 from engine.plan.result import BatchChoice
-from engine.plan.specs import Optimizer, Precision, Recompute, Spec, TrainingSpec
+from engine.plan.specs import Fp8Recipe, Optimizer, Precision, Recompute, Spec, TrainingSpec
 from tui import services
 from tui.format import count
 from tui.lifecycle import torn_down
@@ -71,6 +71,19 @@ class TrainingStep(StepPane):
             allow_blank=False,
             compact=True,
             id="f-precision",
+        )
+        yield Static("FP8 scaling (with fp8)", classes="select-label")
+        yield Select(
+            [
+                ("delayed, per tensor (Megatron's default)", AUTO),
+                ("tensorwise: current scaling, per tensor", Fp8Recipe.TENSORWISE.value),
+                ("mxfp8: a scale per 32 values (Blackwell)", Fp8Recipe.MXFP8.value),
+                ("blockwise: 1x128 / 128x128 blocks", Fp8Recipe.BLOCKWISE.value),
+            ],
+            value=AUTO,
+            allow_blank=False,
+            compact=True,
+            id="f-fp8_recipe",
         )
         yield Static("Gradients (Megatron)", classes="select-label")
         yield Select(
@@ -132,6 +145,8 @@ class TrainingStep(StepPane):
         rows["lr"].value = "" if t.lr is None else f"{t.lr:g}"
         rows["steps"].value = str(t.steps)
         self.query_one("#f-precision", Select).value = t.precision.value if t.precision else AUTO
+        recipe = t.fp8_recipe if t.fp8_recipe != Fp8Recipe.DELAYED else None
+        self.query_one("#f-fp8_recipe", Select).value = recipe.value if recipe else AUTO
         self.query_one("#f-grads_bf16", Select).value = "bf16" if t.grads_bf16 else AUTO
         self.query_one("#f-moe_a2a_overlap", Select).value = "on" if t.moe_a2a_overlap else AUTO
         self.query_one("#f-optimizer", Select).value = t.optimizer.value
@@ -152,6 +167,10 @@ class TrainingStep(StepPane):
                 errs["precision"] = (
                     f"{gpu} has no FP8 tensor cores; pick bf16, or a GPU with them on Hardware"
                 )
+        recipe = self.select_value("fp8_recipe")
+        if recipe:
+            data["fp8_recipe"] = recipe
+            errs.update(_fp8_recipe_problem(recipe, data.get("precision"), self.session.spec))
         if data.get("recompute") == Recompute.LIGHT.value and not _has_light_parts(
             self.session.spec
         ):
@@ -306,3 +325,19 @@ def _has_light_parts(spec: Spec) -> bool:
     except DtrainError:
         return True
     return dims.light_recompute_frees
+
+
+def _fp8_recipe_problem(recipe: str, precision: object, spec: Spec) -> dict[str, str]:
+    """Why the FP8 scaling cannot apply (keyed by field), or nothing: it needs fp8 training,
+    and MXFP8 a GPU whose tensor cores apply MX block scales."""
+    if precision != Precision.FP8.value:
+        return {"fp8_recipe": "scales FP8 tensors: pick fp8 as the precision, or the default"}
+    gpu = spec.hardware.gpu
+    if recipe == Fp8Recipe.MXFP8.value and gpu in {g.key for g in list_gpus()}:
+        if not get_gpu(gpu).mx_formats:
+            with_mx = ", ".join(g.key for g in list_gpus() if g.mx_formats)
+            return {
+                "fp8_recipe": f"{gpu} has no MXFP8 tensor cores; pick tensorwise or blockwise, "
+                f"or a GPU with them ({with_mx}) on Hardware"
+            }
+    return {}
