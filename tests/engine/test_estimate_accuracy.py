@@ -394,3 +394,23 @@ def test_rows_are_timed_under_the_fp8_recipe_they_name(harness: ModuleType) -> N
         cs, mx = (r.measured_s * (1 + r.error) for r in pair)
         assert 1.0 < mx / cs < 1.1, gpu
         assert pair[1].measured_s > pair[0].measured_s
+
+
+def test_a_row_retimed_at_its_interleaving_gets_the_planners_choice_there(
+    harness: ModuleType,
+) -> None:
+    # Megatron-Bridge's B200 Llama 3.1 405B runs 126 layers over PP 8 x 8 virtual stages,
+    # which the planner cannot split; it plans v 2, where full recompute of one layer and no
+    # recompute are 0.1 % apart, and picks them differently for FP8-CS and FP8-MX. Re-timed
+    # at v 8 they are 8 % apart, so the harness re-makes the choice at v 8 among the plan's
+    # layouts on the same mesh: the two recipes then differ only by the block-scaled rate.
+    rows = {r.id: r for r in harness.load_rows()}
+    pred = {}
+    for recipe in ("cs", "mx"):
+        r = rows[f"mbridge2511_dgx_b200_llama3_1_405b_128gpu_fp8_{recipe}"]
+        harness.evaluate(r)
+        pred[recipe] = r.measured_s * (1 + r.error)
+        p = harness.plan(r.spec)
+        planned = harness._retimed(r.spec, p.recommended, eager=False, chunks=8)
+        assert pred[recipe] <= planned
+    assert 1.0 < pred["mx"] / pred["cs"] < 1 / 0.92
