@@ -397,8 +397,11 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             fp8_recipe=_fp8_recipe(row),
             # Megatron-Bridge's performance recipes keep bf16 gradients:
             # ``cfg.ddp.grad_reduce_in_fp32 = False`` (scripts/performance/configs/llama/
-            # llama31_llm_pretrain.py, set_llama31_common_configs).
-            grads_bf16=row["id"].startswith("mbridge") or None,
+            # llama31_llm_pretrain.py, set_llama31_common_configs); a row whose source
+            # configuration says so states it (``grad_reduce_dtype``).
+            grads_bf16=(
+                row["id"].startswith("mbridge") or tr.get("grad_reduce_dtype") == "bf16" or None
+            ),
             moe_dispatcher=_dispatcher(row),
             # Megatron's all-to-all overlap is off, its default (Megatron-LM's
             # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig

@@ -18,7 +18,7 @@ import pytest
 from engine.plan import perf
 from engine.plan.catalog import get_gpu
 from engine.plan.memory import gpu_reserves, gpu_usable_bytes
-from engine.plan.specs import Fp8Recipe
+from engine.plan.specs import Fp8Recipe, Recompute
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
@@ -414,3 +414,19 @@ def test_a_row_retimed_at_its_interleaving_gets_the_planners_choice_there(
         planned = harness._retimed(r.spec, p.recommended, eager=False, chunks=8)
         assert pred[recipe] <= planned
     assert 1.0 < pred["mx"] / pred["cs"] < 1 / 0.92
+
+
+def test_nemo_rows_state_what_their_launcher_configs_set(harness: ModuleType) -> None:
+    # NeMo 24.07's benchmarks ran the NeMo Framework Launcher's training configs: no activation
+    # checkpointing in any of them, and Nemotron-340B's (TP8 PP8 VP12) reduces its gradients
+    # in bf16 (optim.grad_sync_dtype). Stated, Nemotron-340B fits without recompute, as it ran;
+    # planned with fp32 main grads it needed MLP recompute to fit and was timed 27 % slow.
+    rows = {r.id: r for r in harness.load_rows() if r.id.startswith("nemo2407")}
+    assert len(rows) == 12
+    assert all(r.spec.layout.recompute == Recompute.NONE for r in rows.values())
+    big = rows["nemo2407_h100_Nemotron-340B_128gpu"]
+    assert big.spec.training.grads_bf16
+    assert sum(1 for r in rows.values() if r.spec.training.grads_bf16) == 1
+    harness.evaluate(big)
+    assert big.predicted.fits and big.predicted.recompute == Recompute.NONE
+    assert abs(big.error) < 0.1
