@@ -1,6 +1,6 @@
 """Step 4, the training set-up: sequence length, batch, precision (fp8 where the GPU has it, and
-its scaling recipe), Megatron's gradient precision and expert all-to-all overlap, optimizer, recompute, and the token
-budget and price the cost estimate uses.
+its scaling recipe), Megatron's gradient precision and expert all-to-all overlap, optimizer,
+recompute, and the token budget and price the cost estimate uses.
 
 The global batch is the user's: when no layout can split it over the GPUs, the planner's refusal
 is shown here, at the field, with the nearest batches that can be trained as buttons (the
