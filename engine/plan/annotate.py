@@ -213,7 +213,7 @@ def _fp8_note(ctx: PlanContext, d: LayoutDraft) -> str:
     asked = ctx.spec.training.fp8_recipe
     recipe = asked or Fp8Recipe.DELAYED
     rate = f"at the FP8 peak ({peak:g} TFLOP/s)"
-    if recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+    if recipe.block_scaled:
         rate = (
             f"at {BLOCK_SCALED_FP8_RATE:.0%} of the FP8 peak ({peak * BLOCK_SCALED_FP8_RATE:g} "
             f"of {peak:g} TFLOP/s: {recipe.value}'s block scales)"
@@ -221,7 +221,7 @@ def _fp8_note(ctx: PlanContext, d: LayoutDraft) -> str:
     how = FP8_HOW[d.framework]
     if d.framework == Framework.MEGATRON:
         how = how.format(flags=" ".join(megatron_fp8_flags(recipe)))
-    elif d.framework == Framework.FSDP and recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+    elif d.framework == Framework.FSDP and recipe.block_scaled:
         how = how.replace(
             "; the example",
             f", per tensor: for {recipe.value} convert them yourself (torchao's MXLinear, or "

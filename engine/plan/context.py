@@ -184,5 +184,5 @@ def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
 def _fp8_rate(spec: Spec) -> float:
     """The share of the FP8 peak the recipe's GEMMs reach: all of it per-tensor scaled,
     :data:`BLOCK_SCALED_FP8_RATE` block-scaled."""
-    block = spec.training.fp8_recipe in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE)
-    return BLOCK_SCALED_FP8_RATE if block else 1.0
+    recipe = spec.training.fp8_recipe
+    return BLOCK_SCALED_FP8_RATE if recipe and recipe.block_scaled else 1.0

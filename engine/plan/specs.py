@@ -55,6 +55,11 @@ class Fp8Recipe(StrEnum):
     """A scale per 1 x 128 block of activations and 128 x 128 block of weights (DeepSeek-V3's
     fine-grained quantisation; TE's Float8BlockScaling)."""
 
+    @property
+    def block_scaled(self) -> bool:
+        """A scale per block of values (MXFP8, blockwise), not one per tensor."""
+        return self in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE)
+
 
 def megatron_fp8_flags(recipe: Fp8Recipe | None) -> list[str]:
     """Megatron-LM's flags for FP8 training under ``recipe`` (None: delayed), as
