@@ -60,6 +60,7 @@ from engine.plan.perf import estimate_time  # noqa: E402
 from engine.plan.planner import plan  # noqa: E402
 from engine.plan.result import Layout  # noqa: E402
 from engine.plan.specs import (  # noqa: E402
+    CpComm,
     Fp8Recipe,
     Framework,
     HardwareSpec,
@@ -402,6 +403,9 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             grads_bf16=(
                 row["id"].startswith("mbridge") or tr.get("grad_reduce_dtype") == "bf16" or None
             ),
+            # A row states how its context parallelism moved keys and values where its source
+            # says (``cp_comm``); otherwise Megatron's default ring.
+            cp_comm=tr.get("cp_comm"),
             moe_dispatcher=_dispatcher(row),
             # Megatron's all-to-all overlap is off, its default (Megatron-LM's
             # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig
@@ -486,6 +490,7 @@ def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
         etp=lay.expert_tp,
         grads_bf16=bool(tr.grads_bf16),
         deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
+        cp_allgather=tr.cp_comm == CpComm.ALLGATHER,
         capacity=tr.moe_capacity_factor or 0.0,
     )
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from engine.errors import SpecError, validation_messages
 from engine.plan.specs import (
     Backend,
+    CpComm,
     Fp8Recipe,
     Framework,
     IntraNodeLink,
@@ -127,6 +128,16 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
     ),
     ("--optimizer", "training", "optimizer", {"choices": _choices(Optimizer)}),
     ("--recompute", "training", "recompute", {"choices": _choices(Recompute)}),
+    (
+        "--cp-comm",
+        "training",
+        "cp_comm",
+        {
+            "choices": _choices(CpComm),
+            "help": "Megatron context parallelism: p2p (default) passes keys and values round a "
+            "ring behind the attention; allgather gathers them first, exposed",
+        },
+    ),
     (
         "--moe-dispatcher",
         "training",

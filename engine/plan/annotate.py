@@ -515,6 +515,14 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
         )
     if lay.sequence_parallel and lay.tp == 1:
         out.append("layout.sequence_parallel: needs tp > 1; it has no effect here")
+    cp_comm = spec.training.cp_comm
+    if cp_comm and (lay.cp <= 1 or lay.framework != Framework.MEGATRON):
+        why = "splits no sequence (cp 1)" if lay.cp <= 1 else f"runs as {describe(lay)}"
+        out.append(
+            f"training.cp_comm: chooses how a Megatron layout's context parallelism moves keys "
+            f"and values, and this plan {why}; it has no effect here"
+            + ("" if lay.cp <= 1 else " (PyTorch-native context parallelism all-gathers them)")
+        )
     if spec.training.moe_a2a_overlap and not lay.a2a_overlap:
         out.append(
             "training.moe_a2a_overlap: needs a Megatron MoE layout with ep > 1, one pipeline stage "

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from engine.plan.annotate import describe, gib, mem_line, shortfall
 from engine.plan.context import PlanContext
-from engine.plan.memory import mtp_modules
+from engine.plan.memory import LayoutDraft, mtp_modules
+from engine.plan.perf import cp_allgathers
 from engine.plan.result import PathStep
 from engine.plan.search import (
     CLEARLY_FASTER,
@@ -316,7 +317,7 @@ def shape_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
                 answer=f"yes: cp={d.cp}" if d.cp > 1 else "yes, but cp=1",
                 reason=(
                     f"context parallelism splits the {seq}-token sequence into {d.cp} chunks of "
-                    f"{seq // d.cp} (ring attention), dividing activations by {d.cp}"
+                    f"{seq // d.cp} ({_cp_how(d)}), dividing activations by {d.cp}"
                     if d.cp > 1
                     else "activations fit without splitting the sequence"
                 ),
@@ -389,3 +390,10 @@ def _split(layers: list[int]) -> str:
     first, *mid, last = layers
     middle = f"{len(mid)}x{mid[0]}" if mid and len(set(mid)) == 1 else " + ".join(map(str, mid))
     return " + ".join(p for p in (str(first), middle, str(last)) if p)
+
+
+def _cp_how(d: LayoutDraft) -> str:
+    """How the layout's context parallelism brings each rank the other chunks' keys and values."""
+    if cp_allgathers(d):
+        return "keys and values all-gathered before the attention"
+    return "ring attention: keys and values passed round behind it"

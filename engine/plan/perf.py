@@ -680,13 +680,25 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
 
 
 def _cp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
-    """Exposed context-parallel seconds of one layer, one micro-batch (K and V passed round the
-    ring once forward, twice backward)."""
+    """Exposed context-parallel seconds of one layer, one micro-batch: the other ranks' keys
+    and values brought in for the forward and again for the backward, their gradients sent
+    back. Passed round a ring (Megatron's ``p2p``), each step's transfer runs beside the
+    attention to the chunk already there; all-gathered (:func:`cp_allgathers`), the whole
+    transfer comes before the attention and the gradients' reduce-scatter after it."""
     if d.cp <= 1:
         return 0.0
     kv = 2 * seq_len / d.cp * d.micro_batch * dims.kv_heads * dims.head_dim * _act_bytes(d) / d.tp
+    if cp_allgathers(d):
+        return 3 * gather_time(hw, kv * d.cp, d.cp, d.tp)
     vol = 3 * (d.cp - 1) * kv
     return vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
+
+
+def cp_allgathers(d: LayoutDraft) -> bool:
+    """Whether the layout's context parallelism all-gathers keys and values: a Megatron layout
+    when asked to (``--cp-comm-type allgather``), a PyTorch-native one always (PyTorch's
+    ``context_parallel``, Accelerate and the shipped trainer gather them)."""
+    return d.framework != Framework.MEGATRON or d.cp_allgather
 
 
 def _ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:

@@ -25,7 +25,15 @@ from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, estimate_memory
 from engine.plan.perf import Estimate, a2a_overlap_applies, estimate_time
 from engine.plan.result import Layout, MemoryBreakdown
-from engine.plan.specs import Framework, MoeDispatcher, Offload, PPSchedule, Recompute, Strategy
+from engine.plan.specs import (
+    CpComm,
+    Framework,
+    MoeDispatcher,
+    Offload,
+    PPSchedule,
+    Recompute,
+    Strategy,
+)
 from engine.plan.stages import stage_layers, uneven_splits, virtual_options
 from engine.plan.strategies import (
     FRAMEWORK_OF,
@@ -413,6 +421,7 @@ def _micro_steps(
                 last_stage_layers=last,
                 grads_bf16=bool(ctx.spec.training.grads_bf16),
                 deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
+                cp_allgather=ctx.spec.training.cp_comm == CpComm.ALLGATHER,
                 capacity=ctx.spec.training.moe_capacity_factor or 0.0,
             )
             # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in

@@ -81,6 +81,19 @@ class Optimizer(StrEnum):
     ADAM8BIT = "adam8bit"
 
 
+class CpComm(StrEnum):
+    """How context parallelism brings every rank the keys and values of the whole sequence
+    (Transformer Engine's ``cp_comm_type``, Megatron's ``--cp-comm-type``)."""
+
+    P2P = "p2p"
+    """Round a ring: each step sends the next rank's key/value chunk while attending to the one
+    it has, so most of the traffic hides behind the attention (Megatron's default)."""
+    ALLGATHER = "allgather"
+    """All-gather every chunk before the attention and reduce-scatter their gradients after
+    it, on the critical path: simpler and robust to masks, exposed (PyTorch's and Accelerate's
+    default; Llama 3's long-context training, Grattafiori et al. 2024, §3.3.2)."""
+
+
 class MoeDispatcher(StrEnum):
     """How Megatron moves an MoE layer's tokens to their experts and back."""
 
@@ -544,6 +557,9 @@ class TrainingSpec(_Strict):
     """Megatron (3D) layouts keep and reduce their gradients in bf16 (``--grad-reduce-in-bf16``,
     as Megatron-Bridge's performance recipes do): half the gradient memory and traffic, at some
     risk to accuracy over long runs; None or False: fp32 main grads (Megatron's default)."""
+    cp_comm: CpComm | None = None
+    """How a Megatron layout's context parallelism moves keys and values (:class:`CpComm`);
+    None: p2p, Megatron's default. PyTorch-native layouts (FSDP, Accelerate) all-gather."""
     moe_dispatcher: MoeDispatcher | None = None
     """MoE token dispatch: alltoall (None) or deepep (:class:`MoeDispatcher`)."""
     moe_a2a_overlap: bool | None = None

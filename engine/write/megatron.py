@@ -187,6 +187,8 @@ def megatron_args_list(plan: Plan) -> list[str]:
         f"--pipeline-model-parallel-size {lay.pp}",
         f"--context-parallel-size {lay.cp}",
     ]
+    if lay.cp > 1 and tr.cp_comm:
+        out.append(f"--cp-comm-type {tr.cp_comm.value}")
     if m.is_moe:
         out.append(f"--expert-model-parallel-size {lay.ep}")
         if lay.tp > 1 or lay.expert_tp > 1:

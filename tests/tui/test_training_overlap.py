@@ -1,6 +1,7 @@
 """Megatron's expert all-to-all overlap in the wizard: the Training step sets it (off by default,
 as in Megatron), and editing the step keeps the training settings it does not show (a profile's
-MoE dispatcher, capacity factor, nearest-batch switch, an explicit "no overlap")."""
+MoE dispatcher, capacity factor, nearest-batch switch, context-parallel communication, an
+explicit "no overlap")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from textual.widgets import Input, Select
 
-from engine.plan.specs import HardwareSpec, ModelSpec, MoeDispatcher, Spec, TrainingSpec
+from engine.plan.specs import CpComm, HardwareSpec, ModelSpec, MoeDispatcher, Spec, TrainingSpec
 from tests.tui.wizard_support import to_training, until
 from tui.app import DtrainApp
 
@@ -48,6 +49,7 @@ async def _kept(tmp_path: Path) -> None:
         seq_len=4096,
         global_batch=256,
         global_batch_nearest=True,
+        cp_comm=CpComm.ALLGATHER,
         moe_dispatcher=MoeDispatcher.DEEPEP,
         moe_capacity_factor=1.25,
         moe_a2a_overlap=False,
@@ -60,6 +62,7 @@ async def _kept(tmp_path: Path) -> None:
         await until(pilot, lambda: app.spec.training.seq_len == 2048, "the edit applied")
         t = app.spec.training
         assert t.global_batch_nearest is True
+        assert t.cp_comm == CpComm.ALLGATHER
         assert t.moe_dispatcher == MoeDispatcher.DEEPEP
         assert t.moe_capacity_factor == 1.25
         assert t.moe_a2a_overlap is False

@@ -190,6 +190,7 @@ class TrainingStep(StepPane):
             "reference_batch",
             "grad_clip",
             "global_batch_nearest",
+            "cp_comm",
             "moe_dispatcher",
             "moe_capacity_factor",
         ):
