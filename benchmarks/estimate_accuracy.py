@@ -490,7 +490,7 @@ def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
         etp=lay.expert_tp,
         grads_bf16=bool(tr.grads_bf16),
         deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
-        cp_allgather=tr.cp_comm == CpComm.ALLGATHER,
+        cp_comm=tr.cp_comm or CpComm.P2P,
         capacity=tr.moe_capacity_factor or 0.0,
     )
 

@@ -135,7 +135,8 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
         {
             "choices": _choices(CpComm),
             "help": "Megatron context parallelism: p2p (default) passes keys and values round a "
-            "ring behind the attention; allgather gathers them first, exposed",
+            "ring behind the attention; allgather gathers them first, exposed; a2a trades the "
+            "sequence split for a head split (Ulysses), exposed",
         },
     ),
     (

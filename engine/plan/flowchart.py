@@ -14,7 +14,7 @@ from __future__ import annotations
 from engine.plan.annotate import describe, gib, mem_line, shortfall
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, mtp_modules
-from engine.plan.perf import cp_allgathers
+from engine.plan.perf import cp_comm_of
 from engine.plan.result import PathStep
 from engine.plan.search import (
     CLEARLY_FASTER,
@@ -26,7 +26,7 @@ from engine.plan.search import (
     kernels_only,
     smallest,
 )
-from engine.plan.specs import Offload, Strategy
+from engine.plan.specs import CpComm, Offload, Strategy
 from engine.plan.stages import stage_layers
 
 __all__ = ["CLEARLY_FASTER", "choose", "narrow", "shape_steps", "walk"]
@@ -394,6 +394,9 @@ def _split(layers: list[int]) -> str:
 
 def _cp_how(d: LayoutDraft) -> str:
     """How the layout's context parallelism brings each rank the other chunks' keys and values."""
-    if cp_allgathers(d):
+    how = cp_comm_of(d)
+    if how == CpComm.ALLGATHER:
         return "keys and values all-gathered before the attention"
+    if how == CpComm.A2A:
+        return "an all-to-all gives each rank 1/cp of the heads over the whole sequence"
     return "ring attention: keys and values passed round behind it"

@@ -12,7 +12,7 @@ from engine.plan.annotate import describe, fix_hint, gib, mem_line, shortfall
 from engine.plan.context import PlanContext
 from engine.plan.result import PathStep
 from engine.plan.search import Candidate, divisors
-from engine.plan.specs import Framework, Offload, Recompute, Strategy
+from engine.plan.specs import CpComm, Framework, Offload, Recompute, Strategy, cp_splits_heads
 from engine.plan.stages import stage_layers, uneven_splits
 from engine.plan.strategies import STRATEGIES_OF, ZERO_STAGE_OF
 
@@ -82,6 +82,31 @@ def _check_model_split(ctx: PlanContext) -> None:
             f"seq_len {ctx.spec.training.seq_len} is not divisible by cp={lay.cp}; pass a cp that "
             "divides the sequence length",
             field="layout.cp",
+        )
+    _check_cp_heads(ctx)
+
+
+def _check_cp_heads(ctx: PlanContext) -> None:
+    """The all-to-all variant of context parallelism splits a TP rank's heads over the cp
+    ranks: a forced Megatron layout whose heads do not divide cannot run it."""
+    lay, dims = ctx.spec.layout, ctx.dims
+    cp, tp = lay.cp or 1, lay.tp or 1
+    # TP and PP run under Megatron only (FSDP2's context parallelism all-gathers).
+    megatron = (
+        lay.framework == Framework.MEGATRON
+        or lay.strategy == Strategy.THREE_D
+        or tp > 1
+        or (lay.pp or 1) > 1
+    )
+    if ctx.spec.training.cp_comm != CpComm.A2A or cp <= 1 or not megatron:
+        return
+    if not cp_splits_heads(dims.heads, dims.kv_heads, tp, cp):
+        raise SpecError(
+            f"--cp-comm a2a splits each TP rank's heads over the cp ranks, and tp({tp}) x "
+            f"cp({cp}) = {tp * cp} does not divide {dims.name}'s {dims.heads} query and "
+            f"{dims.kv_heads} key/value heads; use --cp-comm p2p or allgather, or a tp x cp "
+            "that divides both",
+            field="training.cp_comm",
         )
 
 

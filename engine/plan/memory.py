@@ -36,6 +36,7 @@ from functools import partial
 
 from engine.plan.result import MemoryBreakdown
 from engine.plan.specs import (
+    CpComm,
     Framework,
     ModelDims,
     Offload,
@@ -112,10 +113,10 @@ class LayoutDraft:
     """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
     Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
     sent, not 4. Only read for Megatron bf16 layouts."""
-    cp_allgather: bool = False
-    """A Megatron layout's context parallelism all-gathers its keys and values
-    (:attr:`engine.plan.specs.CpComm.ALLGATHER`) instead of passing them round a ring;
-    PyTorch-native layouts always do."""
+    cp_comm: CpComm = CpComm.P2P
+    """How a Megatron layout's context parallelism moves keys and values
+    (:class:`engine.plan.specs.CpComm`); PyTorch-native layouts always all-gather them
+    (:func:`engine.plan.perf.cp_comm_of`)."""
     a2a_overlap: bool = False
     """Megatron-Core's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm
     --delay-wgrad-compute``): one micro-batch's forward runs layer by layer beside another's

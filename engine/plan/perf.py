@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from engine.plan.memory import LayoutDraft, mtp_modules, stage_params
-from engine.plan.specs import Framework, ModelDims, Offload, Precision, Recompute, Strategy
+from engine.plan.specs import (
+    CpComm,
+    Framework,
+    ModelDims,
+    Offload,
+    Precision,
+    Recompute,
+    Strategy,
+)
 from engine.plan.stages import stage_layers
 
 
@@ -680,25 +688,36 @@ def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> 
 
 
 def _cp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
-    """Exposed context-parallel seconds of one layer, one micro-batch: the other ranks' keys
-    and values brought in for the forward and again for the backward, their gradients sent
-    back. Passed round a ring (Megatron's ``p2p``), each step's transfer runs beside the
-    attention to the chunk already there; all-gathered (:func:`cp_allgathers`), the whole
-    transfer comes before the attention and the gradients' reduce-scatter after it."""
+    """Exposed context-parallel seconds of one layer, one micro-batch (:func:`cp_comm_of`).
+    Passed round a ring (Megatron's ``p2p``), the other ranks' keys and values come in forward
+    and again backward and their gradients go back, each step's transfer beside the attention
+    to the chunk already there; all-gathered, the same bytes move before the attention and
+    after it, exposed; all-to-all (Ulysses), the rank's queries, keys and values go out to the
+    ranks holding their heads and the attention's output comes back, and the same again for
+    the gradients, exposed."""
     if d.cp <= 1:
         return 0.0
-    kv = 2 * seq_len / d.cp * d.micro_batch * dims.kv_heads * dims.head_dim * _act_bytes(d) / d.tp
-    if cp_allgathers(d):
+    t = d.micro_batch * seq_len / d.cp
+    b = _act_bytes(d)
+    kv_width = dims.kv_heads * dims.head_dim / d.tp
+    how = cp_comm_of(d)
+    if how == CpComm.A2A:
+        q_width = _attention_dim(dims) / d.tp
+        into = alltoall_time(hw, t * (q_width + 2 * kv_width) * b, d.cp, d.tp)
+        back = alltoall_time(hw, t * q_width * b, d.cp, d.tp)
+        return 2 * (into + back)
+    kv = 2 * t * kv_width * b
+    if how == CpComm.ALLGATHER:
         return 3 * gather_time(hw, kv * d.cp, d.cp, d.tp)
     vol = 3 * (d.cp - 1) * kv
     return vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
 
 
-def cp_allgathers(d: LayoutDraft) -> bool:
-    """Whether the layout's context parallelism all-gathers keys and values: a Megatron layout
-    when asked to (``--cp-comm-type allgather``), a PyTorch-native one always (PyTorch's
+def cp_comm_of(d: LayoutDraft) -> CpComm:
+    """How the layout's context parallelism moves keys and values: a Megatron layout as asked
+    (``--cp-comm-type``, p2p by default), a PyTorch-native one by all-gather (PyTorch's
     ``context_parallel``, Accelerate and the shipped trainer gather them)."""
-    return d.framework != Framework.MEGATRON or d.cp_allgather
+    return d.cp_comm if d.framework == Framework.MEGATRON else CpComm.ALLGATHER
 
 
 def _ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:

@@ -33,6 +33,7 @@ from engine.plan.specs import (
     PPSchedule,
     Recompute,
     Strategy,
+    cp_splits_heads,
 )
 from engine.plan.stages import stage_layers, uneven_splits, virtual_options
 from engine.plan.strategies import (
@@ -247,6 +248,8 @@ def _strategies(ctx: PlanContext, g: Degrees) -> list[Strategy]:
         if s == Strategy.THREE_D:
             if ctx.gpu.is_cpu and lay.strategy is None and lay.framework is None:
                 continue  # Megatron needs CUDA
+            if g.cp > 1 and not _cp_comm_runs(ctx, g):
+                continue
             if g.tp == 1 and g.pp == 1 and g.ep == 1 and lay.strategy is None:
                 if lay.framework is None:
                     continue
@@ -272,6 +275,14 @@ def _strategies(ctx: PlanContext, g: Degrees) -> list[Strategy]:
             continue
         out.append(s)
     return out
+
+
+def _cp_comm_runs(ctx: PlanContext, g: Degrees) -> bool:
+    """Whether Megatron's context parallelism can move keys and values as asked on degrees
+    ``g``: the all-to-all variant splits a TP rank's heads over the cp ranks."""
+    if ctx.spec.training.cp_comm != CpComm.A2A:
+        return True
+    return cp_splits_heads(ctx.dims.heads, ctx.dims.kv_heads, g.tp, g.cp)
 
 
 def _zero_stages(ctx: PlanContext, s: Strategy, g: Degrees) -> list[int]:
@@ -421,7 +432,7 @@ def _micro_steps(
                 last_stage_layers=last,
                 grads_bf16=bool(ctx.spec.training.grads_bf16),
                 deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
-                cp_allgather=ctx.spec.training.cp_comm == CpComm.ALLGATHER,
+                cp_comm=ctx.spec.training.cp_comm or CpComm.P2P,
                 capacity=ctx.spec.training.moe_capacity_factor or 0.0,
             )
             # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in

@@ -92,6 +92,17 @@ class CpComm(StrEnum):
     """All-gather every chunk before the attention and reduce-scatter their gradients after
     it, on the critical path: simpler and robust to masks, exposed (PyTorch's and Accelerate's
     default; Llama 3's long-context training, Grattafiori et al. 2024, §3.3.2)."""
+    A2A = "a2a"
+    """Trade the sequence split for a head split (DeepSpeed-Ulysses, Jacobs et al. 2023): an
+    all-to-all before the attention gives each rank ``1/cp`` of the heads over the whole
+    sequence, another after it gives the sequence back, all on the critical path. Needs a TP
+    rank's query and key/value heads to divide by cp (:func:`cp_splits_heads`)."""
+
+
+def cp_splits_heads(heads: int, kv_heads: int, tp: int, cp: int) -> bool:
+    """Whether ``cp`` ranks can split a TP rank's attention heads, query and key/value alike,
+    as the all-to-all variant of context parallelism (:attr:`CpComm.A2A`) does."""
+    return heads % (tp * cp) == 0 and kv_heads % (tp * cp) == 0
 
 
 class MoeDispatcher(StrEnum):

@@ -1,7 +1,8 @@
 """How context parallelism moves keys and values: Megatron passes them round a ring behind the
-attention (``--cp-comm-type p2p``, its default) or all-gathers them first, exposed
-(``allgather``, what Llama 3 trained with at 128K); PyTorch-native context parallelism
-(PyTorch's ``context_parallel``, Accelerate, the shipped trainer) all-gathers them."""
+attention (``--cp-comm-type p2p``, its default), all-gathers them first, exposed
+(``allgather``, what Llama 3 trained with at 128K), or trades the sequence split for a head
+split (``a2a``, Ulysses); PyTorch-native context parallelism (PyTorch's ``context_parallel``,
+Accelerate, the shipped trainer) all-gathers them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import SpecError
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
@@ -49,7 +51,7 @@ def test_an_all_gather_exposes_what_the_ring_hides_behind_the_attention() -> Non
     dims = resolve_model(ModelSpec(preset="llama-3-8b"))
     hw = h100_hardware(2)
     ring = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=2, cp=8)
-    gathered = replace(ring, cp_allgather=True)
+    gathered = replace(ring, cp_comm=CpComm.ALLGATHER)
     hidden = perf._cp_comm(dims, ring, hw, SEQ)
     exposed = perf._cp_comm(dims, gathered, hw, SEQ)
     # The same bytes (K and V in twice, their gradients out once): the ring leaves
@@ -59,12 +61,48 @@ def test_an_all_gather_exposes_what_the_ring_hides_behind_the_attention() -> Non
     assert perf._cp_comm(dims, replace(gathered, cp=1), hw, SEQ) == 0.0
 
 
+def test_an_all_to_all_moves_queries_and_outputs_too() -> None:
+    # Ulysses sends a rank's queries, keys and values to the ranks holding their heads and
+    # brings the output back (and the same for the gradients): for a GQA model (32 query, 8
+    # key/value heads) that is many times the keys and values a ring passes, none of it hidden.
+    dims = resolve_model(ModelSpec(preset="llama-3-8b"))
+    hw = h100_hardware(2)
+    ring = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=2, cp=4)
+    a2a = replace(ring, cp_comm=CpComm.A2A)
+    assert perf._cp_comm(dims, a2a, hw, SEQ) > 3 * perf._cp_comm(dims, ring, hw, SEQ)
+    # Inside a node (tp x cp = 8) the all-to-all rides NVLink; across two it takes the NICs.
+    across = replace(a2a, tp=1, cp=16)
+    assert perf._cp_comm(dims, across, hw, SEQ) > perf._cp_comm(
+        dims, replace(a2a, tp=1, cp=8), hw, SEQ
+    )
+
+
+def test_the_search_keeps_a2a_to_layouts_whose_heads_split() -> None:
+    # 8 key/value heads: tp x cp must divide 8 for Ulysses to split them.
+    spec = _spec(CpComm.A2A, LayoutSpec(framework=Framework.MEGATRON))
+    lay = plan(spec).recommended
+    assert lay.cp > 1 and 8 % (lay.tp * lay.cp) == 0
+    assert "--cp-comm-type a2a" in megatron_args(plan(spec)).splitlines()
+
+
+def test_a_forced_layout_whose_heads_do_not_split_is_refused_in_one_line() -> None:
+    with pytest.raises(SpecError) as err:
+        plan(_spec(CpComm.A2A))  # tp 2 x cp 8 = 16 does not divide 8 key/value heads
+    assert err.value.field == "training.cp_comm"
+    with pytest.raises(SpecError) as err:  # tp > 1 is a Megatron layout whatever the framework
+        plan(_spec(CpComm.A2A, LayoutSpec(tp=2, cp=8)))
+    assert err.value.field == "training.cp_comm"
+    assert "8 key/value heads" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_pytorch_native_context_parallelism_all_gathers_whatever_is_asked() -> None:
     dims = resolve_model(ModelSpec(preset="llama-3-8b"))
     hw = h100_hardware(2)
     fsdp = LayoutDraft(Strategy.FSDP_FULL, Framework.FSDP, dp=2, cp=8)
     assert perf._cp_comm(dims, fsdp, hw, SEQ) == pytest.approx(
-        perf._cp_comm(dims, replace(fsdp, framework=Framework.MEGATRON, cp_allgather=True), hw, SEQ)
+        perf._cp_comm(
+            dims, replace(fsdp, framework=Framework.MEGATRON, cp_comm=CpComm.ALLGATHER), hw, SEQ
+        )
     )
 
 
