@@ -21,6 +21,7 @@ def check_forced(ctx: PlanContext) -> None:
     """Refuse inconsistent forced degrees with the whole constraint in one line."""
     _check_product(ctx)
     _check_model_split(ctx)
+    _check_cp_heads(ctx)
     _check_strategy(ctx)
     _check_runs_under(ctx)
     _check_virtual_stages(ctx)
@@ -83,7 +84,6 @@ def _check_model_split(ctx: PlanContext) -> None:
             "divides the sequence length",
             field="layout.cp",
         )
-    _check_cp_heads(ctx)
 
 
 def _check_cp_heads(ctx: PlanContext) -> None:
