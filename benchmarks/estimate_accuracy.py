@@ -413,6 +413,8 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # for DeepSeek-V3's DualPipe, which is that overlap (see _DUALPIPE_CHUNKS).
             moe_a2a_overlap=_dualpipe(row),
             moe_capacity_factor=tr.get("moe_capacity_factor"),
+            # A benchmark that forced balanced routing says so (``moe_imbalance`` 1.0).
+            moe_imbalance=tr.get("moe_imbalance"),
         ),
         layout=_layout(row, _strategy(row)),
     )
@@ -492,6 +494,7 @@ def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
         deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
         cp_comm=tr.cp_comm or CpComm.P2P,
         capacity=tr.moe_capacity_factor or 0.0,
+        imbalance=tr.moe_imbalance or 0.0,
     )
 
 

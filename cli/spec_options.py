@@ -159,6 +159,16 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
             "default: dropless",
         },
     ),
+    (
+        "--moe-imbalance",
+        "training",
+        "moe_imbalance",
+        {
+            "type": number,
+            "help": "load of the busiest expert-parallel rank over the mean, if known (1.0 for "
+            "a benchmark that forces balanced routing); default: 1.15 under dropless routing",
+        },
+    ),
     ("--tokens", "training", "tokens", {"help": "token budget for the cost estimate, e.g. 1e12"}),
     ("--price", "training", "price_per_gpu_hour", {"type": number, "help": "USD per GPU-hour"}),
     ("--lr", "training", "lr", {"type": number}),

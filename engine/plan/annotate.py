@@ -546,6 +546,12 @@ def _moe_setting_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
             f"training.moe_capacity_factor: needs a mixture-of-experts model, and {name} is "
             "dense; it has no effect here (drop --moe-capacity-factor)"
         )
+    if t.moe_imbalance and not (ctx.dims.is_moe and lay.ep > 1):
+        why = "is dense" if not ctx.dims.is_moe else f"runs as {describe(lay)}, without EP"
+        out.append(
+            "training.moe_imbalance: sets the load of the busiest expert-parallel rank, and "
+            f"{name} {why}; it has no effect here (drop --moe-imbalance)"
+        )
     if t.moe_dispatcher == MoeDispatcher.DEEPEP and not (
         ctx.dims.is_moe and lay.framework == Framework.MEGATRON and lay.ep > 1
     ):

@@ -106,6 +106,9 @@ class LayoutDraft:
     """Tensor parallelism inside each expert; 0: ``tp`` (see :attr:`expert_tp`)."""
     capacity: float = 0.0
     """MoE expert capacity factor (tokens beyond it dropped); 0: dropless routing."""
+    imbalance: float = 0.0
+    """The busiest expert rank's load over the mean as the user states it
+    (:attr:`engine.plan.specs.TrainingSpec.moe_imbalance`); 0: the planner's assumption."""
     deepep: bool = False
     """MoE tokens dispatched by DeepEP (:class:`engine.plan.specs.MoeDispatcher`), not NCCL
     all-to-all: each token crosses the network once per remote node."""

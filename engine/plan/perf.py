@@ -539,13 +539,15 @@ def _routed(dims: ModelDims, d: LayoutDraft, t: float) -> float:
 
 
 def _moe_imbalance(d: LayoutDraft) -> float:
-    """The busiest expert-parallel rank's load over the mean: :data:`MOE_IMBALANCE` under
-    dropless routing; a capacity factor caps it (tokens beyond capacity are dropped). Without
-    expert parallelism every rank holds every expert and runs all ``k`` copies of its own
-    tokens however the router spreads them: there is no busiest rank to wait for."""
+    """The busiest expert-parallel rank's load over the mean: as the user states it
+    (``--moe-imbalance``), else :data:`MOE_IMBALANCE` under dropless routing; a capacity
+    factor caps it (tokens beyond capacity are dropped). Without expert parallelism every rank
+    holds every expert and runs all ``k`` copies of its own tokens however the router spreads
+    them: there is no busiest rank to wait for."""
     if d.ep <= 1:
         return 1.0
-    return min(MOE_IMBALANCE, d.capacity) if d.capacity else MOE_IMBALANCE
+    load = d.imbalance or MOE_IMBALANCE
+    return min(load, d.capacity) if d.capacity else load
 
 
 def fused_attention(d: LayoutDraft) -> bool:

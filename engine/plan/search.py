@@ -434,6 +434,7 @@ def _micro_steps(
                 deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
                 cp_comm=ctx.spec.training.cp_comm or CpComm.P2P,
                 capacity=ctx.spec.training.moe_capacity_factor or 0.0,
+                imbalance=ctx.spec.training.moe_imbalance or 0.0,
             )
             # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
             # Megatron, whose own recipes mostly leave it off (the plan says when it would be

@@ -582,6 +582,12 @@ class TrainingSpec(_Strict):
     """MoE expert capacity as a multiple of the mean load: tokens beyond it are dropped
     (Megatron's ``--moe-expert-capacity-factor``, padded to capacity so every shape is static);
     None: dropless routing (Megatron's default)."""
+    moe_imbalance: float | None = Field(default=None, ge=1, le=8)
+    """Load of the busiest expert-parallel rank over the mean, where it is known: measured on
+    the user's own router, or 1.0 for a benchmark that forces balanced routing (Megatron's
+    ``--moe-router-force-load-balancing`` and AutoModel's fake balanced gate draw random router
+    logits). None: :data:`engine.plan.perf.MOE_IMBALANCE` under dropless routing. A capacity
+    factor caps it either way. A planning input only: nothing is written for it."""
     lr: float | None = Field(default=None, gt=0, le=10)
     """Learning rate at ``reference_batch``; used for the linear LR-scaling advice."""
     reference_batch: int | None = Field(default=None, ge=1)

@@ -52,6 +52,7 @@ async def _kept(tmp_path: Path) -> None:
         cp_comm=CpComm.ALLGATHER,
         moe_dispatcher=MoeDispatcher.DEEPEP,
         moe_capacity_factor=1.25,
+        moe_imbalance=1.0,
         moe_a2a_overlap=False,
     )
     app = _app(tmp_path, given)
@@ -65,4 +66,5 @@ async def _kept(tmp_path: Path) -> None:
         assert t.cp_comm == CpComm.ALLGATHER
         assert t.moe_dispatcher == MoeDispatcher.DEEPEP
         assert t.moe_capacity_factor == 1.25
+        assert t.moe_imbalance == 1.0
         assert t.moe_a2a_overlap is False

@@ -193,6 +193,7 @@ class TrainingStep(StepPane):
             "cp_comm",
             "moe_dispatcher",
             "moe_capacity_factor",
+            "moe_imbalance",
         ):
             data.setdefault(name, getattr(old, name))
         model, problems = self.build(TrainingSpec, data, errs)
