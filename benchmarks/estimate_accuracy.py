@@ -410,8 +410,10 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # Megatron's all-to-all overlap is off, its default (Megatron-LM's
             # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig
             # moe_a2a_overlap=False), said explicitly so the plan makes no offer for it; on
-            # for DeepSeek-V3's DualPipe, which is that overlap (see _DUALPIPE_CHUNKS).
-            moe_a2a_overlap=_dualpipe(row),
+            # for DeepSeek-V3's DualPipe, which is that overlap (see _DUALPIPE_CHUNKS), and
+            # where a row's source turned it on (``moe_a2a_overlap``: the Megatron Core MoE
+            # report's "1F1B overlap: ON").
+            moe_a2a_overlap=_dualpipe(row) or tr.get("moe_a2a_overlap") is True,
             moe_capacity_factor=tr.get("moe_capacity_factor"),
             # A benchmark that forced balanced routing says so (``moe_imbalance`` 1.0).
             moe_imbalance=tr.get("moe_imbalance"),
