@@ -84,12 +84,8 @@ SCORE_BYTES: Final = 13.0
 it and writes it and its mask (5), the context GEMM reads it (2). Backward moves twice that."""
 SCORE_BYTES_NO_DROPOUT: Final = 8.0
 """The same without attention dropout (Llama-family models)."""
-FLASH_BACKWARD: Final = 3.16
-"""A fused attention's backward time over its forward's. It runs 5 matmuls to the forward's 2
-(2.5x the FLOPs) at a lower rate: cuDNN's SDPA measures 553 / 422 TFLOP/s forward / backward
-at 4K and 638 / 523 at 16K on Hopper, 1324 / 1083 and 1698 / 1298 on Blackwell (Megatron Core
-MoE report, arXiv:2603.07685, Table 9), time ratios 3.28, 3.05, 3.06 and 3.27, mean 3.16.
-Until round 15 this was the FLOP ratio, 2.5."""
+FLASH_BACKWARD: Final = 2.5
+"""FlashAttention's backward runs 5 matmuls to the forward's 2."""
 ELEMENTWISE_BYTES: Final = 34.0
 """HBM bytes per token per hidden unit one layer's forward moves outside GEMMs (norms, residual
 adds, dropout, activation, rotary, bias: reads and writes in 16 bit); backward moves twice."""
