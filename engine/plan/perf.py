@@ -85,7 +85,12 @@ it and writes it and its mask (5), the context GEMM reads it (2). Backward moves
 SCORE_BYTES_NO_DROPOUT: Final = 8.0
 """The same without attention dropout (Llama-family models)."""
 FLASH_BACKWARD: Final = 2.5
-"""FlashAttention's backward runs 5 matmuls to the forward's 2."""
+"""FlashAttention's backward runs 5 matmuls to the forward's 2. It runs them at a lower rate
+(cuDNN's SDPA: 3.05-3.28x the forward's time; Megatron Core MoE report, arXiv:2603.07685,
+Table 9), but the per-GPU attention rates (:data:`engine.plan.catalog.HOPPER_FA3` and its
+kin) are forward-and-backward-together rates, so that is already in them: Table 9's Hopper
+kernel at 4K, 553 / 422 TFLOP/s, is 453 together, HOPPER_FA3's 454. Timing the backward at
+3.16x on top of them would count it twice (round 15 tried it and took it back)."""
 ELEMENTWISE_BYTES: Final = 34.0
 """HBM bytes per token per hidden unit one layer's forward moves outside GEMMs (norms, residual
 adds, dropout, activation, rotary, bias: reads and writes in 16 bit); backward moves twice."""
