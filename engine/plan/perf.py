@@ -64,8 +64,14 @@ class Overlap:
     megatron: Final = 0.6
     """Megatron's data-parallel reduction (3D layouts), behind the last micro-batch's backward."""
     pp: Final = 0.5
-    ep: Final = 0.2
     cp: Final = 0.7
+
+
+# The expert-parallel all-to-all has no share constant here: Megatron-Core's MoE layer runs
+# permute, dispatch, experts, combine, unpermute one after another on the compute stream, so
+# nothing hides the dispatch and combine unless a schedule is built for it: the combined 1F1B
+# of ``--overlap-moe-expert-parallel-comm`` (:func:`a2a_overlap_applies`) or the shared
+# expert on its own stream (:func:`shared_expert_overlap`).
 
 
 GEMM_HALF_DIM: Final = 128
@@ -467,6 +473,9 @@ class LayerForward(NamedTuple):
     elementwise: float
     mlp: float = 0.0
     """The MLP's share of ``gemm`` (what an MLP-only recompute runs again)."""
+    shared: float = 0.0
+    """The shared experts' share of ``mlp`` (what can run beside the dispatch and combine,
+    :func:`shared_expert_overlap`)."""
     light: float = 0.0
     """What a light recompute runs again: the norms, the experts' activation, MLA's
     up-projections."""
@@ -486,6 +495,7 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
     sec = _projections(dims, t, tp, gemm)
     mats = 2 if dims.gated_mlp else 1
     k_active = dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
+    shared = 0.0
     if dims.is_moe:
         # Folded experts (EP over TP ranks, :func:`expert_tp`) route each TP rank's own
         # sequence-parallel share of the tokens and run whole expert widths.
@@ -502,7 +512,8 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
             # Shared experts: one dense MLP every token passes through, split like the dense
             # MLP over TP (Megatron-Core's SharedExpertMLP), never dispatched.
             width = dims.shared_experts * dims.ffn / tp
-            mlp += gemm(t, mats * width, h) + gemm(t, h, width)
+            shared = gemm(t, mats * width, h) + gemm(t, h, width)
+            mlp += shared
         sec += mlp + gemm(t, dims.num_experts, h)
     else:
         mlp = gemm(t, mats * dims.ffn / tp, h) + gemm(t, h, dims.ffn / tp)
@@ -519,7 +530,7 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         # each copy read and written once each way.
         elem += 4 * _routed(dims, d, t) * h * _act_bytes(d) / hw.hbm_bytes_per_s
     light = _light_forward(dims, d, hw, t, gemm) if d.recompute == Recompute.LIGHT else 0.0
-    return LayerForward(sec, attn, elem + fixed, mlp, light)
+    return LayerForward(sec, attn, elem + fixed, mlp, shared, light)
 
 
 def _light_forward(
@@ -690,8 +701,8 @@ def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad:
 def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
     """Exposed context-parallel (ring passes of K and V) and expert-parallel (all-to-all
     dispatch and combine, forward and backward) seconds of one layer, one micro-batch, without
-    Megatron's all-to-all overlap (see :func:`_layer_costs` for it)."""
-    return _cp_comm(dims, d, hw, seq_len) + _ep_comm(dims, d, hw, seq_len) * (1 - Overlap.ep)
+    Megatron's all-to-all overlap or a shared expert beside it (see :func:`_layer_costs`)."""
+    return _cp_comm(dims, d, hw, seq_len) + _ep_comm(dims, d, hw, seq_len)
 
 
 def _cp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
@@ -763,6 +774,24 @@ def a2a_overlap_applies(dims: ModelDims, d: LayoutDraft) -> bool:
         and (d.pp == 1 or d.virtual_stages > 1)
         and d.recompute != Recompute.FULL
         and d.zero_stage < 3
+    )
+
+
+def shared_expert_overlap(dims: ModelDims, d: LayoutDraft) -> bool:
+    """Whether the shared expert runs beside the dispatch and combine: Megatron-Core's
+    ``--moe-shared-expert-overlap`` ("overlapping between shared expert computations and
+    dispatcher communications; without this, the shared experts execute after the routed
+    experts", its ``TransformerConfig``) puts it on a side stream, for the all-to-all
+    dispatcher (DeepEP's kernels hold the SMs it would run on). The written Megatron
+    arguments turn it on exactly when this holds (:mod:`engine.write.megatron`); the combined
+    1F1B of the all-to-all overlap schedules the shared expert itself."""
+    return (
+        d.framework == Framework.MEGATRON
+        and dims.is_moe
+        and dims.shared_experts > 0
+        and d.ep > 1
+        and not d.deepep
+        and not (d.a2a_overlap and a2a_overlap_applies(dims, d))
     )
 
 
@@ -891,8 +920,12 @@ def _layer_costs(
         hidden = min(ep, per_layer)
         per_layer += A2A_OVERLAP_SM_SHARE * hidden
         comm += ep - hidden
+    elif shared_expert_overlap(dims, d):
+        # The shared expert's first linear runs beside the dispatch, its second beside the
+        # combine, forward and backward: it hides as much of them as it takes.
+        comm += ep - min(ep, 3 * f.shared)
     else:
-        comm += ep * (1 - Overlap.ep)
+        comm += ep
     return per_layer, layer_bwd, comm
 
 
