@@ -16,6 +16,7 @@ from engine.plan.perf import (
     UNALIGNED_GEMM_SLOWDOWN,
     estimate_time,
     padded_vocab,
+    shared_expert_overlap,
     unpadded_vocab_seconds,
 )
 from engine.plan.result import Layout, MemoryBreakdown
@@ -192,6 +193,12 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "expert all-to-all overlapped: each micro-batch's forward runs beside another's "
             "backward, hiding its dispatch and combine (Megatron's "
             "--overlap-moe-expert-parallel-comm)"
+        )
+    elif shared_expert_overlap(ctx.dims, d):
+        out.append(
+            "the shared expert runs beside the expert all-to-all, hiding part of the dispatch "
+            "and combine (Megatron's --moe-shared-expert-overlap); the rest is on the critical "
+            "path"
         )
     out += _dispatcher_hint(ctx, c)
     extra = unpadded_vocab_seconds(ctx.dims, d, ctx.hw, ctx.spec.training.seq_len)

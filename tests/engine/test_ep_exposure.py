@@ -95,7 +95,8 @@ def _small_deepseek(tmp_path: Path) -> ModelSpec:
     return ModelSpec(config_path=path)
 
 
-def _args(model: ModelSpec, **training: object) -> list[str]:
+def _args(model: ModelSpec, **training: object) -> tuple[list[str], list[str]]:
+    """The written Megatron arguments and the plan's notes."""
     p = plan(
         Spec(
             model=model,
@@ -105,13 +106,18 @@ def _args(model: ModelSpec, **training: object) -> list[str]:
         )
     )
     assert p.recommended.ep == 16
-    return [line for line in megatron_args(p).splitlines() if not line.startswith("#")]
+    args = [line for line in megatron_args(p).splitlines() if not line.startswith("#")]
+    return args, p.recommended.notes
 
 
 def test_the_arguments_turn_on_what_the_time_model_counts(tmp_path: Path) -> None:
     flag = "--moe-shared-expert-overlap"
     shared = _small_deepseek(tmp_path)
     assert resolve_model(shared).shared_experts == 1
-    assert flag in _args(shared)
-    assert flag not in _args(shared, moe_dispatcher=MoeDispatcher.DEEPEP)
-    assert flag not in _args(ROUTED)  # no shared expert to run beside it
+    args, notes = _args(shared)
+    assert flag in args
+    assert any(flag in n for n in notes)  # and the plan says so
+    for other in (_args(shared, moe_dispatcher=MoeDispatcher.DEEPEP), _args(ROUTED)):
+        args, notes = other  # DeepEP; no shared expert to run beside it
+        assert flag not in args
+        assert not any(flag in n for n in notes)
