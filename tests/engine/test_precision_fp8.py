@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from engine.errors import SpecError
+from engine.plan import perf
 from engine.plan.catalog import get_gpu
 from engine.plan.context import hardware
 from engine.plan.memory import LayoutDraft, model_states
+from engine.plan.models import resolve_model
 from engine.plan.perf import _grad_reduce_bytes
 from engine.plan.planner import plan
 from engine.plan.specs import (
@@ -298,3 +300,37 @@ def test_a_block_scaled_fsdp_plan_says_accelerates_float8_is_per_tensor() -> Non
     assert "convert them yourself" not in next(
         n for n in plan(tensorwise).recommended.notes if n.startswith("fp8")
     )
+
+
+def _cast_share(model: ModelSpec, monkeypatch: pytest.MonkeyPatch, **layout: int) -> float:
+    """Share of a layer's FP8 linear time that is casting into FP8 (an H100, 4096 tokens a
+    sequence)."""
+    dims = resolve_model(model)
+    gpu = get_gpu("h100-sxm")
+    hw = hardware(_spec(Precision.FP8), gpu, Precision.FP8)
+    d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, **layout)  # type: ignore[arg-type]
+    with_casts = perf._layer_forward(dims, d, hw, 4096).gemm
+    monkeypatch.setattr(perf, "FP8_CAST_BYTES", 0.0)
+    without = perf._layer_forward(dims, d, hw, 4096).gemm
+    monkeypatch.undo()
+    return with_casts / without - 1
+
+
+def test_casting_into_fp8_weighs_on_thin_gemms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An FP8 linear reads its 16-bit input and writes two FP8 copies of it (and the same of its
+    # output's gradient): bytes that grow with k + n where the FLOPs grow with k·n. A wide
+    # dense layer hardly notices (405B at TP 8: about 5 %); a layer of fine-grained experts
+    # (Qwen3-30B-A3B's, 768 wide) spends a quarter more.
+    # (Micro-batch 8 for the experts, so that their GEMMs outlast launching them.)
+    wide = _cast_share(ModelSpec(preset="llama-3.1-405b"), monkeypatch, tp=8, dp=1, micro_batch=1)
+    thin = _cast_share(ModelSpec(preset="qwen3-30b-a3b"), monkeypatch, dp=8, ep=8, micro_batch=8)
+    assert 0 < wide < 0.08
+    assert thin > 0.2
+    assert thin > 4 * wide
+    dims = resolve_model(ModelSpec(preset="llama-3-8b"))
+    bf16 = hardware(_spec(Precision.BF16), get_gpu("h100-sxm"), Precision.BF16)
+    assert not perf.fp8_linears(bf16)
+    d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=2, dp=4, micro_batch=1)
+    base = perf._layer_forward(dims, d, bf16, 4096).gemm
+    monkeypatch.setattr(perf, "FP8_CAST_BYTES", 0.0)
+    assert perf._layer_forward(dims, d, bf16, 4096).gemm == base  # bf16 casts nothing
