@@ -181,8 +181,9 @@ transposed copy the other backward GEMM needs (Transformer Engine's ``cast_trans
 MXFP8's row- and column-wise blocks). A GEMM of ``m x k`` by ``k x n`` thus moves
 ``4·m·(k + n)`` bytes of casts besides its ``2·m·n·k`` FLOPs forward and ``4·m·n·k`` backward:
 a few per cent of a wide dense layer's linear time (Llama 3 405B at TP 8: 5 %), a quarter of
-a fine-grained expert layer's on an H100 (Qwen3-30B-A3B's 768-wide experts: the cast bytes grow
-with ``k + n``, the FLOPs with ``k·n``). Weights are quantized once a step (the first micro-batch's) and not counted."""
+a fine-grained expert layer's on an H100 (Qwen3-30B-A3B's 768-wide experts: the cast bytes
+grow with ``k + n``, the FLOPs with ``k·n``). Weights are quantized once a step (the first
+micro-batch's) and not counted."""
 DS_GATHER_EFFICIENCY: Final = 0.5
 """Share of the bus bandwidth DeepSpeed ZeRO-3's parameter all-gather reaches: it gathers into
 a list of per-rank tensors and copies them into place (``torch.distributed.all_gather``), where
@@ -529,8 +530,9 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
             width = dims.shared_experts * dims.ffn / tp
             shared = gemm(t, mats * width, h) + gemm(t, h, width)
             mlp += shared
-        # The router's GEMM: whole on every rank, kept out of FP8 (Megatron-Core's
-        # --moe-router-dtype), so it has no casts.
+        # The router's GEMM, whole on every rank: not one of Transformer Engine's FP8 linears
+        # (Megatron-Core's router multiplies in bf16, or fp32 with --moe-router-dtype), so it
+        # casts nothing.
         e = dims.num_experts
         sec += mlp + 2 * t * e * h / (rate * gemm_shape_efficiency(t, e, h))
     else:
@@ -804,10 +806,11 @@ def shared_expert_overlap(dims: ModelDims, d: LayoutDraft) -> bool:
     """Whether the shared expert runs beside the dispatch and combine: Megatron-Core's
     ``--moe-shared-expert-overlap`` ("overlapping between shared expert computations and
     dispatcher communications; without this, the shared experts execute after the routed
-    experts", its ``TransformerConfig``) puts it on a side stream, for the all-to-all
-    dispatcher (DeepEP's kernels hold the SMs it would run on). The written Megatron
-    arguments turn it on exactly when this holds (:mod:`engine.write.megatron`); the combined
-    1F1B of the all-to-all overlap schedules the shared expert itself."""
+    experts", its ``TransformerConfig``) puts it on a side stream. Megatron-Core allowed it
+    with the all-to-all dispatcher only, and Megatron-Bridge's DeepEP recipes leave it off, so
+    it is not assumed under DeepEP. The written Megatron arguments turn it on exactly when
+    this holds (:mod:`engine.write.megatron`); the combined 1F1B of the all-to-all overlap
+    schedules the shared expert itself."""
     return (
         d.framework == Framework.MEGATRON
         and dims.is_moe
