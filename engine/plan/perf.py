@@ -807,8 +807,8 @@ def shared_expert_overlap(dims: ModelDims, d: LayoutDraft) -> bool:
     ``--moe-shared-expert-overlap`` ("overlapping between shared expert computations and
     dispatcher communications; without this, the shared experts execute after the routed
     experts", its ``TransformerConfig``) puts it on a side stream. Megatron-Core allowed it
-    with the all-to-all dispatcher only, and Megatron-Bridge's DeepEP recipes leave it off, so
-    it is not assumed under DeepEP. The written Megatron arguments turn it on exactly when
+    with the all-to-all dispatcher only, and Megatron-Bridge turns it off whenever it applies
+    DeepEP or HybridEP (``apply_flex_dispatcher_backend``), so it is not assumed under DeepEP. The written Megatron arguments turn it on exactly when
     this holds (:mod:`engine.write.megatron`); the combined 1F1B of the all-to-all overlap
     schedules the shared expert itself."""
     return (
