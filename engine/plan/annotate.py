@@ -194,7 +194,7 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "backward, hiding its dispatch and combine (Megatron's "
             "--overlap-moe-expert-parallel-comm)"
         )
-    elif shared_expert_overlap(ctx.dims, d):
+    elif shared_expert_overlap(ctx.dims, d.framework, d.ep, deepep=d.deepep):
         out.append(
             "the shared expert runs beside the expert all-to-all, hiding part of the dispatch "
             "and combine (Megatron's --moe-shared-expert-overlap); the rest is on the critical "

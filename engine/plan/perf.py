@@ -802,22 +802,22 @@ def a2a_overlap_applies(dims: ModelDims, d: LayoutDraft) -> bool:
     )
 
 
-def shared_expert_overlap(dims: ModelDims, d: LayoutDraft) -> bool:
-    """Whether the shared expert runs beside the dispatch and combine: Megatron-Core's
+def shared_expert_overlap(dims: ModelDims, framework: Framework, ep: int, *, deepep: bool) -> bool:
+    """Whether the shared expert runs beside the dispatch and combine where the all-to-all
+    overlap does not (its combined 1F1B schedules the shared expert itself): Megatron-Core's
     ``--moe-shared-expert-overlap`` ("overlapping between shared expert computations and
     dispatcher communications; without this, the shared experts execute after the routed
     experts", its ``TransformerConfig``) puts it on a side stream. Megatron-Core allowed it
     with the all-to-all dispatcher only, and Megatron-Bridge turns it off whenever it applies
-    DeepEP or HybridEP (``apply_flex_dispatcher_backend``), so it is not assumed under DeepEP. The written Megatron arguments turn it on exactly when
-    this holds (:mod:`engine.write.megatron`); the combined 1F1B of the all-to-all overlap
-    schedules the shared expert itself."""
+    DeepEP or HybridEP (``apply_flex_dispatcher_backend``), so it is not assumed under DeepEP.
+    The time model and the written Megatron arguments (:mod:`engine.write.megatron`) both ask
+    this function."""
     return (
-        d.framework == Framework.MEGATRON
+        framework == Framework.MEGATRON
         and dims.is_moe
         and dims.shared_experts > 0
-        and d.ep > 1
-        and not d.deepep
-        and not (d.a2a_overlap and a2a_overlap_applies(dims, d))
+        and ep > 1
+        and not deepep
     )
 
 
@@ -946,7 +946,7 @@ def _layer_costs(
         hidden = min(ep, per_layer)
         per_layer += A2A_OVERLAP_SM_SHARE * hidden
         comm += ep - hidden
-    elif shared_expert_overlap(dims, d):
+    elif shared_expert_overlap(dims, d.framework, d.ep, deepep=d.deepep):
         # The shared expert's first linear runs beside the dispatch, its second beside the
         # combine, forward and backward: it hides as much of them as it takes.
         comm += ep - min(ep, 3 * f.shared)

@@ -25,6 +25,7 @@ Flag names follow Megatron-LM's ``megatron/training/arguments.py`` (NVIDIA/Megat
 from __future__ import annotations
 
 from engine.errors import DtrainError
+from engine.plan.perf import shared_expert_overlap
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import (
     ModelDims,
@@ -301,9 +302,14 @@ def megatron_args_list(plan: Plan) -> list[str]:
             # One micro-batch's forward beside another's backward, each hiding the other's
             # all-to-all (Megatron-Core's combined 1F1B; the weight gradients wait for it).
             out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
-        elif m.shared_experts and lay.ep > 1 and tr.moe_dispatcher != MoeDispatcher.DEEPEP:
+        elif shared_expert_overlap(
+            m,
+            lay.framework,
+            lay.ep,
+            deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
+        ):
             # The shared expert on a side stream beside the dispatch and combine, as the time
-            # model counts it (engine.plan.perf.shared_expert_overlap).
+            # model counts it.
             out.append("--moe-shared-expert-overlap")
         if tr.moe_capacity_factor:
             # Token-drop training as the time model assumes it: every expert's input padded to

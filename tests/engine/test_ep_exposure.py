@@ -54,25 +54,21 @@ def test_without_a_schedule_for_it_the_whole_all_to_all_is_waited_for() -> None:
     assert ep > 0
     # TP 1, CP 1: the layer's exposed traffic is its dispatch and combine, all of them.
     assert perf._layer_costs(dims, d, hw, 4096)[2] == pytest.approx(ep)
-    assert not perf.shared_expert_overlap(dims, d)
 
 
 def test_a_shared_expert_beside_the_dispatch_hides_what_it_takes() -> None:
     dims, d, hw = _shared_dims(), _draft(), h100_hardware(4)
-    assert perf.shared_expert_overlap(dims, d)
     ep = perf._ep_comm(dims, d, hw, 4096)
     shared = perf._layer_forward(dims, d, hw, 4096).shared
     assert 0 < 3 * shared < ep  # across four nodes the all-to-all outlasts it
     exposed = perf._layer_costs(dims, d, hw, 4096)[2]
     assert exposed == pytest.approx(ep - 3 * shared)
-    # DeepEP's kernels, or the combined 1F1B that schedules the shared expert itself, leave it
-    # out; so does a stack other than Megatron-Core.
-    for other in (
-        replace(d, deepep=True),
-        replace(d, pp=1, dp=32, a2a_overlap=True),
-        replace(d, framework=Framework.FSDP),
-    ):
-        assert not perf.shared_expert_overlap(dims, other), other
+    # Under DeepEP (Megatron-Bridge turns the overlap off there) and on a stack other than
+    # Megatron-Core the shared expert runs after the routed ones: all of the all-to-all waits.
+    for other in (replace(d, deepep=True), replace(d, framework=Framework.FSDP)):
+        assert perf._layer_costs(dims, other, hw, 4096)[2] == pytest.approx(
+            perf._ep_comm(dims, other, hw, 4096)
+        ), other
 
 
 def _small_deepseek(tmp_path: Path) -> ModelSpec:
