@@ -469,6 +469,27 @@ def _batch_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     return out
 
 
+def _exposed_traffic(ctx: PlanContext, lay: Layout) -> str:
+    """What the exposed time of ``lay`` is and what would shrink it. Offload's PCIe copies and
+    CPU optimizer step count as exposed, and a one-node layout's traffic never touches the
+    network, so neither gets told to buy a faster one."""
+    share = f"({lay.comm_time_s:.3g} s of the {lay.step_time_s:.3g} s step is exposed)"
+    if lay.offload != Offload.NONE:
+        return (
+            f"CPU offload dominates {share}: its PCIe copies and the CPU optimizer step; more "
+            "GPUs to shard the model over (less to offload) would help"
+        )
+    if ctx.nodes == 1:
+        return (
+            f"communication inside the node dominates {share}; a larger micro-batch or fewer "
+            "ranks in each collective would help (the network is not involved)"
+        )
+    return (
+        f"communication dominates {share}; a faster network, a larger micro-batch or fewer "
+        "GPUs would help"
+    )
+
+
 def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     spec = ctx.spec
     dims = ctx.dims
@@ -495,9 +516,8 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     exposed = lay.comm_time_s / lay.step_time_s if lay.step_time_s else 0.0
     if lay.fits and lay.scaling_efficiency < MIN_SCALING and exposed >= COMM_DOMINATES:
         out.append(
-            f"scaling efficiency {lay.scaling_efficiency:.0%} < {MIN_SCALING:.0%}: communication "
-            f"dominates ({lay.comm_time_s:.3g} s of the {lay.step_time_s:.3g} s step is exposed); "
-            "a faster network, a larger micro-batch or fewer GPUs would help"
+            f"scaling efficiency {lay.scaling_efficiency:.0%} < {MIN_SCALING:.0%}: "
+            f"{_exposed_traffic(ctx, lay)}"
         )
     if spec.training.grads_bf16 and (
         lay.framework != Framework.MEGATRON or lay.precision not in (Precision.BF16, Precision.FP8)
