@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -291,7 +292,11 @@ def test_the_attention_probe_runs_records_alone_and_reports(
     rows = json.loads((out / "attention.json").read_text())["rows"]
     assert rows == doc["rows"] and {r["backend"] for r in rows} == set(sweep.ATTENTION_BACKENDS)
     timed = [r for r in rows if "fwd_bwd_s" in r]
-    assert timed and all(r["fwd_bwd_s"] > r["fwd_s"] > 0 for r in timed)
+    # Both passes timed. Not their order: on a busy CPU two timings of a 128-token dry run can
+    # come out either way (a forward measured slower than its forward + backward failed CI once).
+    assert timed and all(
+        math.isfinite(r[k]) and r[k] > 0 for r in timed for k in ("fwd_s", "fwd_bwd_s")
+    )
     data = tmp_path / "gpu_runs.json"
     data.write_text((ROOT / "tests" / "data" / "gpu_runs.json").read_text())
     monkeypatch.setattr(sweep, "DATA", data)
