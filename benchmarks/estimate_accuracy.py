@@ -687,7 +687,12 @@ def report(rows: list[Row], verbose: bool) -> dict[str, float]:
         rhos, hits = [], []
         for sw in sweeps([r for r in ok if r.held_out == (tag == "held")]):
             rho, hit = sw.figures()
-            print(f"  {tag:4s} {sw.key:70s} n={len(sw.rows)} rho={rho:+.2f} best_ok={hit}")
+            gpus = "/".join(
+                str(g) for g in sorted({r.raw["hardware"]["total_gpus"] for r in sw.rows})
+            )
+            print(
+                f"  {tag:4s} {sw.key:70s} n={len(sw.rows)} gpus={gpus} rho={rho:+.2f} best_ok={hit}"
+            )
             if not math.isnan(rho):
                 rhos.append(rho)
             hits.append(hit)
