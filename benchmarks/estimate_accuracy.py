@@ -21,14 +21,15 @@ row stating plain 1F1B is not interleaved. torchtitan's Grand Teton H100s are th
 The rows are split by SOURCE into a calibration set (Narayanan 2021, Korthikanti 2022,
 torchtitan, and for MoE the MoE Parallel Folding paper, Liu et al. 2025), on which the model's
 few global efficiency parameters were chosen, and a held-out
-set (NeMo, Megatron-Bridge, AutoModel, Llama 3, BLOOM, BigScience's tr11 topology sweep) that
-was never used to tune it.
+set (NeMo, Megatron-Bridge, AutoModel, Llama 3, BLOOM, BigScience's tr11 topology sweep,
+MosaicML's MPT benchmarks under FSDP) that was never used to tune it.
 
 Printed: one line per row (``-v``), MAPE per source and per set, the rank correlation (Spearman)
-of per-GPU throughput inside each sweep (same source, model, GPU type, sequence length and
-precision, several layouts), whether the layout predicted fastest in each sweep measures within
-5 % of the sweep's best, and whether every layout that really trained on an 80 GB GPU is judged
-to fit. Last line, for scripts::
+of per-GPU throughput inside each layout sweep (same source, model, GPU type, sequence length,
+precision and GPU count, several layouts), whether the layout predicted fastest in each sweep
+measures within 5 % of the sweep's best (the same again across GPU counts, as ``*_scale_*``),
+and whether every layout that really trained on an 80 GB GPU is judged to fit. Last line, for
+scripts::
 
     cal_mape=0.123 held_mape=0.145 all_mape=0.130 cal_spearman=0.9 ... mem_unfit=0
 
@@ -93,6 +94,7 @@ _GPU_KEYS = (
     ("h200", "h200"),
     ("hbm2e", "h100-sxm-500w"),  # torchtitan's Grand Teton H100s: 96GB HBM2e, 500 W
     ("h100", "h100-sxm"),
+    ("a10040gb", "a100-40gb"),
     ("a100", "a100-80gb"),
     ("b200", "b200"),
 )
@@ -203,6 +205,9 @@ def _network(row_id: str, gpu: str) -> NetworkSpec:
         return NetworkSpec(tier=NetworkTier.ROCE, bandwidth_gbps=3200)
     if row_id.startswith(("bloom", "bigscience")):
         return NetworkSpec(tier=NetworkTier.IB, bandwidth_gbps=50)
+    if row_id.startswith("llmfoundry_a100"):
+        # MosaicML's A100 tables: "1600 Gbps node-node interconnect (RoCE)".
+        return NetworkSpec(tier=NetworkTier.ROCE, bandwidth_gbps=1600)
     if gpu.startswith("a100"):
         return NetworkSpec(tier=NetworkTier.IB_HDR)
     if gpu in ("b300", "gb300"):
@@ -359,6 +364,8 @@ def _strategy(row: dict[str, Any]) -> Strategy:
         return Strategy.FSDP_FULL
     if row["id"].startswith("automodel") and tp == 1 and pp == 1 and ep == 1:
         return Strategy.FSDP_FULL
+    if row["id"].startswith("llmfoundry"):
+        return Strategy.FSDP_FULL  # Composer's FSDP, FULL_SHARD
     return Strategy.THREE_D
 
 
@@ -417,6 +424,10 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             moe_capacity_factor=tr.get("moe_capacity_factor"),
             # A benchmark that forced balanced routing says so (``moe_imbalance`` 1.0).
             moe_imbalance=tr.get("moe_imbalance"),
+            # llm-foundry's MPT computes its loss with flash-attn's fused CrossEntropyLoss
+            # (``loss_fn`` defaults to ``fused_crossentropy``: llmfoundry/models/mpt/
+            # modeling_mpt.py, ComposerMPTCausalLM).
+            fused_cross_entropy=row["id"].startswith("llmfoundry") or None,
         ),
         layout=_layout(row, _strategy(row)),
     )
@@ -493,6 +504,7 @@ def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
         **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)},
         etp=lay.expert_tp,
         grads_bf16=bool(tr.grads_bf16),
+        fused_ce=bool(tr.fused_cross_entropy),
         deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
         cp_comm=tr.cp_comm or CpComm.P2P,
         capacity=tr.moe_capacity_factor or 0.0,
@@ -602,10 +614,13 @@ class Sweep:
         return rho, meas[pick] >= (1 - BEST_WITHIN) * max(meas)
 
 
-def sweeps(rows: list[Row]) -> list[Sweep]:
-    """Rows of one source, model, GPU type, sequence length and precision with at least two
-    distinct forced layouts (a row whose spec repeats another's, e.g. the same layout with
-    torch.compile, is left out: the model cannot tell them apart)."""
+def sweeps(rows: list[Row], *, by_size: bool = True) -> list[Sweep]:
+    """Layout sweeps: rows of one source, model, GPU type, sequence length, precision and GPU
+    count with at least two distinct forced layouts (a row whose spec repeats another's, e.g.
+    the same layout with torch.compile, is left out: the model cannot tell them apart). The
+    layouts a planner chooses between for one job. ``by_size=False``: across GPU counts too,
+    which adds scale series (one layout at 16 to 128 GPUs, where per-GPU throughput barely
+    moves and its ranks are noise; a cluster size is not a layout choice)."""
     groups: dict[str, list[Row]] = defaultdict(list)
     seen: set[str] = set()
     for r in rows:
@@ -618,6 +633,8 @@ def sweeps(rows: list[Row]) -> list[Sweep]:
         t = r.spec.training
         prec = "fp8" if is_fp8(r.raw) else t.precision
         key = f"{r.source}|{r.raw['model']['name']}|{r.spec.hardware.gpu}|{t.seq_len}|{prec}"
+        if by_size:
+            key += f"|{r.raw['hardware']['total_gpus']}"
         groups[key].append(r)
     return [Sweep(k, v) for k, v in groups.items() if len(v) >= 2]
 
@@ -682,22 +699,8 @@ def report(rows: list[Row], verbose: bool) -> dict[str, float]:
             if errs:
                 out[f"{name}_{kind}_mape"] = mape(errs)
                 print(f"  {name:4s} {kind:5s} n={len(errs):3d} MAPE {mape(errs):6.1%}")
-    print("\nSweeps (Spearman of tokens/s per GPU; predicted fastest within 5 % of measured best):")
-    for tag in ("cal", "held"):
-        rhos, hits = [], []
-        for sw in sweeps([r for r in ok if r.held_out == (tag == "held")]):
-            rho, hit = sw.figures()
-            gpus = "/".join(
-                str(g) for g in sorted({r.raw["hardware"]["total_gpus"] for r in sw.rows})
-            )
-            print(
-                f"  {tag:4s} {sw.key:70s} n={len(sw.rows)} gpus={gpus} rho={rho:+.2f} best_ok={hit}"
-            )
-            if not math.isnan(rho):
-                rhos.append(rho)
-            hits.append(hit)
-        out[f"{tag}_spearman"] = statistics.fmean(rhos) if rhos else math.nan
-        out[f"{tag}_best_ok"] = sum(hits) / len(hits) if hits else math.nan
+    _sweep_figures(ok, out, by_size=True)
+    _sweep_figures(ok, out, by_size=False)
     bad = memory_check(ok)
     print(f"\nLayouts that trained on 80 GB GPUs judged not to fit: {len(bad)}")
     for r in bad:
@@ -711,6 +714,33 @@ def report(rows: list[Row], verbose: bool) -> dict[str, float]:
         print(f"  planned as {fw:9s} n={len(errs):3d} MAPE {mape(errs):6.1%} bias {bias:+6.1%}")
     out["skipped"] = len(rows) - len(ok)
     return out
+
+
+def _sweep_figures(ok: list[Row], out: dict[str, float], *, by_size: bool) -> None:
+    """Print each sweep's Spearman and whether its predicted-fastest layout measures within
+    5 % of its best; set ``{cal,held}_spearman`` / ``_best_ok`` (layout sweeps, one GPU
+    count) or ``{cal,held}_scale_spearman`` / ``_best_ok`` (across GPU counts too)."""
+    if by_size:
+        print("\nLayout sweeps, one GPU count (Spearman of tokens/s per GPU; predicted fastest")
+        print("within 5 % of measured best):")
+    else:
+        print("\nAcross GPU counts too (adds scale series: one layout at several cluster sizes):")
+    suffix = "" if by_size else "_scale"
+    for tag in ("cal", "held"):
+        rhos, hits = [], []
+        for sw in sweeps([r for r in ok if r.held_out == (tag == "held")], by_size=by_size):
+            rho, hit = sw.figures()
+            gpus = "/".join(
+                str(g) for g in sorted({r.raw["hardware"]["total_gpus"] for r in sw.rows})
+            )
+            print(
+                f"  {tag:4s} {sw.key:75s} n={len(sw.rows)} gpus={gpus} rho={rho:+.2f} best_ok={hit}"
+            )
+            if not math.isnan(rho):
+                rhos.append(rho)
+            hits.append(hit)
+        out[f"{tag}{suffix}_spearman"] = statistics.fmean(rhos) if rhos else math.nan
+        out[f"{tag}{suffix}_best_ok"] = sum(hits) / len(hits) if hits else math.nan
 
 
 def memory_errors(rows: list[Row]) -> dict[str, list[float]]:

@@ -299,6 +299,14 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         help="Megatron layouts keep and reduce gradients in bf16 (--grad-reduce-in-bf16): half "
         "the gradient memory and traffic; default: fp32 main grads",
     )
+    g.add_argument(
+        "--fused-cross-entropy",
+        dest="training__fused_cross_entropy",
+        action="store_true",
+        default=None,
+        help="your PyTorch-native trainer's loss is a fused cross-entropy (flash-attn's, "
+        "Liger's): about 4 bytes a logit instead of 14; Megatron's always is",
+    )
     if launch:
         g = parser.add_argument_group("launch")
         for opt, sec, fld, kw in _LAUNCH_OPTS:

@@ -164,6 +164,12 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             f"{gib(c.mem.cpu_bytes)} per GPU lives in CPU memory ({d.offload.value}); "
             "the optimizer step runs on the CPU"
         )
+    if d.fused_ce and d.framework != Framework.MEGATRON:
+        out.append(
+            "the loss is sized as your trainer's fused cross-entropy (training."
+            "fused_cross_entropy: about 4 bytes a logit); the example trainer computes "
+            "PyTorch's own, 14"
+        )
     if d.precision == Precision.FP16:
         out.append("fp16: dynamic loss scaling is on (initial scale 2^16)")
     if d.precision == Precision.FP8:

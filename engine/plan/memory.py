@@ -112,6 +112,9 @@ class LayoutDraft:
     deepep: bool = False
     """MoE tokens dispatched by DeepEP (:class:`engine.plan.specs.MoeDispatcher`), not NCCL
     all-to-all: each token crosses the network once per remote node."""
+    fused_ce: bool = False
+    """The trainer's loss is a fused cross-entropy (see
+    :attr:`engine.plan.specs.TrainingSpec.fused_cross_entropy`); Megatron's always is."""
     grads_bf16: bool = False
     """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
     Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
@@ -667,8 +670,9 @@ def logits_bytes(dims: ModelDims, d: LayoutDraft, s_local: int) -> float:
     vocabularies: tests/data/gpu_runs.json, components). Megatron's fused vocab-parallel
     cross-entropy (``--cross-entropy-loss-fusion``) works on the 16-bit logits and writes the
     gradient in their place, with one 16-bit working copy (4 bytes). At a 152K vocabulary and
-    16K tokens a micro-batch that is 9 GiB against 32."""
-    per_logit = 4 if d.framework == Framework.MEGATRON else 14
+    16K tokens a micro-batch that is 9 GiB against 32. A PyTorch-native trainer's fused loss
+    (:attr:`LayoutDraft.fused_ce`: flash-attn's ``CrossEntropyLoss``, Liger's) does the same."""
+    per_logit = 4 if d.framework == Framework.MEGATRON or d.fused_ce else 14
     return per_logit * s_local * d.micro_batch * dims.vocab / d.tp
 
 

@@ -431,6 +431,7 @@ def _micro_steps(
                 first_stage_layers=first,
                 last_stage_layers=last,
                 grads_bf16=bool(ctx.spec.training.grads_bf16),
+                fused_ce=bool(ctx.spec.training.fused_cross_entropy),
                 deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
                 cp_comm=ctx.spec.training.cp_comm or CpComm.P2P,
                 capacity=ctx.spec.training.moe_capacity_factor or 0.0,

@@ -588,6 +588,12 @@ class TrainingSpec(_Strict):
     ``--moe-router-force-load-balancing`` and AutoModel's fake balanced gate draw random router
     logits). None: :data:`engine.plan.perf.MOE_IMBALANCE` under dropless routing. A capacity
     factor caps it either way. A planning input only: nothing is written for it."""
+    fused_cross_entropy: bool | None = None
+    """A PyTorch-native layout's trainer computes its loss with a fused cross-entropy
+    (flash-attn's, Liger's, a chunked one) that keeps no fp32 copies of the logits: about 4
+    bytes a logit at the loss instead of PyTorch's 14. Megatron layouts always fuse theirs
+    (``--cross-entropy-loss-fusion``). None or False: PyTorch's own. A planning input only:
+    nothing is written for it, and the example trainer uses PyTorch's."""
     lr: float | None = Field(default=None, gt=0, le=10)
     """Learning rate at ``reference_batch``; used for the linear LR-scaling advice."""
     reference_batch: int | None = Field(default=None, ge=1)

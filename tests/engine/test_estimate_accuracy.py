@@ -110,9 +110,14 @@ def test_zero3_against_ptd_p_ranks_as_measured(harness: ModuleType) -> None:
     rows = [r for r in harness.load_rows() if r.id.startswith("narayanan2021_t2")]
     for r in rows:
         harness.evaluate(r)
-    sweeps = harness.sweeps(rows)
-    assert len(sweeps) == 2
-    for sw in sweeps:
+    # At each GPU count where both ran (175B at 384, 768 and 1536 GPUs; 530B at 1120 and 2240):
+    at_size = harness.sweeps(rows)
+    assert len(at_size) == 5
+    assert all(sw.figures()[1] for sw in at_size), [sw.key for sw in at_size]
+    # And each model's runs across its GPU counts rank as measured.
+    series = harness.sweeps(rows, by_size=False)
+    assert len(series) == 2
+    for sw in series:
         rho, best_ok = sw.figures()
         assert rho >= 0.9, sw.key
         assert best_ok, sw.key

@@ -54,6 +54,7 @@ async def _kept(tmp_path: Path) -> None:
         moe_capacity_factor=1.25,
         moe_imbalance=1.0,
         moe_a2a_overlap=False,
+        fused_cross_entropy=True,
     )
     app = _app(tmp_path, given)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -67,4 +68,5 @@ async def _kept(tmp_path: Path) -> None:
         assert t.moe_dispatcher == MoeDispatcher.DEEPEP
         assert t.moe_capacity_factor == 1.25
         assert t.moe_imbalance == 1.0
+        assert t.fused_cross_entropy is True
         assert t.moe_a2a_overlap is False

@@ -194,6 +194,7 @@ class TrainingStep(StepPane):
             "moe_dispatcher",
             "moe_capacity_factor",
             "moe_imbalance",
+            "fused_cross_entropy",
         ):
             data.setdefault(name, getattr(old, name))
         model, problems = self.build(TrainingSpec, data, errs)
