@@ -109,8 +109,17 @@ several, each reading and writing the whole activation: 3-4x the fused traffic; 
 fuses most of it back (torchtitan measured compile 14 % faster on Llama 3 8B). The planner
 cannot know whether a user compiles, so it takes a figure between: on the torchtitan
 calibration rows, half of them compiled, 2 gives 12.2 % MAPE (bias -11 %), 2.5 10.6 % (-9 %),
-3 9.6 % (-6 %); above 2.5 a 124M GPT-2 on eight H100s would plan Megatron TP2 (its fused
-kernels 20 % faster than an uncompiled DDP), which a compiled DDP makes moot."""
+3 9.6 % (-6 %); 2.5 keeps the planner from choosing Megatron for its fused kernels alone
+where a compiled DDP would make them moot. Gated-MLP (Llama-family) blocks only: see
+:data:`EAGER_PASSES_LAYERNORM`."""
+EAGER_PASSES_LAYERNORM: Final = 1.25
+"""The same for a LayerNorm-GELU block (a non-gated MLP: GPT-2, Pythia, OPT, BLOOM, MPT). Eager
+PyTorch runs its norm and its activation as one native kernel each (``layer_norm``, ``gelu``),
+which move about what Megatron's fused ones do; only the residual adds and the odd cast are
+extra. Chosen on the example trainer's GPU calibration runs (``tests/data/gpu_runs.json``, the
+sweep, all plain PyTorch): 1.25 gives 8.3 % step-time MAPE, 1.0 8.5 %, 1.5 8.6 %, 2.0 11.0 %,
+and 2.5 (the Llama figure, which these blocks used until round 17) 14.2 %, with every GPT-2 and
+GPT-2 XL run predicted 11-37 % slow."""
 LAYER_OVERHEAD_S: Final = 60e-6
 """Fixed cost per layer and pass (kernel launches and small kernels that do not scale)."""
 MOE_DISPATCH_S: Final = 1.0e-3
@@ -540,7 +549,8 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         sec += mlp
     attn = _attention_forward(dims, d, hw, seq_len, t)
     width = h / (tp if d.sequence_parallel else 1) + dims.ffn * k_active / tp / 4
-    elem_bytes = ELEMENTWISE_BYTES * (1.0 if d.framework == Framework.MEGATRON else EAGER_PASSES)
+    eager = EAGER_PASSES if dims.gated_mlp else EAGER_PASSES_LAYERNORM
+    elem_bytes = ELEMENTWISE_BYTES * (1.0 if d.framework == Framework.MEGATRON else eager)
     elem = elem_bytes * t * width * _act_bytes(d) / 2 / hw.hbm_bytes_per_s
     fixed = LAYER_OVERHEAD_S
     if dims.is_moe:
