@@ -109,9 +109,9 @@ several, each reading and writing the whole activation: 3-4x the fused traffic; 
 fuses most of it back (torchtitan measured compile 14 % faster on Llama 3 8B). The planner
 cannot know whether a user compiles, so it takes a figure between: on the torchtitan
 calibration rows, half of them compiled, 2 gives 12.2 % MAPE (bias -11 %), 2.5 10.6 % (-9 %),
-3 9.6 % (-6 %); 2.5 keeps the planner from choosing Megatron for its fused kernels alone
-where a compiled DDP would make them moot. Gated-MLP (Llama-family) blocks only: see
-:data:`EAGER_PASSES_LAYERNORM`."""
+3 9.6 % (-6 %). It stayed at 2.5 because above it a 124M GPT-2 on eight H100s planned Megatron
+TP2 for its fused kernels alone; since round 17 GPT-2's blocks have their own figure
+(:data:`EAGER_PASSES_LAYERNORM`) and this one applies to gated-MLP (Llama-family) blocks only."""
 EAGER_PASSES_LAYERNORM: Final = 1.25
 """The same for a LayerNorm-GELU block (a non-gated MLP: GPT-2, Pythia, OPT, BLOOM, MPT). Eager
 PyTorch runs its norm and its activation as one native kernel each (``layer_norm``, ``gelu``),
