@@ -177,6 +177,18 @@ def estimate(
     return plan(spec_for(preset, seq_len, micro_batch, recompute, *rest)).to_json_dict()
 
 
+def estimate_run(run: dict[str, Any]) -> dict[str, Any]:
+    """The planner's recommended layout for a recorded run's configuration."""
+    return estimate(
+        run["model"],
+        run["seq_len"],
+        run["micro_batch"],
+        run["recompute"],
+        run.get("grad_accum", 1),
+        run.get("precision", "bf16"),
+    )["recommended"]
+
+
 def prepare(out: Path, held_out: bool = False) -> None:
     chosen = [c for c in configs() if c[0].startswith("ho_") == held_out]
     predictions = {}
@@ -710,14 +722,7 @@ def report(verbose: bool = True) -> dict[str, float]:
             f"{'peak GiB':>8s} {'pred':>7s} {'err':>7s}  fits"
         )
     for r in doc["runs"]:
-        est = estimate(
-            r["model"],
-            r["seq_len"],
-            r["micro_batch"],
-            r["recompute"],
-            r.get("grad_accum", 1),
-            r.get("precision", "bf16"),
-        )["recommended"]
+        est = estimate_run(r)
         acc = sets.setdefault("held" if r.get("held_out") else "sweep", defaultdict(list))
         ran = r["status"] == "ok"
         if ran or r["status"] == "oom":

@@ -146,14 +146,7 @@ def test_layernorm_gelu_blocks_are_not_timed_as_eager_llama_blocks() -> None:
     for r in RUNS["runs"]:
         if r["status"] != "ok":
             continue
-        est = sweep.estimate(
-            r["model"],
-            r["seq_len"],
-            r["micro_batch"],
-            r["recompute"],
-            r.get("grad_accum", 1),
-            r.get("precision", "bf16"),
-        )["recommended"]
+        est = sweep.estimate_run(r)
         gated = resolve_model(ModelSpec(preset=r["model"])).gated_mlp
         errors[gated].append(est["step_time_s"] / r["step_time_s"] - 1)
     layernorm, gated = errors[False], errors[True]
@@ -166,14 +159,7 @@ def test_layernorm_gelu_blocks_are_not_timed_as_eager_llama_blocks() -> None:
 def test_held_out_gpu_runs_all_fit_as_predicted() -> None:
     sweep = _sweep()
     for r in (r for r in RUNS["runs"] if r.get("held_out")):
-        est = sweep.estimate(
-            r["model"],
-            r["seq_len"],
-            r["micro_batch"],
-            r["recompute"],
-            r["grad_accum"],
-            r["precision"],
-        )["recommended"]
+        est = sweep.estimate_run(r)
         assert est["fits"] == (r["status"] == "ok"), r["id"]
 
 
