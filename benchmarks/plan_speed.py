@@ -1,9 +1,12 @@
 """How fast planning is: the wall time of ``dtrain-tui plan ... --json`` as a user runs it (a fresh
 process each time, median of several runs), the CPU time those processes used (which other load
-on the machine does not inflate), the in-process ``plan()`` call, and whether planning imported
-torch. Target: ``cli_wall_s`` < 0.5 on an otherwise idle 2-core CI machine.
+on the machine does not inflate), the in-process ``plan()`` call (warm: repeated plans, as the
+wizard re-plans), whether planning imported torch, and the same wall time for the issue's
+scenarios at scale (the largest searches: DeepSeek-V3 on 2048 GPUs, 405B on 8192, ...).
+Target: ``cli_wall_s`` and ``scale_worst_s`` < 0.5 on an otherwise idle 2-core CI machine.
 
-Last line, for scripts: ``cli_wall_s=0.41 cli_best_s=0.38 cli_cpu_s=0.37 plan_ms=12.3 torch_imported=0``.
+Last line, for scripts: ``cli_wall_s=0.27 cli_best_s=0.24 cli_cpu_s=0.27 plan_ms=18.0
+scale_worst_s=0.45 torch_imported=0``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,20 @@ SCENARIOS = [
         "ib",
     ],
 ]
+SCALE_SCENARIOS = {
+    # The issue's scenarios at scale: the largest searches the planner runs.
+    "405b-8192gpu": ["--model", "llama-3.1-405b", "--nodes", "1024", "--seq-len", "8192"]
+    + ["--global-batch", "1024"],
+    "70b-128gpu": ["--model", "llama-3-70b", "--nodes", "16", "--seq-len", "8192"]
+    + ["--global-batch", "1024"],
+    "dsv3-2048gpu": ["--model", "deepseek-v3", "--nodes", "256", "--seq-len", "4096"]
+    + ["--global-batch", "4096"],
+    "mixtral-256gpu": ["--model", "mixtral-8x7b", "--nodes", "32", "--seq-len", "4096"]
+    + ["--global-batch", "1024"],
+    "8b-128k-16gpu": ["--model", "llama-3-8b", "--nodes", "2", "--seq-len", "131072"]
+    + ["--global-batch", "16"],
+}
+SCALE_FABRIC = ["--gpu", "h100", "--gpus-per-node", "8", "--network", "ib-ndr"]
 RUNS = 5
 
 
@@ -74,6 +91,22 @@ def main() -> int:
             if r.returncode != 0:
                 print(r.stderr, file=sys.stderr)
                 return 1
+    scale: dict[str, float] = {}
+    for name, args in SCALE_SCENARIOS.items():
+        runs: list[float] = []
+        for _ in range(RUNS):
+            t0 = time.perf_counter()
+            r = subprocess.run(
+                [*cli, "plan", *args, *SCALE_FABRIC, "--json"],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            )
+            runs.append(time.perf_counter() - t0)
+            if r.returncode != 0:
+                print(r.stderr, file=sys.stderr)
+                return 1
+        scale[name] = statistics.median(runs)
     probe = (
         "import sys, time\n"
         "from engine.plan.planner import plan\n"
@@ -98,9 +131,10 @@ def main() -> int:
     print(
         f"cli runs: {len(walls)}, median {med:.3f} s, best {min(walls):.3f} s, worst {max(walls):.3f} s"
     )
+    print("at scale (median of each): " + ", ".join(f"{k} {v:.3f} s" for k, v in scale.items()))
     print(
         f"cli_wall_s={med:.3f} cli_best_s={min(walls):.3f} cli_cpu_s={statistics.median(cpus):.3f} "
-        f"plan_ms={float(plan_ms):.1f} "
+        f"plan_ms={float(plan_ms):.1f} scale_worst_s={max(scale.values()):.3f} "
         f"torch_imported={torch_imported}"
     )
     return 0

@@ -14,7 +14,7 @@ from typing import TextIO
 
 from cli.spec_options import add_spec_options, spec_from_args
 from engine.plan.result import Layout, Plan
-from engine.plan.specs import Precision
+from engine.plan.specs import Precision, Recompute
 
 GIB = 1024**3
 
@@ -153,8 +153,19 @@ def render(p: Plan, out: TextIO) -> None:
     if p.alternatives:
         w("\nAlternatives\n")
         for a in p.alternatives:
-            w(f"  {describe(a)}: {a.rejected_because}\n")
+            w(f"  {describe(a)}{_recompute_note(a)}: {a.rejected_because}\n")
     if p.warnings:
         w("\nWarnings\n")
         for x in p.warnings:
             w(f"  ! {x}\n")
+
+
+def _recompute_note(lay: Layout) -> str:
+    """``, recompute full (the first 1 layers of each model chunk)``: what an alternative
+    recomputes (empty for none), which its name does not say."""
+    from engine.plan.annotate import recompute_scope
+
+    if lay.recompute == Recompute.NONE:
+        return ""
+    scope = f" ({recompute_scope(lay)})" if lay.recompute_layers else ""
+    return f", recompute {lay.recompute.value}{scope}"

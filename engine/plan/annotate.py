@@ -46,6 +46,8 @@ from engine.plan.stages import stage_layers
 from engine.plan.strategies import DISPLAY_NAME
 
 MAX_ALTERNATIVES = 6
+# Runner-up meshes of the plan's own kind listed among the alternatives.
+OTHER_MESHES = 2
 # Anti-pattern thresholds of seed doc 003.
 MAX_BUBBLE = 0.20
 MIN_SCALING = 0.80
@@ -334,7 +336,9 @@ def alternatives(
 ) -> list[Layout]:
     """What the recommended layout beat, each with why it lost, fastest first: the flowchart's
     own pick when a faster one replaced it, the best layout of each other strategy/offload
-    kind, and the best other shape (degrees, pipeline schedule) of the chosen kind."""
+    kind, and of the chosen kind the best other pipeline schedule or split of its own mesh
+    and the best of its :data:`OTHER_MESHES` runner-up meshes (other TP/PP/CP/EP/DP degrees:
+    what an expert weighs the plan against)."""
     picks: list[Candidate] = []
     if flow is not None and flow is not chosen:
         picks.append(flow)
@@ -346,9 +350,10 @@ def alternatives(
     flow_layout: Layout | None = None
     for key, group in groups.items():
         if key == kind:
-            group = [c for c in group if _shape(c) != _shape(chosen)]
+            picks += [w for w in _runners_up(ctx, group, chosen) if all(w is not p for p in picks)]
+            continue
         winner = best(ctx, group)
-        if winner is None and key != kind and group:
+        if winner is None and group:
             lean = smallest(group)
             why = f"does not fit: {shortfall(ctx, lean)}"
             out.append((math.inf, evaluate(ctx, lean).to_layout(rejected=why)))
@@ -365,6 +370,25 @@ def alternatives(
     if flow_layout is not None and all(lay is not flow_layout for lay in kept):
         kept[-1] = flow_layout  # the flowchart's own pick is always listed, however slow
     return kept
+
+
+def _runners_up(ctx: PlanContext, group: list[Candidate], chosen: Candidate) -> list[Candidate]:
+    """Of the chosen kind's candidates: the best other schedule or split of the chosen mesh,
+    and the best layout of each other mesh, the :data:`OTHER_MESHES` fastest of them."""
+    same = [c for c in group if _mesh(c) == _mesh(chosen) and _shape(c) != _shape(chosen)]
+    meshes: dict[tuple[int, ...], list[Candidate]] = {}
+    for c in group:
+        if _mesh(c) != _mesh(chosen):
+            meshes.setdefault(_mesh(c), []).append(c)
+    others = [w for w in (best(ctx, m) for m in meshes.values()) if w is not None]
+    others.sort(key=lambda c: c.time_per_sequence)
+    variant = best(ctx, same)
+    return ([variant] if variant is not None else []) + others[:OTHER_MESHES]
+
+
+def _mesh(c: Candidate) -> tuple[int, ...]:
+    d = c.draft
+    return (d.tp, d.pp, d.cp, d.ep, d.dp)
 
 
 def _shape(c: Candidate) -> tuple[int, ...]:

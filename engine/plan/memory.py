@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 from engine.plan.result import MemoryBreakdown
 from engine.plan.specs import (
@@ -398,6 +398,7 @@ def korthikanti_layer_bytes(
     return s * b * h * (10 + 24 / t + score / t)
 
 
+@lru_cache(maxsize=16384)
 def layer_activation_bytes(
     dims: ModelDims,
     s: int,
@@ -676,10 +677,48 @@ def logits_bytes(dims: ModelDims, d: LayoutDraft, s_local: int) -> float:
     return per_logit * s_local * d.micro_batch * dims.vocab / d.tp
 
 
+_STATES_CACHE: dict[tuple[object, ...], tuple[States, States]] = {}
+""":func:`_layout_states` by what they depend on: a search weighs each mesh at many
+micro-batches and recomputes, which change only the activations."""
+_STATES_CACHE_MAX = 20_000
+
+
 def _layout_states(
     dims: ModelDims, d: LayoutDraft, optimizer: Optimizer, gpus_per_node: int
 ) -> tuple[States, States]:
-    """Model states of the dense and the expert parameters the heaviest GPU holds."""
+    """Model states of the dense and the expert parameters the heaviest GPU holds (cached:
+    :data:`_STATES_CACHE`)."""
+    key = (
+        dims,
+        d.strategy,
+        d.framework,
+        d.tp,
+        d.pp,
+        d.dp,
+        d.cp,
+        d.ep,
+        d.etp,
+        d.zero_stage,
+        d.offload,
+        d.grad_accum,
+        d.precision,
+        d.grads_bf16,
+        d.first_stage_layers,
+        d.last_stage_layers,
+        optimizer,
+        gpus_per_node,
+    )
+    hit = _STATES_CACHE.get(key)
+    if hit is None:
+        if len(_STATES_CACHE) >= _STATES_CACHE_MAX:
+            _STATES_CACHE.clear()
+        hit = _STATES_CACHE[key] = _states_of(dims, d, optimizer, gpus_per_node)
+    return hit
+
+
+def _states_of(
+    dims: ModelDims, d: LayoutDraft, optimizer: Optimizer, gpus_per_node: int
+) -> tuple[States, States]:
     dense, expert = stage_params(dims, d)
     shard = d.dp * d.cp  # CP ranks hold the same weights and reduce gradients with DP
     expert_shard = d.expert_dp

@@ -382,6 +382,11 @@ def candidates(ctx: PlanContext, batch: int | None = None) -> list[Candidate]:
     return out + _reshaped(ctx, out, gb)
 
 
+REMEMBER_FAILURES = True
+"""Whether :func:`_micro_steps` skips, at a larger micro-batch, what did not fit at a smaller one
+(off: everything is weighed again, the reference the shortcut is tested against)."""
+
+
 def _micro_steps(
     ctx: PlanContext,
     g: Degrees,
@@ -394,69 +399,48 @@ def _micro_steps(
     first), each with the least recompute that fits (less recompute is never slower), up to the
     first micro-batch that fits with none: a larger one needs more memory still."""
     lay = ctx.spec.layout
-    s, z, off = setting
-    first, last, v = shape
+    framework = lay.framework or FRAMEWORK_OF[setting[0]]
+    v = shape[2]
     per_replica = batch // g.dp
     out: list[Candidate] = []
     rcs = recomputes or _recomputes(ctx)
+    # What did not fit at a smaller micro-batch does not fit at a larger one while the step
+    # still accumulates several (:func:`engine.plan.memory.estimate_memory`: the activations
+    # in flight and the logits grow with it; only at one micro-batch a step do the gradient
+    # buffers of accumulation fall away), so it is not weighed again.
+    failed: set[Recompute] = set()
+    block_failed = False
     for mb in _micro_batches(per_replica, lay.micro_batch or ctx.spec.training.micro_batch):
         m = per_replica // mb
         if v > 1 and m % g.pp:
             continue  # Megatron's interleaved schedule: micro-batches divisible by pp
         fitted = False
         partial: Candidate | None = None
+        known = REMEMBER_FAILURES and m > 1
         for rc in rcs:
-            if rc == Recompute.LIGHT and (lay.framework or FRAMEWORK_OF[s]) != Framework.MEGATRON:
+            if rc == Recompute.LIGHT and framework != Framework.MEGATRON:
                 continue  # named-module recompute is Megatron-Core's
-            d = LayoutDraft(
-                strategy=s,
-                framework=lay.framework or FRAMEWORK_OF[s],
-                tp=g.tp,
-                pp=g.pp,
-                dp=g.dp,
-                cp=g.cp,
-                ep=g.ep,
-                etp=g.etp,
-                zero_stage=z,
-                offload=off,
-                micro_batch=mb,
-                grad_accum=m,
-                recompute=rc,
-                sequence_parallel=(
-                    lay.sequence_parallel if lay.sequence_parallel is not None else g.tp > 1
-                ),
-                precision=ctx.precision,
-                pp_schedule=PPSchedule.INTERLEAVED if v > 1 else PPSchedule.ONE_F_ONE_B,
-                virtual_stages=v,
-                first_stage_layers=first,
-                last_stage_layers=last,
-                grads_bf16=bool(ctx.spec.training.grads_bf16),
-                fused_ce=bool(ctx.spec.training.fused_cross_entropy),
-                deepep=ctx.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP,
-                cp_comm=ctx.spec.training.cp_comm or CpComm.P2P,
-                capacity=ctx.spec.training.moe_capacity_factor or 0.0,
-                imbalance=ctx.spec.training.moe_imbalance or 0.0,
-            )
-            # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
-            # Megatron, whose own recipes mostly leave it off (the plan says when it would be
-            # faster). weigh keeps it only where the layout can run it.
-            d = replace(d, a2a_overlap=ctx.spec.training.moe_a2a_overlap is True)
-            blocks = _block_recompute_applies(ctx, d, rcs)
+            d = _draft(ctx, g, setting, shape, mb, m, rc)
+            blocks = _block_recompute_applies(ctx, d, rcs) and not (known and block_failed)
             if rc == Recompute.FULL and blocks:
                 partial = partial or _block_recompute(ctx, d)
+                block_failed = partial is None
                 if partial is not None:
                     out.append(partial)
                     fitted = True
                     break
-            c = weigh(ctx, d)
-            out.append(c)
-            if c.fits:
-                fitted = True
-                break
+            if not (known and rc in failed):
+                c = weigh(ctx, d)
+                out.append(c)
+                if c.fits:
+                    fitted = True
+                    break
+                failed.add(rc)
             if rc == Recompute.NONE and blocks:
                 # A few recomputed layers can be cheaper than recomputing a part of every
                 # layer (selective, MLP): weigh the least block recompute that fits beside them.
                 partial = _block_recompute(ctx, replace(d, recompute=Recompute.FULL))
+                block_failed = partial is None
                 if partial is not None:
                     out.append(partial)
         if not fitted:
@@ -464,15 +448,72 @@ def _micro_steps(
     return out
 
 
+def _draft(
+    ctx: PlanContext,
+    g: Degrees,
+    setting: tuple[Strategy, int, Offload],
+    shape: Shape,
+    mb: int,
+    m: int,
+    rc: Recompute,
+) -> LayoutDraft:
+    """The layout of degrees ``g``, ``setting`` and ``shape`` at micro-batch ``mb`` (``m`` a
+    step) and recompute ``rc``, the rest as the spec says."""
+    lay = ctx.spec.layout
+    tr = ctx.spec.training
+    s, z, off = setting
+    first, last, v = shape
+    return LayoutDraft(
+        strategy=s,
+        framework=lay.framework or FRAMEWORK_OF[s],
+        tp=g.tp,
+        pp=g.pp,
+        dp=g.dp,
+        cp=g.cp,
+        ep=g.ep,
+        etp=g.etp,
+        zero_stage=z,
+        offload=off,
+        micro_batch=mb,
+        grad_accum=m,
+        recompute=rc,
+        sequence_parallel=(
+            lay.sequence_parallel if lay.sequence_parallel is not None else g.tp > 1
+        ),
+        precision=ctx.precision,
+        pp_schedule=PPSchedule.INTERLEAVED if v > 1 else PPSchedule.ONE_F_ONE_B,
+        virtual_stages=v,
+        first_stage_layers=first,
+        last_stage_layers=last,
+        grads_bf16=bool(tr.grads_bf16),
+        fused_ce=bool(tr.fused_cross_entropy),
+        deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
+        cp_comm=tr.cp_comm or CpComm.P2P,
+        capacity=tr.moe_capacity_factor or 0.0,
+        imbalance=tr.moe_imbalance or 0.0,
+        # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
+        # Megatron, whose own recipes mostly leave it off (the plan says when it would be
+        # faster). weigh keeps it only where the layout can run it.
+        a2a_overlap=tr.moe_a2a_overlap is True,
+    )
+
+
 def overlapped(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:
     """What asking for Megatron's all-to-all overlap would plan, searched cheaply: each of
     ``cands`` that can run it, with it, at the least recompute (from its own on, full excluded:
-    the overlap cannot run under it) at which the overlap's memory fits; the fastest of those."""
+    the overlap cannot run under it) at which the overlap's memory fits; the fastest of those.
+    Only ``cands`` that fit: the overlap holds a second micro-batch, so a layout that does not
+    fit without it does not fit with it (its heavier recomputes are candidates of their own)."""
     rcs = [rc for rc in _recomputes(ctx) if rc != Recompute.FULL]
     out: list[Candidate] = []
     for c in cands:
         d = c.draft
-        if d.a2a_overlap or not a2a_overlap_applies(ctx.dims, d) or d.recompute not in rcs:
+        if (
+            not c.fits
+            or d.a2a_overlap
+            or not a2a_overlap_applies(ctx.dims, d)
+            or d.recompute not in rcs
+        ):
             continue
         for rc in rcs[rcs.index(d.recompute) :]:
             o = weigh(ctx, replace(d, a2a_overlap=True, recompute=rc))
@@ -502,6 +543,23 @@ def _block_recompute(ctx: PlanContext, d: LayoutDraft) -> Candidate | None:
     if not best.fits:
         return None
     lo, hi = 1, heaviest - 1  # hi fits
+    if hi > 2:
+        # Memory falls with N as the largest of the stages' straight lines (convex): the line
+        # through N = hi and hi - 1 bounds it from below, so no N under where that line meets
+        # the budget fits. On one stage the line is exact and that N is the answer.
+        step = weigh(ctx, replace(d, recompute_layers=hi - 1))
+        if not step.fits:
+            return best
+        slope = step.mem.total - best.mem.total
+        if slope > 0:
+            lo = max(lo, hi - (ctx.usable - best.mem.total) // slope)
+        hi, best = hi - 1, step
+        if lo < hi:
+            guess = weigh(ctx, replace(d, recompute_layers=lo))
+            if guess.fits:
+                hi, best = lo, guess
+            else:
+                lo += 1
     while lo < hi:
         mid = (lo + hi) // 2
         c = weigh(ctx, replace(d, recompute_layers=mid))

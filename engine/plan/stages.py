@@ -15,6 +15,7 @@ Pure arithmetic.
 
 from __future__ import annotations
 
+import functools
 import math
 
 MIN_CHUNK_LAYERS = 2
@@ -27,13 +28,19 @@ MAX_VIRTUAL_OPTIONS = 4
 def stage_layers(layers: int, pp: int, first: int = 0, last: int = 0) -> list[int]:
     """Layers per stage, first to last. ``first`` / ``last`` 0: that end takes the even share;
     an even split of layers that ``pp`` does not divide gives the first stages one more."""
+    return list(_stage_layers(layers, pp, first, last))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_layers(layers: int, pp: int, first: int, last: int) -> tuple[int, ...]:
+    """:func:`stage_layers`, cached: a search asks for the same few splits thousands of times."""
     if pp <= 1:
-        return [layers]
+        return (layers,)
     ends = [first, last]
     fixed = sum(ends)
     free = pp - sum(1 for e in ends if e)
     if free == 0:
-        return [first, *([0] * (pp - 2)), last]
+        return (first, *([0] * (pp - 2)), last)
     base, rem = divmod(max(0, layers - fixed), free)
     shares = [base + (1 if i < rem else 0) for i in range(free)]
     out: list[int] = []
@@ -42,7 +49,7 @@ def stage_layers(layers: int, pp: int, first: int = 0, last: int = 0) -> list[in
     out += shares
     if last:
         out.append(last)
-    return out
+    return tuple(out)
 
 
 def uneven_splits(layers: int, pp: int) -> list[tuple[int, int]]:

@@ -317,6 +317,44 @@ def test_mi300x_70b_does_not_blame_communication() -> None:
     )
 
 
+def test_the_alternatives_weigh_the_plan_against_other_meshes() -> None:
+    """A 3D plan is listed against other TP/PP/DP meshes of its own kind, not only against a
+    different split of its own mesh (the 405B on 8192 GPUs listed nothing else)."""
+
+    def mesh(lay: object) -> tuple[int, ...]:
+        return tuple(getattr(lay, k) for k in ("tp", "pp", "cp", "ep", "dp"))
+
+    for p in (
+        plan(SCENARIOS[1]),
+        plan(_spec("llama-3.1-405b", nodes=1024, seq_len=8192, global_batch=1024)),
+    ):
+        r = p.recommended
+        assert r.strategy == Strategy.THREE_D
+        others = [a for a in p.alternatives if a.strategy == r.strategy and mesh(a) != mesh(r)]
+        assert others, [mesh(a) for a in p.alternatives]
+        assert all(a.fits and a.step_time_s >= r.step_time_s * 0.85 for a in others)
+
+
+def _plan_70b_text(nodes: int, global_batch: int) -> str:
+    """``dtrain-tui plan``'s text for Llama 3 70B at 8K tokens on ``nodes`` H100 nodes."""
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "plan", "--model", "llama-3-70b", "--gpu", "h100"]
+        + ["--gpus-per-node", "8", "--nodes", str(nodes), "--network", "ib-ndr"]
+        + ["--seq-len", "8192", "--global-batch", str(global_batch)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+
+
+def test_an_alternative_says_what_it_recomputes() -> None:
+    out = _plan_70b_text(16, 1024)
+    alternatives = out.split("\nAlternatives\n", 1)[1].split("\n\n", 1)[0]
+    fsdp = [line for line in alternatives.splitlines() if "FSDP FULL_SHARD" in line]
+    assert fsdp and all(", recompute full:" in line for line in fsdp), alternatives
+
+
 # ---------------------------------------------------------------------------------------------
 # Full sharding with expert parallelism
 
@@ -391,15 +429,7 @@ def test_block_recompute_recomputes_only_the_layers_memory_needs() -> None:
 
 
 def test_plan_text_names_the_block_recompute() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "cli", "plan", "--model", "llama-3-70b", "--gpu", "h100"]
-        + ["--gpus-per-node", "8", "--nodes", "8", "--network", "ib-ndr"]
-        + ["--seq-len", "8192", "--global-batch", "512"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
+    out = _plan_70b_text(8, 512)
     assert "recompute full (the first " in out and "layers of each stage)" in out
 
 

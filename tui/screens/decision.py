@@ -68,7 +68,9 @@ def metrics_table(plan: Plan) -> Text:
         out.append(
             f"step time {seconds(lay.step_time_s)} · {count(lay.tokens_per_s)} tokens/s · "
             f"MFU {100 * lay.mfu:.1f}% · {gib(lay.memory_per_gpu.total)}/GPU · "
-            f"mb {lay.micro_batch}×{lay.grad_accum} · " + ("fits" if lay.fits else "does NOT fit")
+            f"mb {lay.micro_batch}×{lay.grad_accum} · "
+            + (f"recompute {lay.recompute.value} · " if lay.recompute.value != "none" else "")
+            + ("fits" if lay.fits else "does NOT fit")
         )
         if i and lay.rejected_because:
             why = lay.rejected_because
