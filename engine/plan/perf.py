@@ -557,8 +557,11 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         fixed += MOE_DROP_DISPATCH_S if d.capacity else MOE_DISPATCH_S
         # Permutation: the k routed copies of each of the rank's tokens are gathered into
         # expert order before the dispatch and scattered back (weighted) after the combine,
-        # each copy read and written once each way.
-        elem += 4 * _routed(dims, d, t) * h * _act_bytes(d) / hw.hbm_bytes_per_s
+        # each copy read and written once each way; Megatron's all-to-all dispatcher sorts
+        # them a second time by local expert after the dispatch and back before the combine
+        # where a rank holds several experts (``sort_chunks_by_idxs``).
+        passes = 8 if _sorts_by_local_expert(dims, d) else 4
+        elem += passes * _routed(dims, d, t) * h * _act_bytes(d) / hw.hbm_bytes_per_s
     light = _light_forward(dims, d, hw, t, gemm) if d.recompute == Recompute.LIGHT else 0.0
     return LayerForward(sec, attn, elem + fixed, mlp, shared, light)
 
@@ -581,6 +584,19 @@ def _light_forward(
         moved += 3 * _routed(dims, d, t) * dims.ffn / d.expert_tp
     sec = moved * _act_bytes(d) / hw.hbm_bytes_per_s
     return sec + (_mla_up(dims, t, d.tp, gemm) if dims.is_mla else 0.0)
+
+
+def _sorts_by_local_expert(dims: ModelDims, d: LayoutDraft) -> bool:
+    """Whether Megatron-Core's all-to-all dispatcher copies the received tokens once more, into
+    local-expert order, after the dispatch and back before the combine ("Permutation 2",
+    ``MoEAlltoAllTokenDispatcher.dispatch_postprocess``): a Megatron layout with several
+    experts a rank and no DeepEP (which hands the tokens over already grouped)."""
+    return (
+        d.framework == Framework.MEGATRON
+        and not d.deepep
+        and d.ep > 1
+        and dims.num_experts // d.ep > 1
+    )
 
 
 def _routed(dims: ModelDims, d: LayoutDraft, t: float) -> float:

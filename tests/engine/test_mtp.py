@@ -8,6 +8,7 @@ decoder layer to carry it (its layout ``[embedding + 4] + 14 x [4] + [1 + mtp + 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,9 @@ def test_megatron_runs_it_on_the_last_stage() -> None:
     hw = h100_hardware(32)
     with_mtp = resolve_model(ModelSpec(preset="deepseek-v3"))
     without = with_mtp.model_copy(update={"mtp_layers": 0})
-    # Megatron-Bridge's split for 16 stages: 4 layers each, one on the last beside the module.
-    bridge = _draft(Framework.MEGATRON, 16, last=1)
+    # Megatron-Bridge's split for 16 stages: 4 layers each, one on the last beside the module
+    # (its DeepSeek-V3 recipes dispatch with DeepEP).
+    bridge = replace(_draft(Framework.MEGATRON, 16, last=1), deepep=True)
     one, none = (perf.micro_batch_time(d, bridge, hw, 4096) for d in (with_mtp, without))
     layer = perf._layer_costs(with_mtp, bridge, hw, 4096)[0]
     head = 3 * perf._head_forward(with_mtp, bridge, hw, 4096)
@@ -79,7 +81,9 @@ def test_megatron_runs_it_on_the_last_stage() -> None:
     assert none.compute == pytest.approx(4 * layer, rel=0.05)
     assert one.compute > 2 * layer + 2 * head > none.compute
     # Under an even split (3 layers on the last stage) it would cost more still.
-    even = perf.micro_batch_time(with_mtp, _draft(Framework.MEGATRON, 16), hw, 4096)
+    even = perf.micro_batch_time(
+        with_mtp, replace(_draft(Framework.MEGATRON, 16), deepep=True), hw, 4096
+    )
     assert even.compute > one.compute
     # transformers' DeepSeek-V3 (under DeepSpeed, FSDP) has no such module: no cost.
     ds = _draft(Framework.DEEPSPEED, 1)
