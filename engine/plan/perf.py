@@ -154,7 +154,8 @@ MOE_EXPERT_KERNEL_S: Final = 10e-6
 Engine's ``GroupedLinear`` loops over the rank's experts issuing one GEMM each (and, in FP8,
 two more to quantize its input: amax and cast), so a layer's forward costs ``local experts x 2
 linears x kernels`` launches of about 10 us; the backward twice that (data and weight
-gradients), as the forward's other per-layer work."""
+gradients), as the forward's other per-layer work. DeepSpeed-MoE's ``Experts`` does the same
+from Python, calling each local expert (the model's MLP) in turn."""
 UNALIGNED_GEMM_SLOWDOWN: Final = 5.7
 """How many times longer a matrix product takes when a row of its output or input is not a
 whole number of 16 bytes (a vocabulary not a multiple of 8 in 16-bit), measured on an H100 in
@@ -533,6 +534,11 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
             # The expert loop is host bound when each expert's GEMM takes less than launching it.
             kernels = 3 if fp8_linears(hw) else 1
             mlp = max(mlp, local * 2 * kernels * MOE_EXPERT_KERNEL_S)
+        elif d.framework == Framework.DEEPSPEED and d.ep > 1:
+            # DeepSpeed-MoE's ``Experts`` calls the rank's experts one by one from Python, each
+            # the model's own MLP: its linears (``mats`` in, one out), the activation and the
+            # gating multiply.
+            mlp = max(mlp, local * (mats + 3) * MOE_EXPERT_KERNEL_S)
         if dims.shared_experts:
             # Shared experts: one dense MLP every token passes through, split like the dense
             # MLP over TP (Megatron-Core's SharedExpertMLP), never dispatched.

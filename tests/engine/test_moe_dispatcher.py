@@ -173,3 +173,16 @@ def test_deepspeed_expert_parallelism_is_the_model_codes() -> None:
     said = [n for n in lay.notes if n.startswith("ep=8 is DeepSpeed-MoE's")]
     assert len(said) == 1 and "MoE(ep_size=8)" in said[0]
     assert "ep_size" in inspect.signature(MoE.__init__).parameters
+
+
+def test_deepspeed_moe_calls_its_experts_one_by_one() -> None:
+    """DeepSpeed-MoE's ``Experts`` loops over the rank's experts in Python (three linears, the
+    activation and the gating multiply each): 64 small experts a rank are host bound.
+    Without DeepSpeed's EP the model's own MoE runs (transformers' grouped GEMM): no loop."""
+    dims = resolve_model(ModelSpec(preset="qwen3-30b-a3b"))
+    hw = h100_hardware(8)
+    ds = LayoutDraft(Strategy.ZERO2, Framework.DEEPSPEED, dp=64, ep=2, zero_stage=2)
+    loop = (dims.num_experts // 2) * 5 * perf.MOE_EXPERT_KERNEL_S
+    assert perf._layer_forward(dims, ds, hw, 4096).mlp == pytest.approx(loop)
+    grouped = replace(ds, ep=1)
+    assert perf._layer_forward(dims, grouped, hw, 4096).mlp < loop / 2
