@@ -19,9 +19,11 @@ killed outright from one still going.
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from abc import abstractmethod
+from types import FrameType
 from typing import NoReturn
 
 from engine.errors import DtrainError
@@ -128,7 +130,7 @@ class LaunchBackend(SupervisedRun):
             thread = self._supervisor
         if thread.ident is None:  # made but not started: the interrupt came in between
             with contextlib.suppress(RuntimeError):  # started meanwhile: once is enough
-                thread.start()
+                start_whole(thread)
 
     def _first_record(self, hosts: list[str]) -> RunRecord:
         m = self.manifest
@@ -247,3 +249,26 @@ class LaunchBackend(SupervisedRun):
     def _teardown_after_failed_start(self) -> None:
         """Undo a half-done start (kill what was started, close connections)."""
         return None
+
+
+def start_whole(thread: threading.Thread) -> None:
+    """``thread.start()`` that a Ctrl-C cannot cut in two. An interrupt raised inside
+    ``Thread.start`` (while it waits for the new thread to begin) leaves a thread that runs but
+    is not known to have started: starting it again then runs a second copy of it, and one of
+    the two dies on CPython's bookkeeping with a traceback. On the main thread SIGINT is held
+    while the thread starts and delivered to its handler as soon as it has."""
+    if threading.current_thread() is not threading.main_thread():
+        thread.start()  # signals are handled on the main thread only
+        return
+    held: list[tuple[int, FrameType | None]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    try:
+        thread.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if not held:
+        return
+    if callable(previous):
+        previous(*held[0])
+    elif previous == signal.SIG_DFL:
+        signal.raise_signal(signal.SIGINT)

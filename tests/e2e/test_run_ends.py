@@ -348,6 +348,37 @@ def test_ctrl_c_while_starting_is_never_a_traceback(tmp_path: Path, delay: float
         assert wait_no_pids(str(info.get("run_id"))) == []
 
 
+def test_a_ctrl_c_inside_thread_start_never_starts_the_watcher_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Ctrl-C of the test above, landing exactly inside ``Thread.start`` (after the new
+    thread exists, before start() returns): it is delivered once the thread has started, so a
+    caller's second supervise() finds it started and does not run a second copy (CPython then
+    printed "KeyError ... del _limbo[self]" from the copy that lost)."""
+    from engine.launch.base import start_whole
+
+    runs: list[int] = []
+    release = threading.Event()
+    thread = threading.Thread(target=lambda: (runs.append(1), release.wait(30)), daemon=True)
+    real = threading._start_new_thread  # type: ignore[attr-defined]
+
+    def start_then_interrupt(*args: Any) -> Any:
+        ident = real(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # handled at the main thread's next bytecode
+        return ident
+
+    monkeypatch.setattr(threading, "_start_new_thread", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):  # the Ctrl-C is not lost, only held
+        start_whole(thread)
+    monkeypatch.undo()
+    assert thread.ident is not None  # started, and known to be: a retry does nothing
+    with pytest.raises(RuntimeError):
+        thread.start()
+    release.set()
+    thread.join(30)
+    assert runs == [1]
+
+
 @pytest.mark.parametrize(
     "where",
     [
