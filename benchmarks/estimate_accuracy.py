@@ -333,7 +333,11 @@ def _dispatcher(row: dict[str, Any]) -> MoeDispatcher | None:
     ("kernel optimizations: TE + DeepEP"), and Megatron-Bridge's MoE hardware guide gives
     DeepEP as the dispatcher on H100 and B200 and HybridEP on GB200 / GB300
     (docs.nvidia.com/nemo/megatron-bridge, perf-techniques "MoE Hardware Configuration
-    Reference"); both send a token once per remote node. Otherwise NCCL all-to-all."""
+    Reference"); both send a token once per remote node. Otherwise NCCL all-to-all, and
+    always for Megatron-Bridge's token-drop rows: its token-drop helper
+    (``megatron.bridge.training.utils.moe_token_drop.apply_moe_token_drop``) asserts the
+    all-to-all dispatcher ("moe_expert_capacity_factor only works with alltoall token
+    dispatcher")."""
     if not row["model"].get("moe"):
         return None
     stated = row["training"].get("moe_dispatcher")
@@ -342,7 +346,9 @@ def _dispatcher(row: dict[str, Any]) -> MoeDispatcher | None:
     named = row["id"].startswith("automodel") and any(
         "DeepEP" in c for c in row.get("caveats") or []
     )
-    return MoeDispatcher.DEEPEP if named or row["id"].startswith("mbridge") else None
+    token_drop = row["training"].get("moe_capacity_factor") is not None
+    bridge = row["id"].startswith("mbridge") and not token_drop
+    return MoeDispatcher.DEEPEP if named or bridge else None
 
 
 def _tp_pp(row: dict[str, Any]) -> tuple[int, int]:

@@ -502,3 +502,17 @@ def test_the_megatron_core_moe_report_runs_are_stated_as_they_ran(harness: Modul
     h100 = rows["mcoremoe2026_h100_deepseekv3_1024gpu_fp8blk"]
     assert (h100.predicted.tp, h100.predicted.pp, h100.predicted.ep) == (2, 8, 64)
     assert harness.mape([r.error for r in rows.values()]) < 0.10
+
+
+def test_megatron_bridge_token_drop_runs_use_the_all_to_all_dispatcher(harness: ModuleType) -> None:
+    # Megatron-Bridge's token-drop helper (apply_moe_token_drop) asserts
+    # moe_token_dispatcher_type in ("alltoall", "alltoall_seq"): its "tokendrop" rows ran NCCL's
+    # all-to-all, its dropless MoE rows the DeepEP / HybridEP the hardware guide names.
+    rows = [r for r in harness.load_rows() if r.id.startswith("mbridge") and r.spec is not None]
+    drop = [r for r in rows if r.spec.training.moe_capacity_factor]
+    dropless = [
+        r for r in rows if r.raw["model"].get("moe") and not r.spec.training.moe_capacity_factor
+    ]
+    assert len(drop) >= 8 and len(dropless) >= 30
+    assert all(r.spec.training.moe_dispatcher is None for r in drop)
+    assert all(r.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP for r in dropless)
