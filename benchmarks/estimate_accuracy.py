@@ -60,8 +60,8 @@ from engine.plan.models import resolve_model  # noqa: E402
 from engine.plan.perf import estimate_time  # noqa: E402
 from engine.plan.planner import plan  # noqa: E402
 from engine.plan.result import Layout  # noqa: E402
+from engine.plan.search import training_settings  # noqa: E402
 from engine.plan.specs import (  # noqa: E402
-    CpComm,
     Fp8Recipe,
     Framework,
     HardwareSpec,
@@ -505,16 +505,10 @@ def _same_mesh(a: Layout, b: Layout) -> bool:
 def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
     """The planned layout as the time model takes it, with what the planner adds from the
     spec's training settings (the expert TP, the MoE dispatcher and capacity)."""
-    tr = spec.training
     return LayoutDraft(
         **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)},
         etp=lay.expert_tp,
-        grads_bf16=bool(tr.grads_bf16),
-        fused_ce=bool(tr.fused_cross_entropy),
-        deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
-        cp_comm=tr.cp_comm or CpComm.P2P,
-        capacity=tr.moe_capacity_factor or 0.0,
-        imbalance=tr.moe_imbalance or 0.0,
+        **training_settings(spec.training),
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft, estimate_memory
@@ -33,6 +33,7 @@ from engine.plan.specs import (
     PPSchedule,
     Recompute,
     Strategy,
+    TrainingSpec,
     cp_splits_heads,
 )
 from engine.plan.stages import stage_layers, uneven_splits, virtual_options
@@ -448,6 +449,20 @@ def _micro_steps(
     return out
 
 
+def training_settings(tr: TrainingSpec) -> dict[str, Any]:
+    """The :class:`LayoutDraft` fields the spec's training settings fix for every layout (the
+    gradient dtype, the fused loss, the MoE dispatcher, capacity and imbalance, the CP
+    traffic): the search's drafts and the accuracy harness's re-timed ones take them here."""
+    return {
+        "grads_bf16": bool(tr.grads_bf16),
+        "fused_ce": bool(tr.fused_cross_entropy),
+        "deepep": tr.moe_dispatcher == MoeDispatcher.DEEPEP,
+        "cp_comm": tr.cp_comm or CpComm.P2P,
+        "capacity": tr.moe_capacity_factor or 0.0,
+        "imbalance": tr.moe_imbalance or 0.0,
+    }
+
+
 def _draft(
     ctx: PlanContext,
     g: Degrees,
@@ -485,12 +500,7 @@ def _draft(
         virtual_stages=v,
         first_stage_layers=first,
         last_stage_layers=last,
-        grads_bf16=bool(tr.grads_bf16),
-        fused_ce=bool(tr.fused_cross_entropy),
-        deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
-        cp_comm=tr.cp_comm or CpComm.P2P,
-        capacity=tr.moe_capacity_factor or 0.0,
-        imbalance=tr.moe_imbalance or 0.0,
+        **training_settings(tr),
         # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
         # Megatron, whose own recipes mostly leave it off (the plan says when it would be
         # faster). weigh keeps it only where the layout can run it.
