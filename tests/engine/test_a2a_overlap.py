@@ -85,7 +85,7 @@ def test_the_hidden_all_to_all_leaves_the_critical_path_but_holds_sms() -> None:
     # Inside a node the all-to-all takes less than the layer's compute: all of it hides.
     assert ep < c_off
     assert x_on == pytest.approx(x_off - ep)  # without it, all of it was exposed
-    assert c_on == pytest.approx(c_off + perf.A2A_OVERLAP_SM_SHARE * ep)
+    assert c_on == pytest.approx(c_off + perf.COMM_SM_SHARE * ep)
     assert (
         perf.estimate_time(dims, on, hw, seq_len=4096).step_time_s
         < perf.estimate_time(dims, off, hw, seq_len=4096).step_time_s

@@ -334,14 +334,43 @@ def test_fp16_runs_the_classic_attention_path() -> None:
 
 def test_fp16_megatron_leaves_every_tp_all_reduce_exposed() -> None:
     # Narayanan 2021's Megatron issued the backward TP all-reduce after the weight-gradient GEMM;
-    # Megatron-Core (bf16 era) overlaps it. The forward ones are exposed in both.
+    # Megatron-Core (bf16 era) overlaps it, its kernels holding their SMs while hidden. The
+    # forward ones are exposed in both.
     hw = _a100()
     fp16 = _megatron(dp=1, tp=8, precision=Precision.FP16)
     bf16 = _megatron(dp=1, tp=8, precision=Precision.BF16)
     wgrad = 1.0  # far more weight-gradient time than the all-reduces need
     assert perf._tp_comm(GPT_3_6B, fp16, hw, 2048, wgrad) == pytest.approx(
-        2 * perf._tp_comm(GPT_3_6B, bf16, hw, 2048, wgrad)
+        2 * perf._tp_comm(GPT_3_6B, bf16, hw, 2048, wgrad) / (1 + perf.COMM_SM_SHARE)
     )
+
+
+def test_a_hidden_collective_holds_sms_a_pipeline_send_does_not() -> None:
+    # NCCL moves and reduces on the SMs: compute under a hidden all-reduce or FSDP gather runs on
+    # what the collective leaves (COMM_SM_SHARE), for as long as it runs; what compute cannot
+    # cover stays exposed whole. Pipeline sends are point-to-point on a couple of channels.
+    hw = _a100(nodes=2)
+    dims = GPT_3_6B
+    long = perf.MicroBatch(compute=10.0, comm=0.0, backward=10.0, fill=10.0)
+    none = perf.MicroBatch(compute=0.0, comm=0.0, backward=0.0, fill=0.0)
+    ddp = _draft(strategy=Strategy.DDP, framework=Framework.DDP, dp=16)
+    dense = perf.stage_params(dims, ddp)[0]
+    allreduce = perf.allreduce_time(hw, dense * 2, 16, 1)
+    hidden = perf._data_parallel_exposed(ddp, hw, dense, long, dims.layers)
+    assert hidden == pytest.approx(perf.COMM_SM_SHARE * allreduce)
+    assert perf._data_parallel_exposed(ddp, hw, dense, none, dims.layers) == pytest.approx(
+        allreduce
+    )
+    fsdp = _draft(strategy=Strategy.FSDP_FULL, framework=Framework.FSDP, dp=16)
+    covered = perf._sharded_exposed(fsdp, hw, dense, long, dims.layers, False)
+    bare = perf._sharded_exposed(fsdp, hw, dense, none, dims.layers, False)
+    edges = bare / dims.layers  # one block's gather and reduce-scatter, nothing to hide behind
+    assert covered == pytest.approx(max(edges, perf.COMM_SM_SHARE * bare))
+    pp = _megatron(dp=1, tp=8, pp=2, precision=Precision.BF16)
+    one = perf._p2p(dims, pp, hw, 2048)
+    both = perf.micro_batch_time(dims, pp, hw, 2048).comm
+    tp_only = perf.micro_batch_time(dims, replace(pp, pp=1), hw, 2048).comm  # 30 layers, not 15
+    assert both - tp_only / 2 == pytest.approx(one * (1 - perf.Overlap.pp), rel=1e-6)
 
 
 def test_collectives_reach_their_bandwidth_only_for_large_buffers() -> None:
