@@ -337,7 +337,9 @@ def _dispatcher(row: dict[str, Any]) -> MoeDispatcher | None:
     always for Megatron-Bridge's token-drop rows: its token-drop helper
     (``megatron.bridge.training.utils.moe_token_drop.apply_moe_token_drop``) asserts the
     all-to-all dispatcher ("moe_expert_capacity_factor only works with alltoall token
-    dispatcher")."""
+    dispatcher"). A row that states its dispatcher (``training.moe_dispatcher``) runs it:
+    Megatron-Bridge 26.02's GPT-OSS 120B rows, whose release's performance config set no flex
+    backend for that model, so its provider's all-to-all ran."""
     if not row["model"].get("moe"):
         return None
     stated = row["training"].get("moe_dispatcher")

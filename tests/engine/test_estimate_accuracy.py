@@ -507,12 +507,22 @@ def test_the_megatron_core_moe_report_runs_are_stated_as_they_ran(harness: Modul
 def test_megatron_bridge_token_drop_runs_use_the_all_to_all_dispatcher(harness: ModuleType) -> None:
     # Megatron-Bridge's token-drop helper (apply_moe_token_drop) asserts
     # moe_token_dispatcher_type in ("alltoall", "alltoall_seq"): its "tokendrop" rows ran NCCL's
-    # all-to-all, its dropless MoE rows the DeepEP / HybridEP the hardware guide names.
+    # all-to-all, its dropless MoE rows the DeepEP / HybridEP the hardware guide names, except
+    # GPT-OSS 120B in 26.02, whose performance config set no flex backend: its provider's
+    # all-to-all (round 19).
     rows = [r for r in harness.load_rows() if r.id.startswith("mbridge") and r.spec is not None]
     drop = [r for r in rows if r.spec.training.moe_capacity_factor]
     dropless = [
         r for r in rows if r.raw["model"].get("moe") and not r.spec.training.moe_capacity_factor
     ]
+    stated = [r for r in dropless if r.raw["training"].get("moe_dispatcher")]
     assert len(drop) >= 8 and len(dropless) >= 30
     assert all(r.spec.training.moe_dispatcher is None for r in drop)
-    assert all(r.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP for r in dropless)
+    assert {r.id for r in stated} == {
+        f"mbridge2602_dgx_{gpu}_gpt_oss_120b_64gpu_bf16"
+        for gpu in ("gb300", "gb200", "b300", "b200", "h100")
+    }
+    assert all(r.spec.training.moe_dispatcher == MoeDispatcher.ALLTOALL for r in stated)
+    others = [r for r in dropless if r not in stated]
+    assert len(others) >= 30
+    assert all(r.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP for r in others)
