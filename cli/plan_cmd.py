@@ -82,7 +82,7 @@ def _duration(s: float) -> str:
 
 def render(p: Plan, out: TextIO) -> None:
     """The human report."""
-    from engine.plan.annotate import describe, recompute_scope
+    from engine.plan.annotate import describe, recompute_text
     from engine.plan.models import architecture_notes
 
     m = p.model
@@ -114,8 +114,7 @@ def render(p: Plan, out: TextIO) -> None:
     w(f"{label}: {describe(r)}  [{status}]\n")
     w(
         f"  micro-batch {r.micro_batch} x grad-accum {r.grad_accum} x dp {r.dp} = global batch "
-        f"{r.global_batch}; recompute {r.recompute.value}"
-        + (f" ({recompute_scope(r)})" if r.recompute_layers else "")
+        f"{r.global_batch}; {recompute_text(r)}"
         + ("; sequence parallel" if r.sequence_parallel else "")
         + ("; expert all-to-all overlapped" if r.a2a_overlap else "")
         + "\n"
@@ -163,9 +162,6 @@ def render(p: Plan, out: TextIO) -> None:
 def _recompute_note(lay: Layout) -> str:
     """``, recompute full (the first 1 layers of each model chunk)``: what an alternative
     recomputes (empty for none), which its name does not say."""
-    from engine.plan.annotate import recompute_scope
+    from engine.plan.annotate import recompute_text
 
-    if lay.recompute == Recompute.NONE:
-        return ""
-    scope = f" ({recompute_scope(lay)})" if lay.recompute_layers else ""
-    return f", recompute {lay.recompute.value}{scope}"
+    return "" if lay.recompute == Recompute.NONE else f", {recompute_text(lay)}"

@@ -84,6 +84,13 @@ def recompute_scope(d: LayoutDraft | Layout) -> str:
     return f"the first {n} layers of each stage"
 
 
+def recompute_text(d: LayoutDraft | Layout) -> str:
+    """``recompute full (the first 1 layers of each model chunk)``, ``recompute none``: what a
+    layout recomputes, in the words the CLI and the wizard print."""
+    scope = f" ({recompute_scope(d)})" if d.recompute_layers else ""
+    return f"recompute {d.recompute.value}{scope}"
+
+
 def describe(d: LayoutDraft | Layout) -> str:
     """A short human name for a layout: ``ZeRO-2 (DeepSpeed) dp=8``."""
     parts = [f"{DISPLAY_NAME[d.strategy]} ({d.framework.value})"]

@@ -17,8 +17,9 @@ from textual.containers import Horizontal, ItemGrid
 from textual.widget import Widget
 from textual.widgets import Button, Select, Static
 
+from engine.plan.annotate import recompute_text
 from engine.plan.result import Layout, Plan
-from engine.plan.specs import LayoutSpec, Offload, Strategy
+from engine.plan.specs import LayoutSpec, Offload, Recompute, Strategy
 from tui.format import count, money, seconds
 from tui.screens.step import AUTO, StepPane
 from tui.session import Step
@@ -69,7 +70,7 @@ def metrics_table(plan: Plan) -> Text:
             f"step time {seconds(lay.step_time_s)} · {count(lay.tokens_per_s)} tokens/s · "
             f"MFU {100 * lay.mfu:.1f}% · {gib(lay.memory_per_gpu.total)}/GPU · "
             f"mb {lay.micro_batch}×{lay.grad_accum} · "
-            + (f"recompute {lay.recompute.value} · " if lay.recompute.value != "none" else "")
+            + (f"{recompute_text(lay)} · " if lay.recompute != Recompute.NONE else "")
             + ("fits" if lay.fits else "does NOT fit")
         )
         if i and lay.rejected_because:
