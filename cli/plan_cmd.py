@@ -33,20 +33,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def _usable(p: Plan) -> int:
-    """What a layout may use of each GPU, counted as the planner counts it
-    (``engine.plan.context``): the named reserves, less a calibration's measured overhead."""
-    from engine.plan.calibration import calibrated_usable
-    from engine.plan.catalog import get_gpu
-    from engine.plan.memory import gpu_usable_bytes, usable_bytes
-
-    gpu = get_gpu(p.gpu.key)
-    mem = gpu.memory_bytes
-    return calibrated_usable(
-        p.calibration, gpu, usable_bytes(mem) if gpu.is_cpu else gpu_usable_bytes(mem)
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     from engine.plan.planner import plan
 
@@ -148,7 +134,7 @@ def render(p: Plan, out: TextIO) -> None:
         vals.append("yes" if lay.fits else "no")
         vals.append(_duration(lay.step_time_s) if lay.fits else "-")
         w(f"  {name:<{width}} " + " ".join(f"{v:>8}" for v in vals) + "\n")
-    w(f"  (usable: {_gib(_usable(p))} GiB of {_gib(p.gpu.memory_bytes)})\n")
+    w(f"  (usable: {_gib(p.usable_bytes)} GiB of {_gib(p.gpu.memory_bytes)})\n")
     if p.alternatives:
         w("\nAlternatives\n")
         for a in p.alternatives:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import SpecError
-from engine.plan.calibration import apply_network, calibrated_usable
+from engine.plan.calibration import Calibration, apply_network, calibrated_usable
 from engine.plan.catalog import GpuType, get_network, list_gpus
 from engine.plan.memory import gpu_usable_bytes, usable_bytes
 from engine.plan.perf import Hardware
@@ -50,13 +50,7 @@ class PlanContext:
             gpu=gpu,
             hw=hardware(spec, gpu, precision),
             precision=precision,
-            usable=calibrated_usable(
-                spec.calibration,
-                gpu,
-                usable_bytes(gpu.memory_bytes)
-                if gpu.is_cpu
-                else gpu_usable_bytes(gpu.memory_bytes),
-            ),
+            usable=usable_memory(gpu, spec.calibration),
             cpu_usable=usable_bytes(
                 int(spec.hardware.cpu_ram_gb * 1e9)
                 if spec.hardware.cpu_ram_gb
@@ -68,6 +62,16 @@ class PlanContext:
             nodes=spec.hardware.nodes,
             batch=spec.training.global_batch,
         )
+
+
+def usable_memory(gpu: GpuType, calibration: Calibration | None) -> int:
+    """GPU memory a layout may use on ``gpu`` (bytes): the device's memory less the named reserves
+    (CUDA context, NCCL buffers, fragmentation; all of it times the usable fraction for CPU
+    ranks), less ``calibration``'s measured overhead where it was measured on this GPU. The
+    planner judges every layout by it and the Plan carries it (``Plan.usable_bytes``), so the CLI
+    and the wizard show the figure the planner used."""
+    reserved = usable_bytes if gpu.is_cpu else gpu_usable_bytes
+    return calibrated_usable(calibration, gpu, reserved(gpu.memory_bytes))
 
 
 def resolve_precision(

@@ -89,6 +89,7 @@ def plan(spec: Spec) -> Plan:
         forced=forced,
         batch_choices=choices,
         calibration=calibration,
+        usable_bytes=ctx.usable,
     )
 
 

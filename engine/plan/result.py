@@ -170,6 +170,11 @@ class Plan(_Frozen):
     calibration: Calibration | None = None
     """The calibration the estimates use (``Spec.calibration`` when it was measured on this
     plan's GPU); None: the catalog's figures."""
+    usable_bytes: int
+    """GPU memory a layout may use, per GPU: what every layout's fit was judged by (the GPU's
+    memory less the named reserves and the calibration's measured overhead,
+    :func:`engine.plan.context.usable_memory`). The CLI's memory table and the wizard's bars
+    mark it."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``plan --json`` object (documented in the README)."""

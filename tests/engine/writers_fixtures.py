@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.plan.catalog import get_gpu, get_network
+from engine.plan.context import usable_memory
 from engine.plan.models import resolve_model
 from engine.plan.result import GpuInfo, Layout, MemoryBreakdown, Plan
 from engine.plan.specs import (
@@ -128,6 +129,7 @@ def make_plan(
         gpus_per_node=gpus_per_node,
         recommended=layout,
         forced=True,
+        usable_bytes=usable_memory(g, None),
     )
 
 

@@ -188,3 +188,24 @@ async def _refused_at_field(pilot, app: DtrainApp, name: str) -> None:  # type: 
     await settle(pilot)
     assert app.plan is not None
     assert row.error == ""
+
+
+def test_the_bars_judge_by_the_planners_usable_memory(tmp_path: Path) -> None:
+    asyncio.run(_calibrated_usable(tmp_path))
+
+
+async def _calibrated_usable(tmp_path: Path) -> None:
+    """A calibration's measured memory overhead shrinks what the planner lets a layout use
+    (75.6 GiB of an H100's 80 less 8 GiB): the bars mark and measure against that same figure."""
+    from engine.plan.calibration import Calibration, CalibrationSource
+
+    src = CalibrationSource(run="r1", run_dir="/runs/r1", date="2026-01-01T00:00:00Z")
+    cal = Calibration(name="m", gpu="h100-sxm", memory_overhead_gib=8.0, source=src)
+    spec = llama70b_over_tcp().model_copy(update={"calibration": cal})
+    app = _app(spec, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _open_decision(app, pilot)
+        assert app.plan is not None and app.plan.calibration == cal
+        card = text_of(app, "MemoryBars")
+        assert "│ usable 67.6 GiB of 80.0 GiB" in card
+        assert "of 67.6 GiB usable" in text_of(app, "#headline")

@@ -26,7 +26,7 @@ from tui.session import Step
 from tui.widgets.field_row import FieldRow
 from tui.widgets.flowchart import FlowChart
 from tui.widgets.forced_badge import ForcedBadge
-from tui.widgets.memory_bars import MemoryBars, describe_full, gib, usable_of
+from tui.widgets.memory_bars import MemoryBars, describe_full, gib
 
 MAX_ALTERNATIVES = 3
 """Memory cards shown next to the recommended layout's (every alternative is in the table)."""
@@ -99,7 +99,7 @@ def headline(plan: Plan) -> str:
     elif tokens and not price:
         parts.append("cost: no price for this GPU (set one in Training)")
     parts.append(f"MFU {100 * lay.mfu:.0f}%")
-    usable = usable_of(plan)
+    usable = plan.usable_bytes
     margin = usable - lay.memory_per_gpu.total
     if margin >= 0:
         parts.append(f"memory margin {gib(margin)} of {gib(usable)} usable")
@@ -296,7 +296,7 @@ class DecisionStep(StepPane):
         self.query_one("#warnings", Static).set_class(bool(warnings), "-warn")
         cards = self.query_one("#mem-cards", ItemGrid)
         cards.remove_children()
-        usable = usable_of(plan)
+        usable = plan.usable_bytes
         memory = plan.gpu.memory_bytes
         shown = plan.alternatives[:MAX_ALTERNATIVES]
         pick = next((a for a in plan.alternatives if is_flow_pick(a)), None)

@@ -11,8 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.plan.memory import gpu_usable_bytes, usable_bytes
-from engine.plan.result import Layout, Plan
+from engine.plan.result import Layout
 
 _PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 _LABEL_W = 12
@@ -25,13 +24,6 @@ GIB = 1024**3
 def gib(n_bytes: float) -> str:
     """Bytes as GiB with one decimal (the unit nvidia-smi and torch report memory in)."""
     return f"{n_bytes / GIB:.1f} GiB"
-
-
-def usable_of(plan: Plan) -> int:
-    """What the plan may use of each GPU: its memory less the planner's named reserves (all of
-    it times the usable fraction for CPU ranks), as ``engine.plan.context`` counts it."""
-    mem = plan.gpu.memory_bytes
-    return usable_bytes(mem) if plan.gpu.dist_backend == "gloo" else gpu_usable_bytes(mem)
 
 
 def describe_full(lay: Layout) -> str:
