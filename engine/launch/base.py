@@ -102,7 +102,7 @@ class LaunchBackend(SupervisedRun):
             raise
         try:
             self.start_time_s = time.monotonic() - t0
-            self._last_activity = time.monotonic()
+            self._hang.restart()
             self._record(state=RunState.RUNNING)
             self._state = RunState.RUNNING
             self._emit(

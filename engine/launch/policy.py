@@ -12,6 +12,8 @@ it is ``succeeded`` only when every rank exited 0.
 from __future__ import annotations
 
 import errno
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.launch.torchrun_output import FailureTable, describe_exit
@@ -23,6 +25,14 @@ SUPERVISE_INTERVAL_S = 0.1
 """How often the supervisor looks at every node."""
 LINGER_S = 5.0
 """Seconds a node's output may stay open after its script ended (a leftover child holds it)."""
+STALL_S = 2.0
+"""A gap between two supervisor ticks (every SUPERVISE_INTERVAL_S) longer than this means the
+launcher itself was not running: stopped (Ctrl-Z, SIGSTOP), a paused VM, a suspended machine.
+The gap is not counted as the ranks' silence (:class:`HangClock`)."""
+STARTUP_S = 120.0
+"""Seconds added to ``hang_timeout_s`` before any rank printed its first line: on a loaded
+machine importing torch and the rendezvous may be silent for long; a run that never prints at
+all is still ended."""
 
 
 @dataclass
@@ -81,6 +91,74 @@ def hang_reason(silent_s: float, hang_timeout_s: float) -> str | None:
             f"hang: no output from any rank for {silent_s:.0f}s (--hang-timeout {hang_timeout_s:g})"
         )
     return None
+
+
+class HangClock:
+    """How long the ranks have been silent, on the launcher's own clock: the supervisor's
+    :meth:`tick` credits any gap longer than :data:`STALL_S` between two ticks (the launcher was
+    stopped while the ranks went on: their output waited in the pipes, unread), and a hang is
+    declared only on two ticks in a row, so the readers get a tick to deliver what they read
+    after a continue.
+
+    ``time.monotonic`` (CLOCK_MONOTONIC) is used, not CLOCK_BOOTTIME: it does not advance while
+    the machine is suspended, which is no silence of the ranks either; a stopped process or a
+    paused VM's clock jump is what the tick gap catches. Stream readers call :meth:`activity`
+    (a float store, safe from any thread); the supervisor alone calls :meth:`tick` and
+    :meth:`overdue`."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        now = clock()
+        self._last = now
+        self._tick = now
+        self._suspect = False
+        self.alive = False
+        """A rank printed a line: the start-up allowance (:data:`STARTUP_S`) is over."""
+        self.credited_s = 0.0
+        """Seconds of launcher stalls not counted as silence."""
+
+    def activity(self, rank_line: bool = True) -> None:
+        """Output arrived (``rank_line``: from a rank, not only the launcher's chatter)."""
+        self._last = self._clock()
+        if rank_line:
+            self.alive = True
+
+    def restart(self) -> None:
+        """Start counting afresh (the nodes just started; a job began to wait in a queue)."""
+        self._last = self._tick = self._clock()
+        self._suspect = False
+
+    def tick(self) -> None:
+        """Once per supervisor round, before :meth:`overdue`."""
+        now = self._clock()
+        gap, self._tick = now - self._tick, now
+        if gap > STALL_S:
+            # Never past now: a reader may have seen output after the continue already.
+            self._last = min(self._last + gap, now)
+            self.credited_s += gap
+            self._suspect = False
+
+    def silent_s(self) -> float:
+        return max(0.0, self._clock() - self._last)
+
+    def overdue(self, timeout_s: float, nodes_running: bool = True) -> str | None:
+        """The run's hang reason after ``timeout_s`` of silence, or None. ``nodes_running``:
+        some node's launch script still runs (once every script ended the run is ending, not
+        hanging)."""
+        limit = timeout_s if self.alive else timeout_s + STARTUP_S
+        silent = self.silent_s()
+        if not nodes_running or silent <= limit:
+            self._suspect = False
+            return None
+        if not self._suspect:  # one more tick: let the readers deliver what is in the pipes
+            self._suspect = True
+            return None
+        if not self.alive:
+            return (
+                f"hang: no rank printed anything in {silent:.0f}s since the start "
+                f"(--hang-timeout {timeout_s:g} plus {STARTUP_S:g}s for start-up)"
+            )
+        return hang_reason(silent, timeout_s)
 
 
 def dir_error_text(e: OSError) -> str:

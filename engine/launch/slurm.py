@@ -234,7 +234,7 @@ class SlurmBackend(LaunchBackend):
     def _seen(self, job: JobInfo) -> None:
         old, self.job = self.job, job
         if job.state == "PENDING":
-            self._last_activity = time.monotonic()  # waiting in the queue is not a hang
+            self._hang.restart()  # waiting in the queue is not a hang
         if job.restarts > self.restarts:
             self.restarts = job.restarts
             self._say(0, f"slurm job {job.job_id} was requeued (restart {job.restarts})")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.errors import DtrainError
 from engine.launch.options import LaunchOptions
-from engine.launch.policy import NodeState
+from engine.launch.policy import HangClock, NodeState
 from engine.launch.torchrun_output import Groups, close_pieces, group_runs, shown, split_tee
 from engine.launch.transport_watch import TransportWatch
 from engine.monitor.events import Event, LineBatch
@@ -75,7 +75,8 @@ class StreamingRun:
         self._dir_error: OSError | None = None
         """The first error writing the run directory (a full disk); ends the run ``failed``."""
         self._failure: tuple[int | None, int | None, str] | None = None  # (rank, node, reason)
-        self._last_activity = time.monotonic()
+        self._hang = HangClock()
+        """The ranks' silence (the hang timeout), on the launcher's own clock."""
         self._threads: list[threading.Thread] = []
         self._transport = TransportWatch(self.run, self.bundle_dir, self.name)
         """The NCCL transport check; run.json's ``transport`` entry."""
@@ -210,7 +211,7 @@ class StreamingRun:
             if dirty:
                 lines = [shown(x) for x in lines]
             events.append(LineBatch(n, rank, stream, tuple(lines), ts, hosts[n]))
-        self._last_activity = time.monotonic()
+        self._hang.activity(any(rank is not None for _, rank in groups))
         with self._cond:
             self._events.extend(events)
             self._pending_bytes += size

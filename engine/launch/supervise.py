@@ -21,7 +21,6 @@ from engine.launch.policy import (
     NodeState,
     dir_error_text,
     first_bad_rank,
-    hang_reason,
     node_failure,
     rank_exit,
 )
@@ -59,6 +58,7 @@ class SupervisedRun(StreamingRun, ABC):
     def _supervise(self) -> None:
         try:
             while not self._final.is_set():
+                self._hang.tick()  # before any check: a stopped launcher's gap is not silence
                 if (
                     not self._stop_requested
                     and self._failure is None
@@ -98,6 +98,7 @@ class SupervisedRun(StreamingRun, ABC):
 
     def _check_nodes(self) -> None:
         all_done = True
+        scripts_running = False
         # Nodes whose torchrun printed a failure table first, the surest first failure first
         # (FailureTable.blame_order): among nodes ending together, a rank killed by a signal is
         # the cause, not the peer that then lost its connection.
@@ -106,6 +107,7 @@ class SupervisedRun(StreamingRun, ABC):
             if st.finished:
                 continue
             finished, code = self._node_exit(st.node)
+            scripts_running = scripts_running or not finished
             with self._cond:
                 streams_open = st.open_streams
             if st.lost and not finished:
@@ -130,7 +132,7 @@ class SupervisedRun(StreamingRun, ABC):
 
             if take_diagnose_request(self.run.path):  # a monitor's "diagnose"
                 diagnose_safely(self, "asked from the monitor")
-            hang = hang_reason(time.monotonic() - self._last_activity, self.options.hang_timeout_s)
+            hang = self._hang.overdue(self.options.hang_timeout_s, scripts_running)
             if hang is not None:
                 diagnose_safely(self, hang)  # name the stuck rank before the ranks are stopped
                 self._fail(None, None, hang)
