@@ -1,5 +1,7 @@
 """Assemble a run bundle from a plan (:func:`render_bundle`, pure) and write it to a directory
-(:func:`write_bundle`, atomic per file, manifest last).
+(:func:`write_bundle`): whole or not at all. Every new file is written into a stage directory on
+the same file system first; only then is the bundle changed, by renames alone, so a full disk or
+any other failure leaves the previous bundle byte for byte as it was, and no stage behind.
 
 Rewriting a bundle never destroys a person's work. A file on disk is *ours* when its sha256 is
 the one ``bundle.json`` recorded when dtrain-tui wrote it; ours may be replaced. Any other
@@ -13,9 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
+import secrets
+import shutil
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,8 +29,8 @@ from pydantic import ValidationError
 
 from engine.errors import DtrainError, one_line
 from engine.fsio import atomic_write_text, unused_path
+from engine.plan.names import Framework
 from engine.plan.result import Plan
-from engine.plan.specs import Framework
 from engine.write.common import (
     check_batch,
     check_world,
@@ -242,10 +247,17 @@ def write_bundle(
 
     Raises DtrainError, before writing anything, when a needed file exists and is not ours
     (edited since dtrain-tui wrote it, or never written by it) unless ``force``: then each such
-    file is kept as ``NAME.bak-<UTC time>`` first."""
+    file is kept as ``NAME.bak-<UTC time>`` first. A failure on the disk (no space left) is a
+    one-line DtrainError, and the previous bundle is left as it was."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DtrainError(f"{out} exists and is not a directory; pass a directory", field="--out")
+    if out.is_symlink() and not out.exists():
+        raise DtrainError(
+            f"{out} is a symlink to {out.readlink()}, which does not exist; pass a directory, "
+            "or create the target first",
+            field="--out",
+        )
     files = render_bundle(plan, options)
     manifest_file = BundleFile(manifest_text(manifest_for(plan, files)))
     recorded, manifest_ours = _previous(out) if out.is_dir() else ({}, True)
@@ -262,22 +274,38 @@ def write_bundle(
             field="--out",
         )
 
-    out.mkdir(parents=True, exist_ok=True)
-    todo += _back_up(out, [name for name, _why in conflicts], files, report)
-    for name in sorted(todo, key=natural_key):
-        f = files[name]
-        atomic_write_text(out / name, f.text, mode=f.mode)
-        report.written.append(name)
-    _remove_stale(out, files, recorded, report)
-
-    # The manifest last: an interrupted write leaves the old one, whose hashes still protect
-    # the user's files (files already rewritten match the new content and count as unchanged).
+    # Everything is written into a stage first; only renames touch the bundle after that, so a
+    # full disk (or any failure) leaves the previous bundle as it was.
+    backups = [name for name, _why in conflicts]
+    todo += [name for name in backups if name in files]
+    new = {name: files[name] for name in sorted(todo, key=natural_key)}
     mpath = out / MANIFEST
-    if mpath.is_file() and _sha_file(mpath) == manifest_file.sha256:
+    if mpath.is_file() and not mpath.is_symlink() and _sha_file(mpath) == manifest_file.sha256:
         report.unchanged.append(MANIFEST)
     else:
-        atomic_write_text(mpath, manifest_file.text)
-        report.written.append(MANIFEST)
+        # The manifest last: were the renames cut short (SIGKILL), the old one, whose hashes
+        # still protect the user's files, would stay.
+        new[MANIFEST] = manifest_file
+    stale, report.kept = _stale(out, files, recorded)
+    had_bundle = mpath.exists()
+    made = _missing_parents(out)
+    stage: _Stage | None = None
+    try:
+        stage = _Stage(out)
+        stage.write(new)
+        stage.swap(backups, stale, list(new), report)
+    except BaseException as e:
+        if stage is not None:
+            stage.undo()
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(e, OSError) and stage is not None:
+            raise _write_failed(out, e, had_bundle) from None
+        raise  # no stage could be made (a parent is a file, no permission): said by the caller
+    stage.finish()
+    report.written = list(new)
+    report.removed = stale
     report.unchanged.sort()
     return report
 
@@ -311,39 +339,141 @@ def _sort_out(
     return todo, conflicts
 
 
-def _back_up(
-    out: Path, names: list[str], files: dict[str, BundleFile], report: WriteReport
-) -> list[str]:
-    """Rename each of ``names`` to ``NAME.bak-<UTC time>``; the bundle files among them are
-    then to be written."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    todo: list[str] = []
-    for name in names:
-        path = out / name
-        bak = unused_path(path, f".bak-{stamp}")
-        os.replace(path, bak)
-        report.backed_up[name] = bak.name
-        if name in files:
-            todo.append(name)
-    return todo
-
-
-def _remove_stale(
-    out: Path, files: dict[str, BundleFile], recorded: dict[str, str], report: WriteReport
-) -> None:
-    """Files the previous bundle had that this plan does not produce: removed when unedited,
-    kept when edited."""
+def _stale(
+    out: Path, files: dict[str, BundleFile], recorded: dict[str, str]
+) -> tuple[list[str], list[str]]:
+    """Files the previous bundle had that this plan does not produce: (to remove, as they are
+    unedited; to keep, as they were edited)."""
+    remove: list[str] = []
+    kept: list[str] = []
     for name, old_hash in sorted(recorded.items()):
         plain_name(name)  # checked when read; never delete outside ``out``
         path = out / name
         if name in files or name == MANIFEST or path.is_symlink() or not path.is_file():
             continue
-        if _sha_file(path) == old_hash:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            report.removed.append(name)
-        else:
-            report.kept.append(name)
+        (remove if _sha_file(path) == old_hash else kept).append(name)
+    return remove, kept
+
+
+def _missing_parents(out: Path) -> list[Path]:
+    """The directories above ``out`` that do not exist yet, deepest first: made for the write,
+    removed again when it fails."""
+    missing: list[Path] = []
+    parent = out.absolute().parent
+    while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    return missing
+
+
+def _write_failed(out: Path, e: OSError, had_bundle: bool) -> DtrainError:
+    """One line for a write that failed on the disk, and what became of the bundle."""
+    after = "the previous bundle is unchanged" if had_bundle else "nothing was written"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DtrainError(
+            f"no space left on device writing {out}; {after} (free some space, or pass "
+            "another --out)",
+            field="--out",
+        )
+    where = e.filename or out
+    return DtrainError(
+        f"cannot write {where}: {e.strerror or e}; {after} (pass a writable directory)",
+        field="--out",
+    )
+
+
+_STAGE_PREFIX = ".dtrain-stage-"
+
+
+class _Stage:
+    """A bundle written whole or not at all. :meth:`write` puts every new file into a stage
+    directory on the bundle's file system (inside ``out`` when it exists; else beside it, to
+    become ``out`` by one rename). :meth:`swap` then only renames: each replaced, backed-up or
+    stale file aside into the stage, each new file in, the manifest last; :meth:`undo` renames
+    every one back, so a failure at any point leaves the previous bundle as it was, and
+    :meth:`finish` removes the stage with the replaced files in it."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.fresh = not out.is_dir()
+        where = out.parent if self.fresh else out
+        if self.fresh and where.exists() and not where.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(where))
+        if self.fresh:
+            where.mkdir(parents=True, exist_ok=True)
+        prefix = f".{out.name}{_STAGE_PREFIX}" if self.fresh else _STAGE_PREFIX
+        self.dir = _new_dir(where, prefix)
+        self.new = self.dir if self.fresh else self.dir / "new"
+        self.old = self.dir / "old"
+        self._moved: list[tuple[Path, Path]] = []
+        """Renames done by :meth:`swap`, in order: what :meth:`undo` reverses."""
+
+    def write(self, files: dict[str, BundleFile]) -> None:
+        if not self.fresh:
+            self.new.mkdir()
+            self.old.mkdir()
+        for name, f in files.items():
+            atomic_write_text(self.new / name, f.text, mode=f.mode)
+
+    def swap(
+        self, backups: list[str], stale: list[str], names: list[str], report: WriteReport
+    ) -> None:
+        if self.fresh:
+            self._move(self.dir, self.out)
+            return
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        for name in backups:
+            path = self.out / name
+            bak = unused_path(path, f".bak-{stamp}")
+            self._move(path, bak)
+            report.backed_up[name] = bak.name
+        for name in stale:
+            self._move(self.out / name, self.old / name)
+        for name in names:
+            path = self.out / name
+            if path.exists() or path.is_symlink():
+                self._move(path, self.old / name)
+            self._move(self.new / name, path)
+        with contextlib.suppress(OSError):  # the renames on disk before the stage goes
+            fd = os.open(self.out, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _move(self, src: Path, dst: Path) -> None:
+        os.rename(src, dst)
+        self._moved.append((src, dst))
+
+    def undo(self) -> None:
+        """Every rename back, newest first; then the stage goes, unless a file could not be put
+        back (it stays in the stage, not lost)."""
+        stuck = False
+        for src, dst in reversed(self._moved):
+            try:
+                os.rename(dst, src)
+            except OSError:
+                stuck = True
+        self._moved.clear()
+        if not stuck:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def finish(self) -> None:
+        if not self.fresh:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _new_dir(where: Path, prefix: str) -> Path:
+    """A new directory ``where/<prefix><random>``, made with the usual permissions (mkdtemp's
+    are 0700, and a fresh stage becomes the bundle directory)."""
+    for _ in range(100):
+        path = where / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, "no unused stage directory name", str(where))
 
 
 @dataclass

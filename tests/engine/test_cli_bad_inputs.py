@@ -677,7 +677,7 @@ def _small_tmpfs(path: Path, size: str) -> Iterator[Path]:
 def test_a_full_disk_in_write_is_one_line(tmp_path: Path) -> None:
     with _small_tmpfs(tmp_path / "small", "64k") as mnt:
         (mnt / "filler").write_bytes(b"\0" * 48 * 1024)
-        err = _expect(["write", *TINY, "--out", str(mnt / "bundle")], "--out", "No space left")
+        err = _expect(["write", *TINY, "--out", str(mnt / "bundle")], "--out", "no space left")
         assert str(mnt / "bundle") in err
         # No temporary file is left behind by the atomic writes.
         assert not [p for p in (mnt / "bundle").glob(".*.tmp")]
