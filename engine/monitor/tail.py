@@ -8,18 +8,26 @@ text in it is made safe for a terminal here), ``RUN/logs/rank<R>.stdout.log``,
 file read, in file order, so no line of a rank is lost or reordered); a rank's exit is reported
 only after its files have been drained, so its last lines come before its exit. Pure I/O on plain
 files: no threads of its own (the monitor polls it from its reader thread).
+
+A run directory may come from someone else: a log that is a symlink, or leads out of the run
+directory (``logs`` itself a symlink), or is not a regular file, is not read; one line says so
+(``[dtrain-tui] logs/rank0.stdout.log: is a symlink; not read``). A log truncated while followed
+is read again from its start; one renamed away (rotated) is read to its end, then the new file of
+that name is followed from its start.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from engine.errors import DtrainError
+from engine.fsio import open_regular
 from engine.monitor.events import STDERR, STDOUT, Event, LineBatch, RankExit, RunStateChanged
 from engine.monitor.textsafe import safe_line
 from engine.rundir.record import RUN_JSON, RunRecord, RunState, read_record
@@ -31,6 +39,11 @@ ALIVE_CHECK_S = 0.5
 """How often a run still going has its launcher's pid checked (a killed one writes nothing)."""
 MAX_LINE_BYTES = 64 << 10
 """A longer line is shown cut: its first 64 KiB and ``… [cut N bytes]`` (the file keeps it all)."""
+NO_LAUNCHER_QUIET_S = 30.0
+"""A run not over whose run.json names no launcher, and where nothing changed for this long, is
+taken as ended: no process this machine can see will ever finish it."""
+NOTE = "[dtrain-tui] "
+"""How a line of the monitor's own (a file not read) starts."""
 
 
 @dataclass(slots=True)
@@ -40,6 +53,8 @@ class _Tail:
     node: int
     stream: str
     fh: BinaryIO | None = None
+    refused: bool = False
+    """Not a regular file of the run directory: said once, never read."""
     rest: bytes = b""
     cut: int = 0
     """Bytes of the unfinished line in ``rest`` dropped past MAX_LINE_BYTES."""
@@ -112,6 +127,7 @@ class RunDirSource:
         poll_bytes: int = 1 << 20,
         rescan_s: float = 0.25,
         idle_sleep_s: float = 0.02,
+        no_launcher_quiet_s: float = NO_LAUNCHER_QUIET_S,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.chunk_bytes = chunk_bytes
@@ -119,6 +135,10 @@ class RunDirSource:
         self._rr = 0
         self.rescan_s = rescan_s
         self.idle_sleep_s = idle_sleep_s
+        self.no_launcher_quiet_s = no_launcher_quiet_s
+        self._last_change = time.monotonic()
+        self._notes: list[str] = []
+        self._logs_refused = False
         self._tails: dict[str, _Tail] = {}
         self._info = _RunInfo()
         self._run_mtime: int = -1
@@ -180,6 +200,11 @@ class RunDirSource:
         while not self._done:
             final = self._refresh_run_json()
             events, busy = self._drain()
+            events = self._take_notes() + events  # a file not read is said where it would be
+            if busy:
+                self._last_change = time.monotonic()
+            elif not final and self._orphaned():
+                final = True
             # Drained means no file gave a byte: a long line still without its newline gives
             # no event, yet the files are not drained (else the lines after it were lost).
             drained = not busy
@@ -214,6 +239,7 @@ class RunDirSource:
         m = self._mtime()
         if m != self._run_mtime:
             self._run_mtime = m
+            self._last_change = time.monotonic()
             try:
                 self._info = _run_info(read_record(self.run_dir))
             except DtrainError:
@@ -226,9 +252,45 @@ class RunDirSource:
                 self._info = _run_info(rec)
         return self._info.state.final
 
+    def _orphaned(self) -> bool:
+        """A run not over, with no launcher named, where nothing changed for a long while: end
+        it as failed, saying why (else a follower waits forever)."""
+        rec = self._info.record
+        if rec.launcher is not None or self._info.state.final:
+            return False
+        quiet = time.monotonic() - self._last_change
+        if quiet < self.no_launcher_quiet_s:
+            return False
+        why = (
+            f"run.json names no launcher and nothing changed for {quiet:.0f} s; "
+            "no process here will end this run"
+        )
+        self._info = _run_info(rec.model_copy(update={"state": RunState.FAILED, "reason": why}))
+        return True
+
+    def _note(self, text: str) -> None:
+        self._notes.append(NOTE + safe_line(text))
+
+    def _take_notes(self) -> list[Event]:
+        if not self._notes:
+            return []
+        notes, self._notes = tuple(self._notes), []
+        return [LineBatch(0, None, STDOUT, notes, time.time())]
+
     def _scan(self) -> None:
         self._last_scan = time.monotonic()
         logs = self.run_dir / LOGS
+        if self._logs_refused:
+            return
+        try:
+            st = os.lstat(logs)
+        except OSError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            self._logs_refused = True
+            what = "is a symlink" if stat.S_ISLNK(st.st_mode) else "is not a directory"
+            self._note(f"{LOGS}: {what}; its files are not read")
+            return
         try:
             names = sorted(os.listdir(logs))
         except OSError:
@@ -251,7 +313,8 @@ class RunDirSource:
 
     def _drain(self) -> tuple[list[Event], bool]:
         """Events for what the files gave, and whether any file gave a byte."""
-        if time.monotonic() - self._last_scan >= self.rescan_s:
+        rescan = time.monotonic() - self._last_scan >= self.rescan_s
+        if rescan:
             self._scan()
         events: list[Event] = []
         now = time.time()
@@ -265,13 +328,13 @@ class RunDirSource:
         for t in tails[start:] + tails[:start]:
             if budget <= 0:
                 break
-            if t.fh is None:
-                try:
-                    t.fh = open(t.path, "rb")  # kept open while tailing
-                except OSError:
-                    continue
+            if t.refused or (t.fh is None and not self._open(t)):
+                continue
+            assert t.fh is not None
             data = t.fh.read(min(self.chunk_bytes, max(budget, 4096)))
             if not data:
+                if rescan:
+                    events += self._reopened(t)
                 continue
             budget -= len(data)
             busy = True
@@ -289,14 +352,58 @@ class RunDirSource:
             events.append(LineBatch(t.node, t.rank, t.stream, tuple(lines), now, host))
         return events, busy
 
+    def _open(self, t: _Tail) -> bool:
+        """Open ``t``'s file, a regular file inside the run directory; a refusal is said once."""
+        try:
+            fd = open_regular(t.path, within=self.run_dir, label=f"{LOGS}/{t.path.name}")
+        except DtrainError as e:
+            t.refused = True
+            self._note(f"{e}")
+            return False
+        except OSError:
+            return False  # not there yet
+        t.fh = os.fdopen(fd, "rb")  # kept open while tailing
+        return True
+
+    def _reopened(self, t: _Tail) -> list[Event]:
+        """At the end of ``t``'s file: start again from 0 when it shrank (truncated), or follow
+        the new file of its name when the name now holds another one (rotated). A line without
+        its newline so far is shown first, so nothing read is lost."""
+        assert t.fh is not None
+        try:
+            mine = os.fstat(t.fh.fileno())
+            pos = t.fh.tell()
+        except (OSError, ValueError):
+            return []
+        try:
+            now = os.stat(t.path, follow_symlinks=False)
+        except OSError:
+            return []  # renamed, the new one not there yet: keep the old one
+        rotated = (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev)
+        if not rotated and mine.st_size >= pos:
+            return []
+        events = self._flush_one(t)
+        if rotated:
+            t.fh.close()
+            t.fh = None
+            self._open(t)
+        else:
+            t.fh.seek(0)
+        return events
+
+    def _flush_one(self, t: _Tail) -> list[Event]:
+        if not t.rest:
+            return []
+        text = _cut_text(t.rest, t.cut)
+        t.rest, t.cut = b"", 0
+        host = self._info.rank_host.get(t.rank, "") if t.rank is not None else ""
+        return [LineBatch(t.node, t.rank, t.stream, (text,), time.time(), host)]
+
     def _flush_rests(self) -> list[Event]:
         """At the end, a last line without its newline is still a line."""
         events: list[Event] = []
         for t in self._tails.values():
-            if t.rest:
-                text = _cut_text(t.rest, t.cut)
-                t.rest, t.cut = b"", 0
-                events.append(LineBatch(t.node, t.rank, t.stream, (text,), time.time()))
+            events += self._flush_one(t)
         return events
 
     def _exits(self, drained: bool) -> list[Event]:

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from engine.errors import DtrainError
+from engine.fsio import JSON_LIMIT, read_regular_text
 from engine.rundir.launcher import launcher_gone
 from engine.write.manifest import MAX_NODES, MAX_RANKS
 
@@ -133,7 +134,7 @@ class RunRecord(BaseModel):
             name=_str(data.get("name")),
             run_id=_str(data.get("run_id")),
             backend=_str(data.get("backend")),
-            state=_state(data.get("state")),
+            state=state if (state := _state(data.get("state"))) else RunState.FAILED,
             started_at=_opt_str(data.get("started_at")),
             ended_at=_opt_str(data.get("ended_at")),
             nodes=len(nodes) if isinstance(nodes, list) else _int(nodes),
@@ -145,7 +146,9 @@ class RunRecord(BaseModel):
             ranks=ranks,
             failed_rank=_opt_int(failed),
             failed_node=_opt_int(data.get("failed_node")),
-            reason=str(data.get("reason") or data.get("failed_reason") or ""),
+            reason=str(data.get("reason") or data.get("failed_reason") or "")
+            if state
+            else _unknown_state(data.get("state"), path),
             launcher=data["launcher"] if isinstance(data.get("launcher"), dict) else None,
             launcher_died=data.get("launcher_died") is True,
             diagnosis=d if isinstance(d := data.get("diagnosis"), dict) else None,
@@ -175,7 +178,8 @@ def read_record(run_dir: Path | str) -> RunRecord:
     if not Path(run_dir).is_dir():
         raise DtrainError(f"{run_dir} is not a directory; pass a run directory", field="RUN_DIR")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = read_regular_text(path, JSON_LIMIT, within=run_dir, label=str(path))
+        data = json.loads(text)
     except FileNotFoundError:
         raise DtrainError(
             f"{path} not found; pass a run directory written by `dtrain-tui launch`",
@@ -185,6 +189,8 @@ def read_record(run_dir: Path | str) -> RunRecord:
         raise DtrainError(f"{path} is unreadable ({e})", field="RUN_DIR") from None
     except RecursionError:
         raise DtrainError(f"{path} is unreadable (nested too deeply)", field="RUN_DIR") from None
+    except DtrainError as e:  # not a regular file, or too big
+        raise DtrainError(e.message, field="RUN_DIR") from None
     if not isinstance(data, dict):
         raise DtrainError(f"{path} is not a JSON object", field="RUN_DIR")
     return RunRecord.from_untrusted(data, path).as_read()
@@ -227,13 +233,22 @@ def _bounded(value: int, limit: int, what: str, path: Path | str) -> int:
     return value
 
 
-def _state(v: object) -> RunState:
-    """A missing state reads ``running`` (as it always has); so does one no version wrote (a
-    hand-edited file): a run still going, as far as anyone can tell."""
+def _state(v: object) -> RunState | None:
+    """A missing state reads ``running`` (as it always has); one no version wrote is None: such
+    a run reads ``failed``, its reason saying why (:func:`_unknown_state`), for a reader that
+    believed ``running`` would wait for an end no writer will ever write."""
     try:
-        return RunState(str(v)) if v else RunState.RUNNING
+        return RunState(v) if isinstance(v, str) and v else None if v else RunState.RUNNING
     except ValueError:
-        return RunState.RUNNING
+        return None
+
+
+def _unknown_state(v: object, path: Path | str) -> str:
+    shown = repr(v)[:40]
+    return (
+        f"{path}: state {shown} is not one of {', '.join(RunState)}; "
+        "this file was not written by this dtrain-tui, and the run is taken as ended"
+    )
 
 
 def _str(v: object) -> str:
