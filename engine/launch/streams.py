@@ -19,7 +19,15 @@ from pathlib import Path
 from engine.errors import DtrainError
 from engine.launch.options import LaunchOptions
 from engine.launch.policy import HangClock, NodeState
-from engine.launch.torchrun_output import Groups, close_pieces, group_runs, shown, split_tee
+from engine.launch.torchrun_output import (
+    MAX_SHOWN_LINE,
+    Groups,
+    close_pieces,
+    cut_long,
+    group_runs,
+    shown,
+    split_tee,
+)
 from engine.launch.transport_watch import TransportWatch
 from engine.monitor.events import Event, LineBatch
 from engine.rundir.files import RunDir, new_run_dir
@@ -210,6 +218,8 @@ class StreamingRun:
                     self._dir_failed(e)
             if dirty:
                 lines = [shown(x) for x in lines]
+            if size > MAX_SHOWN_LINE:  # a line this long can only come in a chunk this big
+                lines = cut_long(lines)  # shown cut; the log above has it whole
             events.append(LineBatch(n, rank, stream, tuple(lines), ts, hosts[n]))
         self._hang.activity(any(rank is not None for _, rank in groups))
         with self._cond:
@@ -284,7 +294,7 @@ class StreamingRun:
             out = body.decode("utf-8", "surrogateescape")
             if rank is not None and (partial.get(n) or "[default" in out):
                 # A partial line torchrun spliced (see group_runs): filed by its pieces' ranks.
-                local, out = close_pieces(out, rank - n * gpn, partial.setdefault(n, {}))
+                local, out = close_pieces(out, rank - n * gpn, partial.setdefault(n, {}), gpn)
                 rank = n * gpn + local
             lst = groups.get((n, rank))
             if lst is None:

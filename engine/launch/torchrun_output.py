@@ -108,7 +108,7 @@ def group_runs(
         pos = end
         if chunk.count("[default") >= len(lines):  # one C-speed scan of the run
             # More prefixes than the lines' own: one inside a line.
-            _spliced(lines, local, base, node, pending, groups)
+            _spliced(lines, local, node, gpus_per_node, pending, groups)
             continue
         if pending and local in pending:
             lines[0] = pending.pop(local) + lines[0]
@@ -122,24 +122,38 @@ def group_runs(
 
 
 def _spliced(
-    lines: list[str], local: int, base: int, node: int, pending: dict[int, str], groups: Groups
+    lines: list[str], local: int, node: int, gpn: int, pending: dict[int, str], groups: Groups
 ) -> None:
     """File a run's lines of which some hold tee prefixes inside (see :func:`group_runs`)."""
+    base = node * gpn
     for line in lines:
-        owner, whole = close_pieces(line, local, pending)
+        owner, whole = close_pieces(line, local, pending, gpn)
         groups.setdefault((node, base + owner), []).append(whole)
 
 
-def close_pieces(line: str, local: int, pending: dict[int, str]) -> tuple[int, str]:
+def close_pieces(
+    line: str, local: int, pending: dict[int, str], gpus_per_node: int | None = None
+) -> tuple[int, str]:
     """(local rank, whole line) that ``line`` (of local rank ``local``, its prefix gone) ends:
     the text before each tee prefix inside it is a partial line of the rank it belongs to and
-    waits in ``pending``; the last piece ends its rank's line."""
+    waits in ``pending``; the last piece ends its rank's line.
+
+    A rank's own text that looks like a prefix stays with it where torchrun could not have
+    written it: right after another prefix (torchrun's tail writes a prefix only before a
+    non-empty ``readline``, so a splice always follows some text: ``[default0]:[default1]:x``
+    is rank 0 printing ``[default1]:x``), and one naming a local rank the node does not have
+    (``gpus_per_node``). A prefix after text inside one line stays ambiguous on a merged stream
+    (torchrun's own per-rank log files are the only unforgeable record)."""
     parts = _TEE_STR_RE.split(line)  # [text, local, text, local, text, ...]
-    owner = local
-    for i in range(0, len(parts) - 1, 2):
-        pending[owner] = pending.get(owner, "") + parts[i]
-        owner = int(parts[i + 1])
-    return owner, pending.pop(owner, "") + parts[-1]
+    owner, piece = local, parts[0]
+    for i in range(1, len(parts), 2):
+        other, after = int(parts[i]), parts[i + 1]
+        if piece and (gpus_per_node is None or other < gpus_per_node):
+            pending[owner] = pending.get(owner, "") + piece  # a partial line, spliced
+            owner, piece = other, after
+        else:  # the rank's own text
+            piece += f"[default{parts[i]}]:{after}"
+    return owner, pending.pop(owner, "") + piece
 
 
 def shown(line: str) -> str:
@@ -149,6 +163,25 @@ def shown(line: str) -> str:
     except UnicodeEncodeError:
         return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     return line
+
+
+MAX_SHOWN_LINE = 16 << 10
+"""Characters of one line shown (terminal, events); the rest is cut, marked with how many bytes
+were cut. The rank's log in the run directory keeps the whole line."""
+
+
+def cut_long(lines: list[str], limit: int = MAX_SHOWN_LINE) -> list[str]:
+    """``lines`` with each line over ``limit`` characters cut there and marked
+    ``… [N bytes cut]``; the list itself when none is that long."""
+    if not any(len(x) > limit for x in lines):
+        return lines
+    out = []
+    for x in lines:
+        if len(x) > limit:
+            cut = len(x[limit:].encode("utf-8", "surrogateescape"))
+            x = f"{x[:limit]}… [{cut} bytes cut]"
+        out.append(x)
+    return out
 
 
 def describe_exit(code: int | None) -> str:
