@@ -674,8 +674,8 @@ def attention_report(att: dict[str, Any], verbose: bool = True) -> dict[str, flo
     width (:func:`engine.plan.perf.head_dim_factor`)."""
     _engine()
     from engine.plan.catalog import get_gpu
+    from engine.plan.names import Precision
     from engine.plan.perf import head_dim_factor
-    from engine.plan.specs import Precision
 
     gpu = get_gpu(GPU)
     soft = gpu.peak_tflops(Precision.BF16) / (4 * gpu.exp_tops) if gpu.exp_tops else 0.0

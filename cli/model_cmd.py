@@ -17,8 +17,9 @@ from engine.plan.models import (
     preset_description,
     resolve_model,
 )
+from engine.plan.names import NetworkTier
 from engine.plan.result import model_json
-from engine.plan.specs import ModelSpec, NetworkTier
+from engine.plan.specs import ModelSpec
 
 
 def register(sub: Any) -> None:

@@ -13,8 +13,8 @@ import sys
 from typing import TextIO
 
 from cli.spec_options import add_spec_options, spec_from_args
+from engine.plan.names import Precision, Recompute
 from engine.plan.result import Layout, Plan
-from engine.plan.specs import Precision, Recompute
 
 GIB = 1024**3
 

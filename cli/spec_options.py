@@ -12,7 +12,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from engine.errors import SpecError, validation_messages
-from engine.plan.specs import (
+from engine.plan.names import (
     Backend,
     CpComm,
     Fp8Recipe,
@@ -24,9 +24,9 @@ from engine.plan.specs import (
     Optimizer,
     Precision,
     Recompute,
-    Spec,
     Strategy,
 )
+from engine.plan.specs import Spec
 
 SPEC_SECTIONS = ("model", "hardware", "network", "training", "layout", "launch")
 # Keys a profile file carries besides the spec; a spec file may be a profile.

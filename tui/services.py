@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.plan.specs import ModelDims, ModelSpec, NetworkTier, Spec
+from engine.plan.dims import ModelDims
+from engine.plan.names import NetworkTier
+from engine.plan.specs import ModelSpec, Spec
 
 if TYPE_CHECKING:
     from engine.launch import LaunchBackend

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.errors import DtrainError
 from engine.plan.catalog import GpuType, get_gpu, get_network
-from engine.plan.specs import NetworkTier
+from engine.plan.names import NetworkTier
 
 RESULT_MARK = "[dtrain] preflight "
 """Rank 0's result line starts with this, then one JSON object."""

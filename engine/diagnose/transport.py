@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.plan.catalog import get_network
-from engine.plan.specs import NetworkTier
+from engine.plan.names import NetworkTier
 
 MAX_FILE_BYTES = 4 << 20
 """plan.json, nccl.env, sky.yaml larger than this are not read (they come from disk, maybe

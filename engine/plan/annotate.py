@@ -11,12 +11,23 @@ import math
 from dataclasses import replace
 
 from engine.plan.context import BLOCK_SCALED_FP8_RATE, PlanContext
+from engine.plan.dims import ModelDims
+from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap
 from engine.plan.memory import LayoutDraft, mtp_modules
+from engine.plan.names import (
+    Fp8Recipe,
+    Framework,
+    MoeDispatcher,
+    NetworkTier,
+    Offload,
+    Precision,
+    Recompute,
+    Strategy,
+)
 from engine.plan.perf import (
     UNALIGNED_GEMM_SLOWDOWN,
     estimate_time,
     padded_vocab,
-    shared_expert_overlap,
     unpadded_vocab_seconds,
 )
 from engine.plan.result import Layout, MemoryBreakdown
@@ -29,18 +40,6 @@ from engine.plan.search import (
     evaluate,
     kernels_only,
     smallest,
-)
-from engine.plan.specs import (
-    Fp8Recipe,
-    Framework,
-    ModelDims,
-    MoeDispatcher,
-    NetworkTier,
-    Offload,
-    Precision,
-    Recompute,
-    Strategy,
-    megatron_fp8_flags,
 )
 from engine.plan.stages import stage_layers
 from engine.plan.strategies import DISPLAY_NAME

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from engine.errors import SpecError
 from engine.plan.calibration import Calibration, apply_network, calibrated_usable
 from engine.plan.catalog import GpuType, get_network, list_gpus
+from engine.plan.dims import ModelDims
 from engine.plan.memory import gpu_usable_bytes, usable_bytes
+from engine.plan.names import Fp8Recipe, IntraNodeLink, Precision
 from engine.plan.perf import Hardware
 from engine.plan.result import PathStep
-from engine.plan.specs import Fp8Recipe, IntraNodeLink, ModelDims, Precision, Spec
+from engine.plan.specs import Spec
 
 
 @dataclass(slots=True)

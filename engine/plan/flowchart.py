@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from engine.plan.annotate import describe, gib, mem_line, shortfall
 from engine.plan.context import PlanContext
+from engine.plan.frameworks import cp_comm_of
 from engine.plan.memory import LayoutDraft, mtp_modules
-from engine.plan.perf import cp_comm_of
+from engine.plan.names import CpComm, Offload, Strategy
 from engine.plan.result import PathStep
 from engine.plan.search import (
     CLEARLY_FASTER,
@@ -26,7 +27,6 @@ from engine.plan.search import (
     kernels_only,
     smallest,
 )
-from engine.plan.specs import CpComm, Offload, Strategy
 from engine.plan.stages import stage_layers
 
 __all__ = ["CLEARLY_FASTER", "choose", "narrow", "shape_steps", "walk"]

@@ -34,11 +34,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
-from engine.plan.result import MemoryBreakdown
-from engine.plan.specs import (
+from engine.plan.dims import ModelDims
+from engine.plan.names import (
     CpComm,
     Framework,
-    ModelDims,
     Offload,
     Optimizer,
     PPSchedule,
@@ -46,6 +45,7 @@ from engine.plan.specs import (
     Recompute,
     Strategy,
 )
+from engine.plan.result import MemoryBreakdown
 from engine.plan.stages import in_flight, stage_layers
 
 # DeepSpeed's defaults (deepspeed/runtime/zero/config.py): reduce_bucket_size and

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.errors import SpecError
-from engine.plan.specs import ModelDims, ModelSpec
+from engine.plan.dims import ModelDims
+from engine.plan.specs import ModelSpec
 
 
 class _Arch(NamedTuple):

@@ -292,7 +292,7 @@ class Estimate:
 # FLOPs
 
 
-def _attention_dim(dims: ModelDims) -> float:
+def attention_dim(dims: ModelDims) -> float:
     """The width attention's score and context products run at: ``heads x head_dim``, or for
     MLA's wider query/key heads (192) and narrower value heads (128) their mean, since
     ``QK^T`` runs at the first and ``PV`` at the second."""
@@ -330,6 +330,12 @@ def _projections(dims: ModelDims, t: float, tp: int, gemm: Callable[..., float])
     return sec + gemm(t, h, dims.heads * dims.value_head_dim / tp)
 
 
+def projection_flops(dims: ModelDims, tokens: float, tp: int) -> float:
+    """FLOPs of one layer's attention projections (QKV, or MLA's down- and up-projections, and
+    the output) for ``tokens`` tokens on one of ``tp`` tensor-parallel ranks, forward."""
+    return _projections(dims, tokens, tp, lambda m, n, k: 2 * m * n * k)
+
+
 def _mla_up(dims: ModelDims, t: float, tp: int, gemm: Callable[..., float]) -> float:
     """Seconds of MLA's up-projections from the latents to the heads (keys' no-rotary part and
     values from the key/value latent; queries from the query latent where there is one),
@@ -356,7 +362,7 @@ def flops_per_token(
     attention, MLP-only recompute the MLP's ``2·N_mlp``, light recompute MLA's up-projections;
     ``share``: the layers a full recompute redoes (Megatron's block method)."""
     n = dims.params_active
-    attn = 12 * dims.layers * _attention_dim(dims) * seq_len if attention else 0.0
+    attn = 12 * dims.layers * attention_dim(dims) * seq_len if attention else 0.0
     if causal:
         attn *= window_share(dims, seq_len) / 2
     f = 6 * n + attn
@@ -447,7 +453,7 @@ def allreduce_time(hw: Hardware, size: float, ranks: int, stride: int) -> float:
     ``src/graph/tuning.cc``: a ring's ``2·nNodes`` inter-node steps of its ``2(n-1)``, a tree's
     ``2·log2(nNodes)`` network hops after ``2(n/nNodes - 1)`` NVLink ones; it runs the faster)."""
     nbytes = ring_allreduce_bytes(size, ranks)
-    nodes = _nodes_spanned(hw, ranks, stride)
+    nodes = nodes_spanned(hw, ranks, stride)
     if nodes <= 1 or nodes >= ranks:
         steps = min(2 * (ranks - 1), 4 * max(1, math.ceil(math.log2(max(2, ranks)))))
         return collective_time(hw, nbytes, ranks, stride, steps)
@@ -460,7 +466,7 @@ def allreduce_time(hw: Hardware, size: float, ranks: int, stride: int) -> float:
     return collective_time(hw, nbytes, ranks, stride, 0) + min(ring, tree)
 
 
-def _nodes_spanned(hw: Hardware, ranks: int, stride: int) -> int:
+def nodes_spanned(hw: Hardware, ranks: int, stride: int) -> int:
     """Scale-up domains (nodes) a group of ``ranks`` ranks ``stride`` apart touches."""
     if not _spans_nodes(hw, ranks, stride):
         return 1
@@ -536,7 +542,7 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
         per_expert = t * etp / tp * dims.experts_per_token * d.ep / dims.num_experts
         mlp = gemm(per_expert, mats * dims.ffn / etp, h) + gemm(per_expert, h, dims.ffn / etp)
         local = dims.num_experts / d.ep
-        mlp = mlp * local * _moe_imbalance(d)
+        mlp = mlp * local * moe_imbalance(d)
         if d.framework == Framework.MEGATRON:
             # The expert loop is host bound when each expert's GEMM takes less than launching it.
             kernels = 3 if fp8_linears(hw) else 1
@@ -615,10 +621,10 @@ def _sorts_by_local_expert(dims: ModelDims, d: LayoutDraft) -> bool:
 def _routed(dims: ModelDims, d: LayoutDraft, t: float) -> float:
     """Routed token copies on the busiest expert rank for ``t`` local tokens: each TP rank's
     sequence-parallel share (folded experts: whole widths), ``k`` copies of each."""
-    return t * d.expert_tp / d.tp * dims.experts_per_token * _moe_imbalance(d)
+    return t * d.expert_tp / d.tp * dims.experts_per_token * moe_imbalance(d)
 
 
-def _moe_imbalance(d: LayoutDraft) -> float:
+def moe_imbalance(d: LayoutDraft) -> float:
     """The busiest expert-parallel rank's load over the mean: as the user states it
     (``--moe-imbalance``), else :data:`MOE_IMBALANCE` under dropless routing; a capacity
     factor caps it (tokens beyond capacity are dropped). Without expert parallelism every rank
@@ -651,7 +657,7 @@ def _attention_forward(
     after the ``QK^T`` GEMM) in two batched GEMMs whose inner or outer dimension is the head
     dimension, and moves the ``heads/TP x s x s`` score matrix through HBM
     (:data:`SCORE_BYTES`: written, softmaxed, dropped out, read by the context GEMM)."""
-    q = _attention_dim(dims) / d.tp
+    q = attention_dim(dims) / d.tp
     flops = 4 * t * seq_len * q
     if fused_attention(d):
         rate = hw.peak_flops * hw.gemm * hw.attention(d.framework)
@@ -784,7 +790,7 @@ def _cp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> flo
     kv_width = dims.kv_heads * dims.head_dim / d.tp
     how = cp_comm_of(d)
     if how == CpComm.A2A:
-        q_width = _attention_dim(dims) / d.tp
+        q_width = attention_dim(dims) / d.tp
         into = alltoall_time(hw, t * (q_width + 2 * kv_width) * b, d.cp, d.tp)
         back = alltoall_time(hw, t * q_width * b, d.cp, d.tp)
         return 2 * (into + back)
@@ -816,7 +822,7 @@ def _ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> flo
     copies = dims.experts_per_token if d.deepep else 1
     one = alltoall_time(
         hw,
-        routed * _moe_imbalance(d),
+        routed * moe_imbalance(d),
         d.ep,
         d.expert_tp,
         copies=copies,
@@ -1047,6 +1053,67 @@ def _p2p(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
     return 2 * one * max(1, d.virtual_stages)
 
 
+class LayerCost(NamedTuple):
+    """Seconds of one layer for one micro-batch, as :func:`micro_batch_time` adds them up."""
+
+    compute: float
+    """Forward and backward (and what a recompute runs again), host waits included."""
+    backward: float
+    """The backward share of ``compute``."""
+    exposed: float
+    """Tensor-, context- and expert-parallel traffic left exposed after every overlap."""
+
+
+class Terms(NamedTuple):
+    """One micro-batch of layout ``d`` on one GPU, term by term: what :func:`micro_batch_time`
+    and :func:`estimate_time` are built from, for tests and for explaining an estimate. Layer
+    figures are one (MoE) layer of the heaviest stage; seconds throughout."""
+
+    forward: LayerForward
+    """One layer's forward by kind of work."""
+    layer: LayerCost
+    """One layer's forward and backward and its exposed traffic."""
+    tp: float
+    """Exposed tensor-parallel seconds of one layer (the backward's behind the layer's
+    weight-gradient GEMMs where the framework overlaps them)."""
+    cp: float
+    """Exposed context-parallel seconds of one layer."""
+    ep: float
+    """One layer's expert-parallel all-to-alls, none of them hidden."""
+    host_gap: float
+    """Seconds one layer's forward passes wait on the host (the classic fp16 stack)."""
+    head: float
+    """The LM head and the loss, forward."""
+    p2p: float
+    """The pipeline sends of one micro-batch on a stage, none hidden."""
+    routed: float
+    """Routed token copies on the busiest expert rank (MoE; the micro-batch's local tokens
+    times ``k`` times the imbalance)."""
+
+    @property
+    def cp_ep(self) -> float:
+        """Context- and expert-parallel seconds of one layer, before any overlap hides the
+        all-to-alls."""
+        return self.cp + self.ep
+
+
+def terms(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> Terms:
+    """The terms of one micro-batch of layout ``d`` (see :class:`Terms`)."""
+    f = _layer_forward(dims, d, hw, seq_len)
+    t = d.micro_batch * seq_len / d.cp
+    return Terms(
+        forward=f,
+        layer=LayerCost(*_layer_costs(dims, d, hw, seq_len)),
+        tp=_tp_comm(dims, d, hw, seq_len, f.gemm / 2),
+        cp=_cp_comm(dims, d, hw, seq_len),
+        ep=_ep_comm(dims, d, hw, seq_len),
+        host_gap=_host_bound_gap(dims, d, hw, seq_len, f.gemm + f.attention + f.elementwise),
+        head=_head_forward(dims, d, hw, seq_len),
+        p2p=_p2p(dims, d, hw, seq_len),
+        routed=_routed(dims, d, t) if dims.is_moe else 0.0,
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The step
 
@@ -1111,12 +1178,12 @@ def _step_comm(
     dense, expert = stage_params(dims, d)
     units = max(stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers))
     sharded_3d = d.strategy == Strategy.THREE_D and d.zero_stage >= 3
-    exposed = _data_parallel_exposed(
+    exposed = data_parallel_exposed(
         d, hw, dense, mb, units, dims.gated_mlp, expert if sharded_3d else 0.0
     )
     if expert and not sharded_3d:
         stride = d.expert_tp * d.ep
-        comm = allreduce_time(hw, expert * _grad_reduce_bytes(d), d.expert_dp, stride)
+        comm = allreduce_time(hw, expert * grad_reduce_bytes(d), d.expert_dp, stride)
         exposed += _behind(comm, _megatron_overlap(d) * mb.backward)
     local = dense + expert
     if d.zero_stage >= 1 or d.framework == Framework.FSDP:
@@ -1126,7 +1193,7 @@ def _step_comm(
     return exposed, local * OPTIMIZER_BYTES_PER_PARAM / hw.hbm_bytes_per_s
 
 
-def _grad_reduce_bytes(d: LayoutDraft) -> int:
+def grad_reduce_bytes(d: LayoutDraft) -> int:
     """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32
     (``accumulate_allreduce_grads_in_fp32``, on for bf16) unless told to keep them in bf16
     (:attr:`LayoutDraft.grads_bf16`); DDP, FSDP and DeepSpeed in the training precision."""
@@ -1137,7 +1204,7 @@ def _grad_reduce_bytes(d: LayoutDraft) -> int:
     return 2
 
 
-def _data_parallel_exposed(
+def data_parallel_exposed(
     d: LayoutDraft,
     hw: Hardware,
     dense: float,
@@ -1153,7 +1220,7 @@ def _data_parallel_exposed(
     n = d.dp * d.cp
     if n <= 1:
         return 0.0
-    g = _grad_reduce_bytes(d)
+    g = grad_reduce_bytes(d)
     stride = d.tp
     m = d.grad_accum
     if d.strategy == Strategy.DDP or d.framework == Framework.DDP:

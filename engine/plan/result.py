@@ -11,16 +11,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.plan.calibration import Calibration
-from engine.plan.specs import (
-    Framework,
-    ModelDims,
-    Offload,
-    PPSchedule,
-    Precision,
-    Recompute,
-    Spec,
-    Strategy,
-)
+from engine.plan.dims import ModelDims
+from engine.plan.names import Framework, Offload, PPSchedule, Precision, Recompute, Strategy
+from engine.plan.specs import Spec
 
 
 class _Frozen(BaseModel):

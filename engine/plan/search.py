@@ -22,10 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from engine.plan.context import PlanContext
+from engine.plan.frameworks import a2a_overlap_applies, cp_splits_heads
 from engine.plan.memory import LayoutDraft, estimate_memory
-from engine.plan.perf import Estimate, a2a_overlap_applies, estimate_time
-from engine.plan.result import Layout, MemoryBreakdown
-from engine.plan.specs import (
+from engine.plan.names import (
     CpComm,
     Framework,
     MoeDispatcher,
@@ -33,9 +32,10 @@ from engine.plan.specs import (
     PPSchedule,
     Recompute,
     Strategy,
-    TrainingSpec,
-    cp_splits_heads,
 )
+from engine.plan.perf import Estimate, estimate_time
+from engine.plan.result import Layout, MemoryBreakdown
+from engine.plan.specs import TrainingSpec
 from engine.plan.stages import stage_layers, uneven_splits, virtual_options
 from engine.plan.strategies import (
     FRAMEWORK_OF,

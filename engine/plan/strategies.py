@@ -6,7 +6,7 @@ and the narration (:mod:`engine.plan.annotate`): one table per fact, so they nev
 
 from __future__ import annotations
 
-from engine.plan.specs import Framework, Offload, Strategy
+from engine.plan.names import Framework, Offload, Strategy
 
 FRAMEWORK_OF = {
     Strategy.DDP: Framework.DDP,

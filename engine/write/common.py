@@ -11,8 +11,9 @@ import re
 import shlex
 
 from engine.errors import DtrainError
+from engine.plan.names import Precision
 from engine.plan.result import Layout, Plan
-from engine.plan.specs import ADDR_RE, Host, Precision
+from engine.plan.specs import ADDR_RE, Host
 
 DEFAULT_LR = 3e-4
 """AdamW learning rate written when the spec gives none: the common LLM pre-training value."""

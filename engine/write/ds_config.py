@@ -13,8 +13,8 @@ from enum import StrEnum
 from typing import Any
 
 from engine.errors import DtrainError
+from engine.plan.names import Framework, Offload, Optimizer, Precision
 from engine.plan.result import Plan
-from engine.plan.specs import Framework, Offload, Optimizer, Precision
 from engine.write.common import check_batch, lr
 
 AUTO = "auto"

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from engine.errors import DtrainError
+from engine.plan.names import Framework, Offload, Precision, Recompute, Strategy
 from engine.plan.result import Plan
-from engine.plan.specs import Framework, Offload, Precision, Recompute, Strategy
 from engine.write.common import check_batch, master_addr, torch_dtype_name
 from engine.write.yamlio import dump_yaml
 

@@ -16,8 +16,8 @@ Every spec value in a script is shell-quoted (:func:`engine.write.common.q`) or 
 
 from __future__ import annotations
 
+from engine.plan.names import Framework
 from engine.plan.result import Plan
-from engine.plan.specs import Framework
 from engine.write.common import (
     effective_batch_lines,
     hosts,

@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import DtrainError, one_line
-from engine.plan.specs import Backend, Framework
+from engine.plan.names import Backend, Framework
 
 MANIFEST = "bundle.json"
 BUNDLE_VERSION = 1

@@ -25,17 +25,10 @@ Flag names follow Megatron-LM's ``megatron/training/arguments.py`` (NVIDIA/Megat
 from __future__ import annotations
 
 from engine.errors import DtrainError
-from engine.plan.perf import shared_expert_overlap
+from engine.plan.dims import ModelDims
+from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap
+from engine.plan.names import MoeDispatcher, Optimizer, PPSchedule, Precision, Recompute
 from engine.plan.result import Layout, Plan
-from engine.plan.specs import (
-    ModelDims,
-    MoeDispatcher,
-    Optimizer,
-    PPSchedule,
-    Precision,
-    Recompute,
-    megatron_fp8_flags,
-)
 from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
 
 PRETRAIN_GPT = "pretrain_gpt.sh"

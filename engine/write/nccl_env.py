@@ -9,8 +9,8 @@ spreads traffic over several sockets; CPU plans talk gloo and need none of the N
 
 from __future__ import annotations
 
+from engine.plan.names import NetworkTier
 from engine.plan.result import Plan
-from engine.plan.specs import NetworkTier
 from engine.write.common import q
 
 Entry = tuple[str, str, str]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from engine.plan.names import Framework
 from engine.plan.result import Plan
-from engine.plan.specs import Framework
 from engine.write.common import (
     effective_batch_lines,
     lr_advice_lines,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.plan.names import Framework, NetworkTier
 from engine.plan.result import Plan
-from engine.plan.specs import Framework, NetworkTier
 from engine.write.common import (
     effective_batch_lines,
     plan_summary,

@@ -79,9 +79,9 @@ def test_the_hidden_all_to_all_leaves_the_critical_path_but_holds_sms() -> None:
     hw = h100_hardware(4)
     off = _draft(ep=8)
     on = replace(off, a2a_overlap=True)
-    ep = perf._ep_comm(dims, off, hw, 4096)
+    ep = perf.terms(dims, off, hw, 4096).ep
     assert ep > 0
-    (c_off, _, x_off), (c_on, _, x_on) = (perf._layer_costs(dims, d, hw, 4096) for d in (off, on))
+    (c_off, _, x_off), (c_on, _, x_on) = (perf.terms(dims, d, hw, 4096).layer for d in (off, on))
     # Inside a node the all-to-all takes less than the layer's compute: all of it hides.
     assert ep < c_off
     assert x_on == pytest.approx(x_off - ep)  # without it, all of it was exposed
@@ -96,10 +96,10 @@ def test_what_the_compute_cannot_cover_stays_exposed() -> None:
     dims = resolve_model(MOE)
     slow = replace(h100_hardware(4), inter_bytes_per_s=2e9)  # a crawling fabric
     on = _draft(a2a_overlap=True)
-    ep = perf._ep_comm(dims, on, slow, 4096)
-    compute, _, exposed = perf._layer_costs(dims, replace(on, a2a_overlap=False), slow, 4096)
+    ep = perf.terms(dims, on, slow, 4096).ep
+    compute, _, exposed = perf.terms(dims, replace(on, a2a_overlap=False), slow, 4096).layer
     assert ep > compute
-    _, _, exposed_on = perf._layer_costs(dims, on, slow, 4096)
+    _, _, exposed_on = perf.terms(dims, on, slow, 4096).layer
     assert exposed_on == pytest.approx(exposed - compute)
 
 
@@ -107,8 +107,8 @@ def test_a_layout_that_cannot_run_it_is_costed_without_it() -> None:
     dims = resolve_model(MOE)
     hw = h100_hardware(4)
     plain = _draft(pp=4, dp=8)
-    assert perf._layer_costs(dims, replace(plain, a2a_overlap=True), hw, 4096) == (
-        perf._layer_costs(dims, plain, hw, 4096)
+    assert perf.terms(dims, replace(plain, a2a_overlap=True), hw, 4096).layer == (
+        perf.terms(dims, plain, hw, 4096).layer
     )
 
 

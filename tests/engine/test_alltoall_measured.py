@@ -13,15 +13,8 @@ import pytest
 from engine.plan import perf
 from engine.plan.catalog import get_gpu
 from engine.plan.context import hardware
-from engine.plan.specs import (
-    HardwareSpec,
-    ModelSpec,
-    NetworkSpec,
-    NetworkTier,
-    Precision,
-    Spec,
-    TrainingSpec,
-)
+from engine.plan.names import NetworkTier, Precision
+from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 
 DATA = json.loads((Path(__file__).parents[1] / "data" / "ep_alltoall_latency.json").read_text())
 

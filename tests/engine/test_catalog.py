@@ -4,7 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from engine.plan.catalog import get_gpu, get_network, list_gpus, resolve_gpu_key
-from engine.plan.specs import HardwareSpec, NetworkTier, Precision
+from engine.plan.names import NetworkTier, Precision
+from engine.plan.specs import HardwareSpec
 
 REQUIRED = {
     "v100-32gb",

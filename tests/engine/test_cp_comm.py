@@ -52,13 +52,13 @@ def test_an_all_gather_exposes_what_the_ring_hides_behind_the_attention() -> Non
     hw = h100_hardware(2)
     ring = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=2, cp=8)
     gathered = replace(ring, cp_comm=CpComm.ALLGATHER)
-    hidden = perf._cp_comm(dims, ring, hw, SEQ)
-    exposed = perf._cp_comm(dims, gathered, hw, SEQ)
+    hidden = perf.terms(dims, ring, hw, SEQ).cp
+    exposed = perf.terms(dims, gathered, hw, SEQ).cp
     # The same bytes (K and V in twice, their gradients out once): the ring leaves
     # 1 - Overlap.cp of them on the critical path, the all-gather all of them.
     assert hidden > 0
     assert exposed > 2 * hidden
-    assert perf._cp_comm(dims, replace(gathered, cp=1), hw, SEQ) == 0.0
+    assert perf.terms(dims, replace(gathered, cp=1), hw, SEQ).cp == 0.0
 
 
 def test_an_all_to_all_moves_queries_and_outputs_too() -> None:
@@ -69,11 +69,12 @@ def test_an_all_to_all_moves_queries_and_outputs_too() -> None:
     hw = h100_hardware(2)
     ring = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=2, cp=4)
     a2a = replace(ring, cp_comm=CpComm.A2A)
-    assert perf._cp_comm(dims, a2a, hw, SEQ) > 3 * perf._cp_comm(dims, ring, hw, SEQ)
+    assert perf.terms(dims, a2a, hw, SEQ).cp > 3 * perf.terms(dims, ring, hw, SEQ).cp
     # Inside a node (tp x cp = 8) the all-to-all rides NVLink; across two it takes the NICs.
     across = replace(a2a, tp=1, cp=16)
-    assert perf._cp_comm(dims, across, hw, SEQ) > perf._cp_comm(
-        dims, replace(a2a, tp=1, cp=8), hw, SEQ
+    assert (
+        perf.terms(dims, across, hw, SEQ).cp
+        > perf.terms(dims, replace(a2a, tp=1, cp=8), hw, SEQ).cp
     )
 
 
@@ -99,10 +100,10 @@ def test_pytorch_native_context_parallelism_all_gathers_whatever_is_asked() -> N
     dims = resolve_model(ModelSpec(preset="llama-3-8b"))
     hw = h100_hardware(2)
     fsdp = LayoutDraft(Strategy.FSDP_FULL, Framework.FSDP, dp=2, cp=8)
-    assert perf._cp_comm(dims, fsdp, hw, SEQ) == pytest.approx(
-        perf._cp_comm(
+    assert perf.terms(dims, fsdp, hw, SEQ).cp == pytest.approx(
+        perf.terms(
             dims, replace(fsdp, framework=Framework.MEGATRON, cp_comm=CpComm.ALLGATHER), hw, SEQ
-        )
+        ).cp
     )
 
 

@@ -65,15 +65,12 @@ def test_latent_attention_costs_its_own_projections_and_head_widths() -> None:
     d = load_hf_config(CONFIG)
     mha = d.model_copy(update={"kv_lora_rank": 0, "q_lora_rank": 0, "v_head_dim": 0})
     # Scores at 192 (q.k), context at 128 (p.v): the mean, 160 a head.
-    assert perf._attention_dim(d) == 128 * 160
-    assert perf._attention_dim(mha) == 128 * 192
-
-    def gemm(m: float, n: float, k: float) -> float:
-        return 2 * m * n * k
+    assert perf.attention_dim(d) == 128 * 160
+    assert perf.attention_dim(mha) == 128 * 192
 
     t, tp = 4096.0, 2
     # The latents' down-projections are whole on each TP rank, the rest split.
-    flops = perf._projections(d, t, tp, gemm)
+    flops = perf.projection_flops(d, t, tp)
     expected = (
         2
         * t
@@ -86,7 +83,7 @@ def test_latent_attention_costs_its_own_projections_and_head_widths() -> None:
         )
     )
     assert flops == pytest.approx(expected)
-    assert flops < perf._projections(mha, t, tp, gemm)
+    assert flops < perf.projection_flops(mha, t, tp)
 
 
 def test_the_leading_dense_layers_sit_on_the_first_stage() -> None:
@@ -119,8 +116,8 @@ def test_shared_experts_add_dense_work_but_no_all_to_all() -> None:
     hw = h100_hardware(32)
     lay = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=1, pp=16, dp=16, ep=8)
     alone = d.model_copy(update={"shared_experts": 0})
-    assert perf._layer_forward(d, lay, hw, 4096).mlp > perf._layer_forward(alone, lay, hw, 4096).mlp
-    assert perf._cp_ep_comm(d, lay, hw, 4096) == perf._cp_ep_comm(alone, lay, hw, 4096)
+    assert perf.terms(d, lay, hw, 4096).forward.mlp > perf.terms(alone, lay, hw, 4096).forward.mlp
+    assert perf.terms(d, lay, hw, 4096).cp_ep == perf.terms(alone, lay, hw, 4096).cp_ep
     # The shared expert's intermediates are saved like a ninth routed expert's.
     kept = layer_activation_bytes(d, 4096, 1)
     assert kept > layer_activation_bytes(alone, 4096, 1)

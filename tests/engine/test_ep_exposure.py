@@ -50,24 +50,24 @@ def _draft(**kw: object) -> LayoutDraft:
 
 def test_without_a_schedule_for_it_the_whole_all_to_all_is_waited_for() -> None:
     dims, d, hw = resolve_model(ROUTED), _draft(), h100_hardware(4)
-    ep = perf._ep_comm(dims, d, hw, 4096)
+    ep = perf.terms(dims, d, hw, 4096).ep
     assert ep > 0
     # TP 1, CP 1: the layer's exposed traffic is its dispatch and combine, all of them.
-    assert perf._layer_costs(dims, d, hw, 4096)[2] == pytest.approx(ep)
+    assert perf.terms(dims, d, hw, 4096).layer[2] == pytest.approx(ep)
 
 
 def test_a_shared_expert_beside_the_dispatch_hides_what_it_takes() -> None:
     dims, d, hw = _shared_dims(), _draft(), h100_hardware(4)
-    ep = perf._ep_comm(dims, d, hw, 4096)
-    shared = perf._layer_forward(dims, d, hw, 4096).shared
+    ep = perf.terms(dims, d, hw, 4096).ep
+    shared = perf.terms(dims, d, hw, 4096).forward.shared
     assert 0 < 3 * shared < ep  # across four nodes the all-to-all outlasts it
-    exposed = perf._layer_costs(dims, d, hw, 4096)[2]
+    exposed = perf.terms(dims, d, hw, 4096).layer[2]
     assert exposed == pytest.approx(ep - 3 * shared)
     # Under DeepEP (Megatron-Bridge turns the overlap off there) and on a stack other than
     # Megatron-Core the shared expert runs after the routed ones: all of the all-to-all waits.
     for other in (replace(d, deepep=True), replace(d, framework=Framework.FSDP)):
-        assert perf._layer_costs(dims, other, hw, 4096)[2] == pytest.approx(
-            perf._ep_comm(dims, other, hw, 4096)
+        assert perf.terms(dims, other, hw, 4096).layer[2] == pytest.approx(
+            perf.terms(dims, other, hw, 4096).ep
         ), other
 
 

@@ -18,7 +18,7 @@ import pytest
 from engine.plan import perf
 from engine.plan.catalog import get_gpu
 from engine.plan.memory import gpu_reserves, gpu_usable_bytes
-from engine.plan.specs import CpComm, Fp8Recipe, MoeDispatcher, Recompute
+from engine.plan.names import CpComm, Fp8Recipe, MoeDispatcher, Recompute
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3

@@ -12,18 +12,9 @@ from pathlib import Path
 
 from engine.plan.memory import LayoutDraft, logits_bytes
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, NetworkTier, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    NetworkSpec,
-    NetworkTier,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3

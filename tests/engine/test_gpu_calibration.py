@@ -27,19 +27,10 @@ from engine.plan.memory import (
     per_layer_params,
 )
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, Optimizer, Precision, Recompute, Strategy
 from engine.plan.perf import unaligned_vocab
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    ModelSpec,
-    Optimizer,
-    Precision,
-    Recompute,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, ModelSpec, Spec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = json.loads((ROOT / "tests" / "data" / "gpu_runs.json").read_text())

@@ -87,12 +87,12 @@ def test_deepep_across_nodes_sends_fewer_copies() -> None:
     free = dims.model_copy(update={"expert_groups": 0, "group_topk": 0})
     hw = h100_hardware(256)
     across = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=128, ep=64, deepep=True)
-    limited, unrestricted = (perf._cp_ep_comm(m, across, hw, 4096) for m in (dims, free))
+    limited, unrestricted = (perf.terms(m, across, hw, 4096).cp_ep for m in (dims, free))
     # 3.15 remote nodes a token instead of 4.59: about a third less on the network.
     assert 0.6 * unrestricted < limited < 0.8 * unrestricted
     # NCCL's all-to-all sends every copy to its expert wherever the groups are.
     nccl = replace(across, deepep=False)
-    assert perf._cp_ep_comm(dims, nccl, hw, 4096) == perf._cp_ep_comm(free, nccl, hw, 4096)
+    assert perf.terms(dims, nccl, hw, 4096).cp_ep == perf.terms(free, nccl, hw, 4096).cp_ep
 
 
 def test_megatron_routes_as_the_model_was_trained() -> None:

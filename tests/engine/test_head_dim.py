@@ -109,11 +109,11 @@ def test_the_attention_of_narrow_heads_takes_longer_at_the_same_flops() -> None:
     narrow = wide.model_copy(update={"heads": 64, "kv_heads": 8, "head_dim": 64})  # same q width
     d = LayoutDraft(Strategy.DDP, Framework.MEGATRON, dp=8, precision=Precision.BF16)
     t = 4096.0
-    fast = perf._attention_forward(wide, d, hw, 4096, t)
-    slow = perf._attention_forward(narrow, d, hw, 4096, t)
+    fast = perf.terms(wide, d, hw, 4096).forward.attention
+    slow = perf.terms(narrow, d, hw, 4096).forward.attention
     assert slow / fast == pytest.approx(1 / perf.head_dim_factor(64, hw.softmax_head_dim))
     no_sfu = replace(hw, softmax_head_dim=0.0)
-    assert perf._attention_forward(narrow, d, no_sfu, 4096, t) == pytest.approx(fast)
+    assert perf.terms(narrow, d, no_sfu, 4096).forward.attention == pytest.approx(fast)
 
 
 def test_the_example_trainer_builds_the_models_head_width(tmp_path: Path) -> None:

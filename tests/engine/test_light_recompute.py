@@ -108,8 +108,8 @@ def test_light_costs_the_work_it_redoes() -> None:
     light = LayoutDraft(
         Strategy.THREE_D, Framework.MEGATRON, tp=1, pp=16, dp=16, ep=8, recompute=Recompute.LIGHT
     )
-    f = perf._layer_forward(dims, light, hw, 4096)
-    assert perf._layer_forward(dims, lay, hw, 4096).light == 0.0
+    f = perf.terms(dims, light, hw, 4096).forward
+    assert perf.terms(dims, lay, hw, 4096).forward.light == 0.0
     assert 0 < f.light < 0.2 * f.gemm
     base = perf.flops_per_token(dims, 4096, Recompute.NONE)
     up = 61 * (512 * 128 * (128 + 128) + 1536 * 128 * 192)

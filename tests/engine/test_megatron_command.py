@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.plan.specs import ModelSpec, Strategy
+from engine.plan.names import Strategy
+from engine.plan.specs import ModelSpec
 from engine.write import megatron_args, render_bundle, write_bundle
 from engine.write.bundle import EXEC_MODE
 from engine.write.megatron import PRETRAIN_GPT
@@ -242,7 +243,7 @@ def test_pretrain_gpt_refuses_without_megatron_lm(tmp_path: Path) -> None:
     ],
 )
 def test_recompute_flags_follow_the_layout(recompute: str, flags: list[str]) -> None:
-    from engine.plan.specs import Recompute
+    from engine.plan.names import Recompute
 
     plan = make_plan(
         model=ModelSpec(preset="llama-3-8b"),

@@ -11,6 +11,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from engine.plan.dims import ModelDims
 from engine.plan.memory import (
     LayoutDraft,
     estimate_memory,
@@ -23,10 +24,8 @@ from engine.plan.memory import (
     zero_model_states_bytes,
 )
 from engine.plan.models import resolve_model
-from engine.plan.specs import (
+from engine.plan.names import (
     Framework,
-    ModelDims,
-    ModelSpec,
     Offload,
     Optimizer,
     PPSchedule,
@@ -34,6 +33,7 @@ from engine.plan.specs import (
     Recompute,
     Strategy,
 )
+from engine.plan.specs import ModelSpec
 
 GB = 1e9
 

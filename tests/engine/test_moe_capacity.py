@@ -40,9 +40,9 @@ def _spec(capacity: float | None) -> Spec:
 
 def test_a_capacity_factor_caps_the_busiest_experts_load() -> None:
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=1, pp=1, dp=32, ep=8)
-    assert perf._moe_imbalance(d) == perf.MOE_IMBALANCE > 1.0
-    assert perf._moe_imbalance(replace(d, capacity=1.0)) == 1.0
-    assert perf._moe_imbalance(replace(d, capacity=4.0)) == perf.MOE_IMBALANCE
+    assert perf.moe_imbalance(d) == perf.MOE_IMBALANCE > 1.0
+    assert perf.moe_imbalance(replace(d, capacity=1.0)) == 1.0
+    assert perf.moe_imbalance(replace(d, capacity=4.0)) == perf.MOE_IMBALANCE
 
 
 def test_token_drop_is_faster_than_dropless_on_the_same_layout() -> None:
@@ -57,12 +57,13 @@ def test_token_drop_is_faster_than_dropless_on_the_same_layout() -> None:
         gpus_per_node=8,
         nodes=4,
     )
-    dropless = perf._layer_forward(dims, d, hw, 4096)
-    dropped = perf._layer_forward(dims, replace(d, capacity=1.0), hw, 4096)
+    dropless = perf.terms(dims, d, hw, 4096).forward
+    dropped = perf.terms(dims, replace(d, capacity=1.0), hw, 4096).forward
     assert dropped.mlp < dropless.mlp  # the busiest rank's experts see no more than capacity
     assert dropped.elementwise < dropless.elementwise  # no host sync for the token counts
-    assert perf._cp_ep_comm(dims, replace(d, capacity=1.0), hw, 4096) < perf._cp_ep_comm(
-        dims, d, hw, 4096
+    assert (
+        perf.terms(dims, replace(d, capacity=1.0), hw, 4096).cp_ep
+        < perf.terms(dims, d, hw, 4096).cp_ep
     )
 
 

@@ -47,14 +47,14 @@ DSV3_SHAPE = ModelSpec(
 def test_all_to_all_across_nodes_carries_every_routed_copy() -> None:
     dims = resolve_model(DSV3_SHAPE)
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=16, ep=16)
-    nccl = perf._cp_ep_comm(dims, d, h100_hardware(32), 4096)
-    deepep = perf._cp_ep_comm(dims, replace(d, deepep=True), h100_hardware(32), 4096)
+    nccl = perf.terms(dims, d, h100_hardware(32), 4096).cp_ep
+    deepep = perf.terms(dims, replace(d, deepep=True), h100_hardware(32), 4096).cp_ep
     # Over two nodes, top-8: all-to-all sends half of the 8 copies across (4 a token), DeepEP
     # one copy to the other node when any of the 8 experts is there (~1 a token).
     assert nccl > 2.5 * deepep
     inside = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=16, ep=8)
-    a = perf._cp_ep_comm(dims, inside, h100_hardware(32), 4096)
-    b = perf._cp_ep_comm(dims, replace(inside, deepep=True), h100_hardware(32), 4096)
+    a = perf.terms(dims, inside, h100_hardware(32), 4096).cp_ep
+    b = perf.terms(dims, replace(inside, deepep=True), h100_hardware(32), 4096).cp_ep
     assert a == pytest.approx(b)  # inside a node both ride NVLink
 
 
@@ -77,10 +77,10 @@ def test_the_all_to_all_dispatcher_sorts_received_tokens_by_local_expert() -> No
     hw = h100_hardware(32)
 
     def elementwise(d: LayoutDraft) -> float:
-        return perf._layer_forward(dims, d, hw, 4096).elementwise
+        return perf.terms(dims, d, hw, 4096).forward.elementwise
 
     several = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, pp=16, dp=16, ep=8)
-    once = perf._routed(dims, several, 4096) * dims.hidden * 2 / hw.hbm_bytes_per_s
+    once = perf.terms(dims, several, hw, 4096).routed * dims.hidden * 2 / hw.hbm_bytes_per_s
     assert elementwise(several) - elementwise(replace(several, deepep=True)) == pytest.approx(
         4 * once
     )
@@ -183,6 +183,6 @@ def test_deepspeed_moe_calls_its_experts_one_by_one() -> None:
     hw = h100_hardware(8)
     ds = LayoutDraft(Strategy.ZERO2, Framework.DEEPSPEED, dp=64, ep=2, zero_stage=2)
     loop = (dims.num_experts // 2) * 5 * perf.MOE_EXPERT_KERNEL_S
-    assert perf._layer_forward(dims, ds, hw, 4096).mlp == pytest.approx(loop)
+    assert perf.terms(dims, ds, hw, 4096).forward.mlp == pytest.approx(loop)
     grouped = replace(ds, ep=1)
-    assert perf._layer_forward(dims, grouped, hw, 4096).mlp < loop / 2
+    assert perf.terms(dims, grouped, hw, 4096).forward.mlp < loop / 2

@@ -42,11 +42,11 @@ def _spec(imbalance: float | None, preset: str = "qwen3-30b-a3b") -> Spec:
 
 def test_the_stated_load_replaces_the_assumption_and_a_capacity_still_caps_it() -> None:
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=1, pp=1, dp=32, ep=8)
-    assert perf._moe_imbalance(d) == perf.MOE_IMBALANCE
-    assert perf._moe_imbalance(replace(d, imbalance=1.0)) == 1.0
-    assert perf._moe_imbalance(replace(d, imbalance=1.4)) == 1.4
-    assert perf._moe_imbalance(replace(d, imbalance=1.4, capacity=1.25)) == 1.25
-    assert perf._moe_imbalance(replace(d, ep=1, imbalance=1.4)) == 1.0
+    assert perf.moe_imbalance(d) == perf.MOE_IMBALANCE
+    assert perf.moe_imbalance(replace(d, imbalance=1.0)) == 1.0
+    assert perf.moe_imbalance(replace(d, imbalance=1.4)) == 1.4
+    assert perf.moe_imbalance(replace(d, imbalance=1.4, capacity=1.25)) == 1.25
+    assert perf.moe_imbalance(replace(d, ep=1, imbalance=1.4)) == 1.0
 
 
 def test_the_plan_costs_the_stated_load_and_writes_nothing_for_it() -> None:

@@ -74,8 +74,8 @@ def test_megatron_runs_it_on_the_last_stage() -> None:
     # (its DeepSeek-V3 recipes dispatch with DeepEP).
     bridge = replace(_draft(Framework.MEGATRON, 16, last=1), deepep=True)
     one, none = (perf.micro_batch_time(d, bridge, hw, 4096) for d in (with_mtp, without))
-    layer = perf._layer_costs(with_mtp, bridge, hw, 4096)[0]
-    head = 3 * perf._head_forward(with_mtp, bridge, hw, 4096)
+    layer = perf.terms(with_mtp, bridge, hw, 4096).layer[0]
+    head = 3 * perf.terms(with_mtp, bridge, hw, 4096).head
     # Without it the 4-layer stages are the heaviest; with it the last stage is (one layer,
     # the module's layer, two head passes and the projection) -- heavier than four layers.
     assert none.compute == pytest.approx(4 * layer, rel=0.05)

@@ -324,11 +324,11 @@ def test_fp16_runs_the_classic_attention_path() -> None:
     bf16 = _megatron(dp=1, tp=2, precision=Precision.BF16)
     assert perf.fused_attention(bf16) and not perf.fused_attention(fp16)
     for s in (2048, 8192):
-        slow = perf._attention_forward(GPT_3_6B, fp16, hw, s, float(s))
-        fast = perf._attention_forward(GPT_3_6B, bf16, hw, s, float(s))
+        slow = perf.terms(GPT_3_6B, fp16, hw, s).forward.attention
+        fast = perf.terms(GPT_3_6B, bf16, hw, s).forward.attention
         assert slow > 2 * fast
     # Per token, the classic path at 8K is more than 3x its cost at 2K (scores: s^2 per sequence).
-    at = [perf._attention_forward(GPT_3_6B, fp16, hw, s, float(s)) / s for s in (2048, 8192)]
+    at = [perf.terms(GPT_3_6B, fp16, hw, s).forward.attention / s for s in (2048, 8192)]
     assert at[1] > 3 * at[0]
 
 
@@ -339,10 +339,13 @@ def test_fp16_megatron_leaves_every_tp_all_reduce_exposed() -> None:
     hw = _a100()
     fp16 = _megatron(dp=1, tp=8, precision=Precision.FP16)
     bf16 = _megatron(dp=1, tp=8, precision=Precision.BF16)
-    wgrad = 1.0  # far more weight-gradient time than the all-reduces need
-    assert perf._tp_comm(GPT_3_6B, fp16, hw, 2048, wgrad) == pytest.approx(
-        2 * perf._tp_comm(GPT_3_6B, bf16, hw, 2048, wgrad) / (1 + perf.COMM_SM_SHARE)
-    )
+    one = perf.allreduce_time(hw, 2048 * GPT_3_6B.hidden * 2, 8, 1)
+    # Two all-reduces forward (attention and MLP), two backward.
+    assert perf.terms(GPT_3_6B, fp16, hw, 2048).tp == pytest.approx(4 * one)
+    bf16_terms = perf.terms(GPT_3_6B, bf16, hw, 2048)
+    wgrad = bf16_terms.forward.gemm / 2  # the column-parallel layers' weight gradients
+    hidden = min(2 * one, wgrad)
+    assert bf16_terms.tp == pytest.approx(2 * one + 2 * one - hidden + perf.COMM_SM_SHARE * hidden)
 
 
 def test_a_hidden_collective_holds_sms_a_pipeline_send_does_not() -> None:
@@ -356,18 +359,16 @@ def test_a_hidden_collective_holds_sms_a_pipeline_send_does_not() -> None:
     ddp = _draft(strategy=Strategy.DDP, framework=Framework.DDP, dp=16)
     dense = perf.stage_params(dims, ddp)[0]
     allreduce = perf.allreduce_time(hw, dense * 2, 16, 1)
-    hidden = perf._data_parallel_exposed(ddp, hw, dense, long, dims.layers)
+    hidden = perf.data_parallel_exposed(ddp, hw, dense, long, dims.layers)
     assert hidden == pytest.approx(perf.COMM_SM_SHARE * allreduce)
-    assert perf._data_parallel_exposed(ddp, hw, dense, none, dims.layers) == pytest.approx(
-        allreduce
-    )
+    assert perf.data_parallel_exposed(ddp, hw, dense, none, dims.layers) == pytest.approx(allreduce)
     fsdp = _draft(strategy=Strategy.FSDP_FULL, framework=Framework.FSDP, dp=16)
-    covered = perf._sharded_exposed(fsdp, hw, dense, long, dims.layers, False)
-    bare = perf._sharded_exposed(fsdp, hw, dense, none, dims.layers, False)
+    covered = perf.data_parallel_exposed(fsdp, hw, dense, long, dims.layers, False)
+    bare = perf.data_parallel_exposed(fsdp, hw, dense, none, dims.layers, False)
     edges = bare / dims.layers  # one block's gather and reduce-scatter, nothing to hide behind
     assert covered == pytest.approx(max(edges, perf.COMM_SM_SHARE * bare))
     pp = _megatron(dp=1, tp=8, pp=2, precision=Precision.BF16)
-    one = perf._p2p(dims, pp, hw, 2048)
+    one = perf.terms(dims, pp, hw, 2048).p2p
     both = perf.micro_batch_time(dims, pp, hw, 2048).comm
     tp_only = perf.micro_batch_time(dims, replace(pp, pp=1), hw, 2048).comm  # 30 layers, not 15
     assert both - tp_only / 2 == pytest.approx(one * (1 - perf.Overlap.pp), rel=1e-6)
@@ -439,8 +440,8 @@ def test_attention_kernels_by_gpu_generation_and_framework() -> None:
     h100, a100 = hw_of("h100-sxm"), hw_of("a100-80gb")
     assert h100.attention(Framework.MEGATRON) > 1.5 * h100.attention(Framework.FSDP)
     assert a100.attention(Framework.MEGATRON) == a100.attention(Framework.FSDP)
-    fused = perf._attention_forward(GPT_3_6B, meg, h100, 8192, 8192.0)
-    sdpa = perf._attention_forward(GPT_3_6B, eager, h100, 8192, 8192.0)
+    fused = perf.terms(GPT_3_6B, meg, h100, 8192).forward.attention
+    sdpa = perf.terms(GPT_3_6B, eager, h100, 8192).forward.attention
     assert sdpa > 1.5 * fused
     # As a share of the dense peak: FA2 on Hopper below FA2 on Ampere, FA3 above both.
     share = {
@@ -475,9 +476,9 @@ def test_tp_across_nodes_pays_the_network_latency_only_where_it_crosses() -> Non
     # Inside a node nothing changed, and crossing nodes is never cheaper than staying inside.
     inside = perf.allreduce_time(_a100(), 12.6e6, 8, 1)
     assert inside < perf.allreduce_time(_a100(nodes=2), 12.6e6, 16, 1)
-    assert perf._nodes_spanned(hw, 32, 1) == 4
-    assert perf._nodes_spanned(hw, 4, 8) == 4
-    assert perf._nodes_spanned(hw, 8, 1) == 1
+    assert perf.nodes_spanned(hw, 32, 1) == 4
+    assert perf.nodes_spanned(hw, 4, 8) == 4
+    assert perf.nodes_spanned(hw, 8, 1) == 1
 
 
 def test_a_small_classic_layer_waits_on_the_host() -> None:
@@ -488,8 +489,7 @@ def test_a_small_classic_layer_waits_on_the_host() -> None:
 
     def gap(tp: int, precision: Precision, recompute: Recompute = Recompute.FULL) -> float:
         d = _megatron(dp=1, tp=tp, precision=precision, recompute=recompute)
-        f = perf._layer_forward(GPT_3_6B, d, hw, 2048)
-        return perf._host_bound_gap(GPT_3_6B, d, hw, 2048, f.gemm + f.attention + f.elementwise)
+        return perf.terms(GPT_3_6B, d, hw, 2048).host_gap
 
     assert gap(8, Precision.FP16) > 0
     assert gap(8, Precision.FP16) == pytest.approx(2 * gap(8, Precision.FP16, Recompute.NONE))
@@ -507,12 +507,15 @@ def test_pipeline_sends_cross_nodes_at_the_nics_pace() -> None:
     spanning = _megatron(dp=1, tp=4, pp=16, precision=Precision.FP16)
     act = 2048 * 20480 * 2
     one_nic = hw.inter_bytes_per_s / hw.gpus_per_node
-    assert perf._p2p(big, spanning, hw, 2048) > 2 * (act / 4) / one_nic
+    assert perf.terms(big, spanning, hw, 2048).p2p > 2 * (act / 4) / one_nic
     single_node = _megatron(dp=1, tp=4, pp=2, precision=Precision.FP16)
-    assert perf._p2p(big, single_node, _a100(), 2048) < perf._p2p(big, spanning, hw, 2048) / 3
+    assert (
+        perf.terms(big, single_node, _a100(), 2048).p2p
+        < perf.terms(big, spanning, hw, 2048).p2p / 3
+    )
     # Scatter/gather: TP8 sends an eighth of the activation per rank over the network.
     wide = _megatron(dp=1, tp=8, pp=8, precision=Precision.FP16)
-    assert perf._p2p(big, wide, hw, 2048) < perf._p2p(big, spanning, hw, 2048)
+    assert perf.terms(big, wide, hw, 2048).p2p < perf.terms(big, spanning, hw, 2048).p2p
 
 
 QWEN3_30B = resolve_model(
@@ -560,16 +563,16 @@ def test_small_expert_gemms_are_host_bound_under_megatron() -> None:
     # launching it, so the expert MLP costs its launches; FP8 launches quantize kernels too.
     hw = replace(_hw(), peak_flops=2250e12, hbm_bytes_per_s=8e12, gemm_efficiency=0.7)
     d = _megatron(dp=8, ep=8, micro_batch=1, grad_accum=1)
-    f = perf._layer_forward(QWEN3_30B, d, hw, 4096)
+    f = perf.terms(QWEN3_30B, d, hw, 4096).forward
     local = 128 / 8
     assert f.mlp == pytest.approx(local * 2 * perf.MOE_EXPERT_KERNEL_S)
-    fp8 = perf._layer_forward(QWEN3_30B, d, replace(hw, linear_peak_flops=4500e12), 4096)
+    fp8 = perf.terms(QWEN3_30B, d, replace(hw, linear_peak_flops=4500e12), 4096).forward
     assert fp8.mlp == pytest.approx(3 * f.mlp)
     # Two local experts (EP 64): four launches, the same tokens' GEMMs now dominate.
-    wide = perf._layer_forward(QWEN3_30B, replace(d, dp=64, ep=64), hw, 4096)
+    wide = perf.terms(QWEN3_30B, replace(d, dp=64, ep=64), hw, 4096).forward
     assert 4 * perf.MOE_EXPERT_KERNEL_S < wide.mlp < f.mlp
     # A big micro-batch is GPU bound again.
-    big = perf._layer_forward(QWEN3_30B, replace(d, micro_batch=64), hw, 4096)
+    big = perf.terms(QWEN3_30B, replace(d, micro_batch=64), hw, 4096).forward
     assert big.mlp > 2 * local * 2 * perf.MOE_EXPERT_KERNEL_S
     # The busiest rank sets the pace of the expert GEMMs (dropless routing).
     assert perf.MOE_IMBALANCE > 1.0
@@ -580,14 +583,14 @@ def test_without_expert_parallelism_no_rank_waits_for_a_busier_one() -> None:
     # router spreads them; the imbalance of dropless routing is an EP rank's wait.
     hw = replace(_hw(), peak_flops=989e12, hbm_bytes_per_s=3.35e12, gemm_efficiency=0.75)
     d = _megatron(dp=8, ep=1, micro_batch=64, grad_accum=1)
-    f = perf._layer_forward(QWEN3_30B, d, hw, 4096)
+    f = perf.terms(QWEN3_30B, d, hw, 4096).forward
     assert f.mlp > 2 * 128 * 2 * perf.MOE_EXPERT_KERNEL_S  # GPU bound, not launch bound
     balanced = f.gemm
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(perf, "MOE_IMBALANCE", 1.0)
-        assert perf._layer_forward(QWEN3_30B, d, hw, 4096).gemm == pytest.approx(balanced)
-        ep8 = perf._layer_forward(QWEN3_30B, replace(d, ep=8), hw, 4096).mlp
-    assert perf._layer_forward(QWEN3_30B, replace(d, ep=8), hw, 4096).mlp == pytest.approx(
+        assert perf.terms(QWEN3_30B, d, hw, 4096).forward.gemm == pytest.approx(balanced)
+        ep8 = perf.terms(QWEN3_30B, replace(d, ep=8), hw, 4096).forward.mlp
+    assert perf.terms(QWEN3_30B, replace(d, ep=8), hw, 4096).forward.mlp == pytest.approx(
         perf.MOE_IMBALANCE * ep8
     )
 
@@ -603,8 +606,8 @@ def test_fully_sharded_experts_are_gathered_every_micro_batch() -> None:
     )
     mb = perf.MicroBatch(compute=0.0, comm=0.0, backward=0.0, fill=0.0)  # nothing to hide behind
     dense, expert = perf.stage_params(dims, d)
-    alone = perf._sharded_exposed(d, hw, dense, mb, dims.layers, True)
-    both = perf._sharded_exposed(d, hw, dense, mb, dims.layers, True, expert)
+    alone = perf.data_parallel_exposed(d, hw, dense, mb, dims.layers, True)
+    both = perf.data_parallel_exposed(d, hw, dense, mb, dims.layers, True, expert)
     assert expert > 5 * dense
     assert both > 5 * alone  # the experts are most of the bytes
     step = perf.estimate_time(dims, d, hw, seq_len=4096)

@@ -11,19 +11,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from engine.errors import SpecError
+from engine.plan.names import Framework, Offload, Precision, Recompute, Strategy
 from engine.plan.planner import plan
 from engine.plan.result import Plan
 from engine.plan.specs import (
-    Framework,
     HardwareSpec,
     LayoutSpec,
     ModelSpec,
     NetworkSpec,
-    Offload,
-    Precision,
-    Recompute,
     Spec,
-    Strategy,
     TrainingSpec,
     demo_spec,
 )

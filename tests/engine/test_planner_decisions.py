@@ -15,19 +15,11 @@ from engine.plan.batch import GlobalBatchError
 from engine.plan.catalog import get_gpu
 from engine.plan.context import PlanContext
 from engine.plan.models import resolve_model
+from engine.plan.names import Precision, Strategy
 from engine.plan.planner import plan
 from engine.plan.result import Plan
 from engine.plan.search import candidates
-from engine.plan.specs import (
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    NetworkSpec,
-    Precision,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.plan.stages import stage_layers, uneven_splits, virtual_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -390,8 +382,8 @@ def test_block_recompute_recomputes_only_the_layers_memory_needs() -> None:
     from dataclasses import replace
 
     from engine.plan.memory import estimate_memory
+    from engine.plan.names import Recompute
     from engine.plan.perf import estimate_time
-    from engine.plan.specs import Recompute
     from engine.write import megatron_args
 
     # Llama 3 70B on 64 H100 at 8K, batch 512: no recompute does not fit TP4 x PP4; recomputing
@@ -438,7 +430,7 @@ def test_the_block_recompute_is_worded_for_the_layout_it_covers() -> None:
     # --recompute-num-layers per model chunk there).
     from engine.plan.annotate import recompute_scope
     from engine.plan.memory import LayoutDraft
-    from engine.plan.specs import Framework, Recompute, Strategy
+    from engine.plan.names import Framework, Recompute, Strategy
 
     base = LayoutDraft(
         Strategy.THREE_D, Framework.MEGATRON, recompute=Recompute.FULL, recompute_layers=2

@@ -19,7 +19,7 @@ from engine.plan.catalog import get_gpu
 from engine.plan.context import hardware
 from engine.plan.memory import LayoutDraft, model_states
 from engine.plan.models import resolve_model
-from engine.plan.perf import _grad_reduce_bytes
+from engine.plan.perf import grad_reduce_bytes
 from engine.plan.planner import plan
 from engine.plan.specs import (
     Fp8Recipe,
@@ -155,8 +155,8 @@ def test_bf16_grads_halve_megatrons_gradient_memory_and_traffic() -> None:
     assert on.memory_per_gpu.grads == pytest.approx(off.memory_per_gpu.grads / 2)
     # The data-parallel reduction moves half the bytes (fp32 main grads: 4 a parameter).
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, precision=Precision.BF16)
-    assert _grad_reduce_bytes(d) == 4
-    assert _grad_reduce_bytes(replace(d, grads_bf16=True)) == 2
+    assert grad_reduce_bytes(d) == 4
+    assert grad_reduce_bytes(replace(d, grads_bf16=True)) == 2
 
 
 def test_bf16_grads_reach_megatrons_arguments() -> None:
@@ -309,9 +309,9 @@ def _cast_share(model: ModelSpec, monkeypatch: pytest.MonkeyPatch, **layout: int
     gpu = get_gpu("h100-sxm")
     hw = hardware(_spec(Precision.FP8), gpu, Precision.FP8)
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, **layout)  # type: ignore[arg-type]
-    with_casts = perf._layer_forward(dims, d, hw, 4096).gemm
+    with_casts = perf.terms(dims, d, hw, 4096).forward.gemm
     monkeypatch.setattr(perf, "FP8_CAST_BYTES", 0.0)
-    without = perf._layer_forward(dims, d, hw, 4096).gemm
+    without = perf.terms(dims, d, hw, 4096).forward.gemm
     monkeypatch.undo()
     return with_casts / without - 1
 
@@ -331,6 +331,6 @@ def test_casting_into_fp8_weighs_on_thin_gemms(monkeypatch: pytest.MonkeyPatch) 
     bf16 = hardware(_spec(Precision.BF16), get_gpu("h100-sxm"), Precision.BF16)
     assert not perf.fp8_linears(bf16)
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=2, dp=4, micro_batch=1)
-    base = perf._layer_forward(dims, d, bf16, 4096).gemm
+    base = perf.terms(dims, d, bf16, 4096).forward.gemm
     monkeypatch.setattr(perf, "FP8_CAST_BYTES", 0.0)
-    assert perf._layer_forward(dims, d, bf16, 4096).gemm == base  # bf16 casts nothing
+    assert perf.terms(dims, d, bf16, 4096).forward.gemm == base  # bf16 casts nothing

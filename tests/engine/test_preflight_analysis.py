@@ -21,7 +21,7 @@ from engine.diagnose.preflight import (
 )
 from engine.errors import DtrainError
 from engine.plan.catalog import get_gpu, get_network
-from engine.plan.specs import NetworkTier
+from engine.plan.names import NetworkTier
 
 MIB = 1 << 20
 

@@ -36,7 +36,7 @@ import sys
 import pytest
 
 from engine.plan.memory import model_states
-from engine.plan.specs import Framework, Optimizer, Precision, Strategy
+from engine.plan.names import Framework, Optimizer, Precision, Strategy
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ from engine.plan.catalog import get_gpu
 from engine.plan.context import PlanContext
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
-from engine.plan.specs import Precision, Recompute, Spec
+from engine.plan.names import Precision, Recompute
+from engine.plan.specs import Spec
 from engine.plan.stages import stage_layers
 
 SPECS = [

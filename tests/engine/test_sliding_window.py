@@ -15,16 +15,9 @@ from engine.plan.catalog import get_gpu
 from engine.plan.context import hardware
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import architecture_notes, load_hf_config, resolve_model
+from engine.plan.names import Recompute, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    Recompute,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 
 LLAMA_LIKE = {

@@ -26,8 +26,9 @@ from engine.monitor.events import LineBatch
 from engine.monitor.logparse import nccl_transport_facts, scan_transport
 from engine.monitor.state import MonitorState
 from engine.monitor.transport_feed import NODE_LINE_BUDGET, TransportNotes, check_log
+from engine.plan.names import NetworkTier
 from engine.plan.planner import plan
-from engine.plan.specs import NetworkTier, Spec
+from engine.plan.specs import Spec
 from engine.rundir.files import RunDir, read_run
 from engine.rundir.record import RunRecord
 from engine.write.bundle import write_bundle

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.plan.specs import Strategy
+from engine.plan.names import Strategy
 from engine.write import render_bundle, write_bundle
 from engine.write.bundle import preview_write
 from tests.engine.writers_fixtures import make_plan

@@ -16,17 +16,17 @@ import pytest
 
 from cli import main
 from engine.errors import DtrainError
-from engine.plan.result import Plan
-from engine.plan.specs import (
+from engine.plan.names import (
     Backend,
     Framework,
-    ModelSpec,
     NetworkTier,
     Offload,
     Precision,
     Recompute,
     Strategy,
 )
+from engine.plan.result import Plan
+from engine.plan.specs import ModelSpec
 from engine.write import (
     Scheduler,
     WriteOptions,

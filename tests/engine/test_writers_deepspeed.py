@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from engine.errors import DtrainError
+from engine.plan.names import Framework, Offload, Precision, Strategy
 from engine.plan.result import Plan
-from engine.plan.specs import Framework, ModelSpec, Offload, Precision, Strategy
+from engine.plan.specs import ModelSpec
 from engine.write import Scheduler, ds_config_dict
 from tests.engine.writers_fixtures import make_plan
 

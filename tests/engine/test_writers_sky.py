@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine.plan.names import NetworkTier
 from engine.plan.result import Plan
-from engine.plan.specs import NetworkTier
 from engine.write import write_bundle
 from engine.write.sky import sky_task_dict, wants_best_network
 from tests.engine.writers_fixtures import golden_plans, make_plan

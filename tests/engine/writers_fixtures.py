@@ -8,22 +8,17 @@ from typing import Any
 from engine.plan.catalog import get_gpu, get_network
 from engine.plan.context import usable_memory
 from engine.plan.models import resolve_model
-from engine.plan.result import GpuInfo, Layout, MemoryBreakdown, Plan
-from engine.plan.specs import (
+from engine.plan.names import (
     Framework,
-    HardwareSpec,
-    LaunchSpec,
-    ModelSpec,
-    NetworkSpec,
     NetworkTier,
     Offload,
     PPSchedule,
     Precision,
     Recompute,
-    Spec,
     Strategy,
-    TrainingSpec,
 )
+from engine.plan.result import GpuInfo, Layout, MemoryBreakdown, Plan
+from engine.plan.specs import HardwareSpec, LaunchSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 
 GIB = 1024**3
 

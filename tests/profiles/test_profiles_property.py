@@ -10,19 +10,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.plan.names import Backend, NetworkTier, Optimizer, Precision, Recompute, Strategy
 from engine.plan.specs import (
-    Backend,
     HardwareSpec,
     LaunchSpec,
     LayoutSpec,
     ModelSpec,
     NetworkSpec,
-    NetworkTier,
-    Optimizer,
-    Precision,
-    Recompute,
     Spec,
-    Strategy,
     TrainingSpec,
 )
 from profiles.schema import find_secret

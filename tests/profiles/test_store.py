@@ -10,7 +10,8 @@ import pytest
 
 from engine.plan.catalog import get_gpu
 from engine.plan.models import resolve_model
-from engine.plan.specs import Backend, HardwareSpec, ModelSpec, Spec, TrainingSpec, demo_spec
+from engine.plan.names import Backend
+from engine.plan.specs import HardwareSpec, ModelSpec, Spec, TrainingSpec, demo_spec
 from profiles.schema import SCHEMA_VERSION, Profile, ProfileError
 from profiles.store import PRESETS_DIR, ProfileStore, default_config_dir
 from tests.profiles.conftest import write_profile

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from textual.widgets import Button, OptionList, Select
 
-from engine.plan.specs import LayoutSpec, Spec, Strategy, demo_spec
+from engine.plan.names import Strategy
+from engine.plan.specs import LayoutSpec, Spec, demo_spec
 from profiles.store import ProfileStore
 from tests.tui.wizard_support import at_step, settle, text_of, until
 from tui.app import DtrainApp

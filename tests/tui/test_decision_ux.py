@@ -11,12 +11,12 @@ from pathlib import Path
 from rich.console import Group
 from rich.text import Text
 
+from engine.plan.names import NetworkTier
 from engine.plan.specs import (
     HardwareSpec,
     LayoutSpec,
     ModelSpec,
     NetworkSpec,
-    NetworkTier,
     Spec,
     TrainingSpec,
     demo_spec,

@@ -9,15 +9,8 @@ from pathlib import Path
 
 from textual.widgets import Select
 
-from engine.plan.specs import (
-    Fp8Recipe,
-    HardwareSpec,
-    ModelSpec,
-    Precision,
-    Recompute,
-    Spec,
-    TrainingSpec,
-)
+from engine.plan.names import Fp8Recipe, Precision, Recompute
+from engine.plan.specs import HardwareSpec, ModelSpec, Spec, TrainingSpec
 from tests.tui.wizard_support import at_step, to_training, until
 from tui.app import DtrainApp
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from textual.widgets import Input, Select
 
-from engine.plan.specs import CpComm, HardwareSpec, ModelSpec, MoeDispatcher, Spec, TrainingSpec
+from engine.plan.names import CpComm, MoeDispatcher
+from engine.plan.specs import HardwareSpec, ModelSpec, Spec, TrainingSpec
 from tests.tui.wizard_support import to_training, until
 from tui.app import DtrainApp
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from textual.widgets import OptionList
 
-from engine.plan.specs import Strategy, demo_spec
+from engine.plan.names import Strategy
+from engine.plan.specs import demo_spec
 from tests.tui.wizard_support import at_step, focused_id, retype, settle, text_of, until
 from tui.app import DtrainApp
 

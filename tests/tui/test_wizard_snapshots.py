@@ -9,7 +9,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, NetworkTier, Spec, TrainingSpec
+from engine.plan.names import NetworkTier
+from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from tests.tui.wizard_support import settle
 from tui.app import DtrainApp
 from tui.session import Step

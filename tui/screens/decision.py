@@ -18,8 +18,9 @@ from textual.widget import Widget
 from textual.widgets import Button, Select, Static
 
 from engine.plan.annotate import recompute_text
+from engine.plan.names import Offload, Recompute, Strategy
 from engine.plan.result import Layout, Plan
-from engine.plan.specs import LayoutSpec, Offload, Recompute, Strategy
+from engine.plan.specs import LayoutSpec
 from tui.format import count, money, seconds
 from tui.screens.step import AUTO, StepPane
 from tui.session import Step

@@ -12,7 +12,8 @@ from textual.widgets import Input, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
 from engine.errors import one_line
-from engine.plan.specs import HardwareSpec, IntraNodeLink
+from engine.plan.names import IntraNodeLink
+from engine.plan.specs import HardwareSpec
 from tui import services
 from tui.screens.step import AUTO, StepPane, set_text
 from tui.session import Step

@@ -13,7 +13,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Button, Select, Static
 
-from engine.plan.specs import Backend, LaunchSpec
+from engine.plan.names import Backend
+from engine.plan.specs import LaunchSpec
 from tui.screens.step import StepPane, set_text
 from tui.session import Step
 from tui.widgets.field_row import FieldRow

@@ -21,7 +21,8 @@ from textual.widgets import Button, Input, OptionList, Static, TabbedContent, Ta
 from textual.widgets.option_list import Option
 
 from engine.errors import DtrainError, one_line
-from engine.plan.specs import ModelDims, ModelSpec
+from engine.plan.dims import ModelDims
+from engine.plan.specs import ModelSpec
 from tui import services
 from tui.format import count
 from tui.screens.step import StepPane, set_text

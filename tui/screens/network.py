@@ -7,7 +7,8 @@ from textual.app import ComposeResult
 from textual.widgets import Select, Static
 
 from engine.errors import one_line
-from engine.plan.specs import NetworkSpec, NetworkTier
+from engine.plan.names import NetworkTier
+from engine.plan.specs import NetworkSpec
 from tui import services
 from tui.screens.step import StepPane, set_text
 from tui.session import Step

@@ -17,8 +17,9 @@ from textual.widget import Widget
 from textual.widgets import Button, Input, Select, Static
 
 from engine.plan.catalog import get_gpu, list_gpus
+from engine.plan.names import Fp8Recipe, Optimizer, Precision, Recompute
 from engine.plan.result import BatchChoice
-from engine.plan.specs import Fp8Recipe, Optimizer, Precision, Recompute, Spec, TrainingSpec
+from engine.plan.specs import Spec, TrainingSpec
 from tui import services
 from tui.format import count
 from tui.lifecycle import torn_down
