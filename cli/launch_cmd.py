@@ -239,6 +239,10 @@ def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | N
                 "(a bundle already holds its plan)",
                 field="launch",
             )
+        if run_dir is not None:  # refused before a backend is made or anything copied
+            from engine.rundir.files import check_outside_bundle
+
+            check_outside_bundle(run_dir, args.bundle)
         return Path(args.bundle), run_dir, None
     if not _spec_given(args):
         raise DtrainError(
@@ -268,9 +272,10 @@ def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | N
 def _backend_options(args: argparse.Namespace, kind: str, options: LaunchOptions) -> dict[str, Any]:
     """Check and adjust ``options`` for the backend ``kind``; the backend's own extra
     arguments (Slurm: the sbatch options given on the command line)."""
-    if kind == "local":
-        options.hosts = []
-    elif kind == "ssh" and not options.hosts:
+    from engine.launch.options import backend_hosts
+
+    options.hosts = backend_hosts(kind, options.hosts)  # local and Slurm place the ranks
+    if kind == "ssh" and not options.hosts:
         raise DtrainError("pass one host per node (--backend ssh needs them)", field="--hosts")
     login = getattr(args, "login_host", None)
     if login and kind != "slurm":
@@ -283,7 +288,6 @@ def _backend_options(args: argparse.Namespace, kind: str, options: LaunchOptions
     from engine.plan.specs import Host, LaunchSpec
     from engine.write.slurm import sbatch_options
 
-    options.hosts = []  # Slurm picks the nodes
     try:
         options.login_host = Host.parse(login) if login else None
     except ValueError as e:

@@ -26,6 +26,7 @@ final state still lands where no new block can be had.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -87,32 +88,54 @@ class RunDir:
     # --- creation
 
     def create(self, bundle_dir: Path) -> None:
-        """Make the directory and copy the bundle and its plan into it."""
+        """Make the directory and copy the bundle and its plan into it: all of it, or (a full
+        disk) a one-line DtrainError and nothing of it left (what was made for it is removed).
+        A run directory inside the bundle is refused before anything is copied: the copy would
+        copy itself until the path nests too deeply."""
+        from engine.errors import DtrainError
+
         bundle_dir = Path(bundle_dir)
         in_place = bundle_dir.resolve() == self.bundle.resolve()
+        if not in_place:
+            check_outside_bundle(self.path, bundle_dir)
         if self.path.exists() and any(
             p.name != "bundle" or not in_place for p in self.path.iterdir()
         ):
-            from engine.errors import DtrainError
-
             raise DtrainError(
                 f"{self.path} already exists and is not empty; pass a new --run-dir",
                 field="--run-dir",
             )
-        (self.path / "logs").mkdir(parents=True, exist_ok=True)
-        (self.path / "commands").mkdir(exist_ok=True)
-        if not in_place:  # a bundle written straight into the run directory stays where it is
-            shutil.copytree(bundle_dir, self.bundle, symlinks=True)
-        plan = Path(bundle_dir) / "plan.json"
-        if plan.exists():
-            shutil.copy2(plan, self.path / "plan.json")
+        top = self.path.absolute()  # the highest directory this makes: removed on a failure
+        while not top.parent.exists() and top.parent != top.parent.parent:
+            top = top.parent
+        made = top if not top.exists() else None
+        try:
+            (self.path / "logs").mkdir(parents=True, exist_ok=True)
+            (self.path / "commands").mkdir(exist_ok=True)
+            if not in_place:  # a bundle written straight into the run directory stays there
+                shutil.copytree(bundle_dir, self.bundle, symlinks=True, copy_function=_copy)
+            plan = Path(bundle_dir) / "plan.json"
+            if plan.exists():
+                _copy(plan, self.path / "plan.json")
+        except BaseException as e:
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            else:
+                for name in ("logs", "commands", "plan.json", *(() if in_place else ("bundle",))):
+                    _remove(self.path / name)
+            error = e.error if isinstance(e, _CopyFailed) else e
+            if isinstance(error, OSError | shutil.Error):
+                raise DtrainError(_copy_failed(self.path, error), field="launch") from None
+            raise
 
     @property
     def bundle(self) -> Path:
         return self.path / "bundle"
 
     def write_command(self, node: int, text: str) -> None:
-        atomic_write_text(self.path / "commands" / f"node{node}.txt", text.rstrip("\n") + "\n")
+        # Owner-only: the command exports the run's environment (launch.env, tokens).
+        path = self.path / "commands" / f"node{node}.txt"
+        atomic_write_text(path, text.rstrip("\n") + "\n", mode=0o600)
 
     # --- logs
 
@@ -228,6 +251,59 @@ class RunDir:
         except OSError:
             return False
         return True
+
+
+def check_outside_bundle(run: Path, bundle_dir: Path) -> None:
+    """Refuse (one line) a run directory that is ``bundle_dir`` or lies under it (symlinks
+    resolved): the bundle is copied into the run directory, and would copy its own copy."""
+    r, b = Path(run).resolve(), Path(bundle_dir).resolve()
+    if r == b or b in r.parents:
+        from engine.errors import DtrainError
+
+        raise DtrainError(
+            f"{run} is inside the bundle {bundle_dir}, which is copied into the run "
+            "directory; pass a --run-dir outside the bundle",
+            field="--run-dir",
+        )
+
+
+class _CopyFailed(Exception):
+    """The first file the bundle copy could not write: stops :func:`shutil.copytree` at once
+    (it collects an OSError per file and goes on) and keeps the error's errno."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _copy(src: str | Path, dst: str | Path) -> object:
+    try:
+        return shutil.copy2(src, dst)
+    except OSError as e:
+        raise _CopyFailed(e) from e
+
+
+def _copy_failed(run: Path, e: OSError | shutil.Error) -> str:
+    """The one line for a bundle copy that failed (not shutil.Error's list of tuples)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"no space left on device copying the bundle into {run}; free some space or pass "
+            "another --run-dir"
+        )
+    if isinstance(e, shutil.Error):
+        details = e.args[0] if e.args and isinstance(e.args[0], list) else []
+        why = str(details[0][2]) if details and len(details[0]) > 2 else str(e)
+    else:
+        why = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+    return f"cannot copy the bundle into {run}: {why}; pass a writable --run-dir"
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def _close_quietly(f: IO[bytes]) -> None:

@@ -1,5 +1,6 @@
-"""Helpers every writer shares: shell quoting with a refusal for what cannot be quoted safely,
-the batch-product check, the run name, and the batch / learning-rate advice printed as comments.
+"""Helpers every writer shares: the quoting of :mod:`engine.write.quoting` under the names the
+writers use (:func:`q`, :func:`single_line`, :func:`check_shell_value`), the batch-product
+check, the run name, and the batch / learning-rate advice printed as comments.
 
 Nothing here touches the disk; every function is a pure function of the plan.
 """
@@ -8,12 +9,12 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 
 from engine.errors import DtrainError
 from engine.plan.names import Precision
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import ADDR_RE, Host
+from engine.write.quoting import comment_text, shell_line, shell_word
 
 DEFAULT_LR = 3e-4
 """AdamW learning rate written when the spec gives none: the common LLM pre-training value."""
@@ -26,29 +27,16 @@ def natural_key(name: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def single_line(text: str) -> str:
-    """``text`` with control characters (newlines above all) turned into spaces: for names
-    that end up in a comment of a script or YAML file, where a newline would end the comment.
-    (Not :func:`engine.errors.one_line`, which renders an exception.)"""
-    return re.sub(r"[\x00-\x1f\x7f]", " ", text)
+single_line = comment_text
+"""A name for a comment of a script or YAML file: :func:`engine.write.quoting.comment_text`.
+(Not :func:`engine.errors.one_line`, which renders an exception.)"""
 
+q = shell_word
+"""Quote a value for bash so it reaches the program as one literal word."""
 
-def q(value: object) -> str:
-    """Quote ``value`` for bash so it reaches the program as one literal word."""
-    return shlex.quote(str(value))
-
-
-def check_shell_value(value: str, field: str) -> str:
-    """Refuse what a shell script cannot carry on one line (newline, carriage return, NUL).
-
-    Everything else is quoted with :func:`q` where it is used, so ``; rm -rf ~`` or ``$(id)``
-    arrive as literal text."""
-    if any(c in value for c in ("\n", "\r", "\0")):
-        raise DtrainError(
-            f"{value!r} contains a newline or NUL; pass a single-line value",
-            field=field,
-        )
-    return value
+check_shell_value = shell_line
+"""Refuse what a script cannot carry on one line (newline, carriage return, NUL); everything
+else is quoted with :func:`q` where it is used, so ``; rm -rf ~`` or ``$(id)`` stay literal."""
 
 
 def check_addr(value: str, field: str) -> str:
@@ -218,6 +206,13 @@ def script_path(plan: Plan) -> str:
     script = plan.spec.launch.script
     if script is None:
         return "train.py"
+    if script.startswith("-"):
+        # torchrun's parser would take it for one of its own options (--rdzv-endpoint=...).
+        raise DtrainError(
+            f"{script!r} starts with '-', so torchrun would read it as one of its own options; "
+            f"name the script by a path (./{script})",
+            field="launch.script",
+        )
     return check_shell_value(script, "launch.script")
 
 

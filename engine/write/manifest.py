@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import DtrainError, one_line
+from engine.fsio import JSON_LIMIT, read_regular_text
 from engine.plan.names import Backend, Framework
 
 MANIFEST = "bundle.json"
@@ -104,6 +105,17 @@ class BundleManifest(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _a_script_per_node(self) -> BundleManifest:
+        # Every backend starts node i with node_scripts[i]: one short is node i never started
+        # (an IndexError once the others run), one too many a script never run.
+        if len(self.node_scripts) != self.nodes:
+            raise ValueError(
+                f"node_scripts: {len(self.node_scripts)} given for a {self.nodes}-node bundle; "
+                f"it needs one launch_node<i>.sh per node (rewrite it with `dtrain-tui write`)"
+            )
+        return self
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
@@ -113,7 +125,9 @@ def read_manifest(bundle_dir: Path) -> BundleManifest:
     """Read ``bundle_dir/bundle.json``; errors say which file and what is wrong."""
     path = Path(bundle_dir) / MANIFEST
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path, JSON_LIMIT, label=str(path)))
+    except DtrainError as e:  # a symlink, device, FIFO, or too big
+        raise DtrainError(e.message, field="bundle") from None
     except FileNotFoundError:
         raise DtrainError(
             f"{bundle_dir} is not a bundle (no {MANIFEST}); write one with `dtrain-tui write --out DIR`",
