@@ -57,24 +57,26 @@ from engine.plan.catalog import get_gpu, list_gpus  # noqa: E402
 from engine.plan.context import hardware  # noqa: E402
 from engine.plan.memory import LayoutDraft, estimate_memory, logits_bytes  # noqa: E402
 from engine.plan.models import resolve_model  # noqa: E402
+from engine.plan.names import (  # noqa: E402
+    Fp8Recipe,
+    Framework,
+    MoeDispatcher,
+    NetworkTier,
+    Offload,
+    Precision,
+    Recompute,
+    Strategy,
+)
 from engine.plan.perf import estimate_time  # noqa: E402
 from engine.plan.planner import plan  # noqa: E402
 from engine.plan.result import Layout  # noqa: E402
 from engine.plan.search import training_settings  # noqa: E402
 from engine.plan.specs import (  # noqa: E402
-    Fp8Recipe,
-    Framework,
     HardwareSpec,
     LayoutSpec,
     ModelSpec,
-    MoeDispatcher,
     NetworkSpec,
-    NetworkTier,
-    Offload,
-    Precision,
-    Recompute,
     Spec,
-    Strategy,
     TrainingSpec,
 )
 

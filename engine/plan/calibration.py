@@ -17,7 +17,7 @@ The planner applies it where it resolves the hardware (:func:`apply_gpu`, :func:
 from :mod:`engine.plan.planner` and :mod:`engine.plan.context`) when the spec carries one for the
 same GPU (``Spec.calibration``). :mod:`engine.monitor.calibrate` fits one from a run directory with
 the pure helpers here (:func:`steady_step_time`, :func:`solve_compute`, :func:`network_factor`);
-``profiles.calibrations`` stores them by name. Imports nothing of the planner at module level
+``profiles.calibrations`` stores them by name. Of the planner it imports only the catalog
 (``engine.plan.specs`` imports this module).
 """
 
@@ -27,14 +27,12 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import DtrainError
-
-if TYPE_CHECKING:
-    from engine.plan.catalog import GpuType, NetworkType
+from engine.plan.catalog import GpuType, NetworkType
 
 GIB: Final = 1024**3
 COMPUTE_RANGE: Final = (0.02, 2.0)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from engine.plan.specs import IntraNodeLink, NetworkTier, Precision
+from engine.plan.names import IntraNodeLink, NetworkTier, Precision
 
 GIB = 1024**3
 GB = 1000**3

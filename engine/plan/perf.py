@@ -35,16 +35,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from engine.plan.memory import LayoutDraft, mtp_modules, stage_params
-from engine.plan.specs import (
-    CpComm,
-    Framework,
-    ModelDims,
-    Offload,
-    Precision,
-    Recompute,
-    Strategy,
+from engine.plan.dims import ModelDims
+from engine.plan.frameworks import (
+    a2a_overlap_applies,
+    cp_comm_of,
+    fp8_linears,
+    fused_attention,
+    shared_expert_overlap,
 )
+from engine.plan.memory import LayoutDraft, mtp_modules, stage_params
+from engine.plan.names import CpComm, Framework, Offload, Precision, Recompute, Strategy
 from engine.plan.stages import stage_layers
 
 
@@ -585,11 +585,6 @@ def _layer_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) 
     return LayerForward(sec, attn, elem + fixed, mlp, shared, light)
 
 
-def fp8_linears(hw: Hardware) -> bool:
-    """Whether the linear layers run in FP8 (a lower precision than the rest)."""
-    return hw.linear_peak_flops > hw.peak_flops
-
-
 def _light_forward(
     dims: ModelDims, d: LayoutDraft, hw: Hardware, t: float, gemm: Callable[..., float]
 ) -> float:
@@ -634,16 +629,6 @@ def moe_imbalance(d: LayoutDraft) -> float:
         return 1.0
     load = d.imbalance or MOE_IMBALANCE
     return min(load, d.capacity) if d.capacity else load
-
-
-def fused_attention(d: LayoutDraft) -> bool:
-    """Whether the attention runs as one fused (FlashAttention / cuDNN / SDPA) kernel. Training
-    stacks that do (Megatron-Core with Transformer Engine, torchtitan, FSDP with SDPA) train in
-    bf16 (or FP8 linears around bf16 attention); fp16 and fp32 training runs the classic path
-    (Megatron-LM's fused scale-mask-softmax between two batched GEMMs, as in Narayanan et al.
-    2021, Korthikanti et al. 2022 and BLOOM), and V100s, which only have fp16, have no
-    FlashAttention 2 at all."""
-    return d.precision in (Precision.BF16, Precision.FP8)
 
 
 def _attention_forward(
@@ -801,13 +786,6 @@ def _cp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> flo
     return vol / group_bandwidth(hw, d.cp, d.tp) * (1 - Overlap.cp)
 
 
-def cp_comm_of(d: LayoutDraft) -> CpComm:
-    """How the layout's context parallelism moves keys and values: a Megatron layout as asked
-    (``--cp-comm-type``, p2p by default), a PyTorch-native one by all-gather (PyTorch's
-    ``context_parallel``, Accelerate and the shipped trainer gather them)."""
-    return d.cp_comm if d.framework == Framework.MEGATRON else CpComm.ALLGATHER
-
-
 def _ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
     """Seconds of one layer's expert-parallel all-to-alls for one micro-batch (dispatch and
     combine forward and backward, and again for a recomputed forward), none hidden."""
@@ -829,41 +807,6 @@ def _ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> flo
         groups=(dims.expert_groups, dims.group_topk),
     )
     return passes * one
-
-
-def a2a_overlap_applies(dims: ModelDims, d: LayoutDraft) -> bool:
-    """Whether Megatron-Core's expert-parallel all-to-all overlap can run this layout: a
-    Megatron MoE layout with ep > 1 whose pipeline is one stage or interleaved (its combined
-    1F1B schedule pairs model chunks), without full recompute (a checkpointed layer's backward
-    is one opaque block the schedule cannot split), not fully sharded (Megatron-FSDP gathers
-    per block outside that schedule). Megatron-LM's ``TransformerConfig`` asserts the same."""
-    return (
-        d.framework == Framework.MEGATRON
-        and dims.is_moe
-        and d.ep > 1
-        and (d.pp == 1 or d.virtual_stages > 1)
-        and d.recompute != Recompute.FULL
-        and d.zero_stage < 3
-    )
-
-
-def shared_expert_overlap(dims: ModelDims, framework: Framework, ep: int, *, deepep: bool) -> bool:
-    """Whether the shared expert runs beside the dispatch and combine where the all-to-all
-    overlap does not (its combined 1F1B schedules the shared expert itself): Megatron-Core's
-    ``--moe-shared-expert-overlap`` ("overlapping between shared expert computations and
-    dispatcher communications; without this, the shared experts execute after the routed
-    experts", its ``TransformerConfig``) puts it on a side stream. Megatron-Core allowed it
-    with the all-to-all dispatcher only, and Megatron-Bridge turns it off whenever it applies
-    DeepEP or HybridEP (``apply_flex_dispatcher_backend``), so it is not assumed under DeepEP.
-    The time model and the written Megatron arguments (:mod:`engine.write.megatron`) both ask
-    this function."""
-    return (
-        framework == Framework.MEGATRON
-        and dims.is_moe
-        and dims.shared_experts > 0
-        and ep > 1
-        and not deepep
-    )
 
 
 def alltoall_time(

@@ -11,7 +11,6 @@ range, and an error that names the field and what to pass instead. Unknown keys 
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from pathlib import Path
 from typing import Self, get_args
 
@@ -24,181 +23,22 @@ from pydantic import (
     model_validator,
 )
 
-
-class Precision(StrEnum):
-    """Training precision. bf16/fp16 are mixed precision with fp32 master weights; fp8 is bf16
-    mixed precision whose linear layers run their GEMMs in FP8 (Transformer Engine's hybrid
-    recipe, torchao float8), attention and the rest in bf16."""
-
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
-    FP8 = "fp8"
-
-
-class Fp8Recipe(StrEnum):
-    """How FP8 training scales its tensors into the FP8 range (Megatron-LM's ``--fp8-recipe``,
-    Transformer Engine's recipes). Per-tensor scaling runs the FP8 GEMMs at full rate;
-    block-scaled recipes keep more accuracy (a scale per block of values) for GEMMs that load
-    and apply those scales, :data:`engine.plan.context.BLOCK_SCALED_FP8_RATE` of the rate."""
-
-    DELAYED = "delayed"
-    """One scale per tensor from the amax history of past steps (TE's DelayedScaling, the
-    hybrid E4M3/E5M2 format; Megatron's default)."""
-    TENSORWISE = "tensorwise"
-    """One scale per tensor from the tensor itself (current scaling: NeMo's "FP8-CS",
-    torchao's float8 tensorwise)."""
-    MXFP8 = "mxfp8"
-    """OCP microscaling: an E8M0 scale per 32 values, applied by Blackwell's tensor cores (NeMo's
-    "FP8-MX" / MXFP8, torchao's mxfp8)."""
-    BLOCKWISE = "blockwise"
-    """A scale per 1 x 128 block of activations and 128 x 128 block of weights (DeepSeek-V3's
-    fine-grained quantisation; TE's Float8BlockScaling)."""
-
-    @property
-    def block_scaled(self) -> bool:
-        """A scale per block of values (MXFP8, blockwise), not one per tensor."""
-        return self in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE)
-
-
-def megatron_fp8_flags(recipe: Fp8Recipe | None) -> list[str]:
-    """Megatron-LM's flags for FP8 training under ``recipe`` (None: delayed), as
-    Megatron-Bridge's mixed-precision recipes set them (``bf16_with_fp8_mixed``,
-    ``..._current_scaling_...``, ``..._mxfp8_...``, ``..._subchannel_scaling_...``): the hybrid
-    format (E4M3 forward, E5M2 gradients) for per-tensor scales, E4M3 throughout for block
-    scales."""
-    if recipe in (None, Fp8Recipe.DELAYED):
-        return ["--fp8-format hybrid", "--fp8-amax-history-len 1024", "--fp8-amax-compute-algo max"]
-    fmt = "hybrid" if recipe == Fp8Recipe.TENSORWISE else "e4m3"
-    return [f"--fp8-format {fmt}", f"--fp8-recipe {recipe.value}"]
-
-
-class Optimizer(StrEnum):
-    """Optimizer, which sets the bytes of optimizer state per parameter."""
-
-    ADAMW = "adamw"
-    SGD = "sgd"  # SGD with momentum
-    ADAM8BIT = "adam8bit"
-
-
-class CpComm(StrEnum):
-    """How context parallelism brings every rank the keys and values of the whole sequence
-    (Transformer Engine's ``cp_comm_type``, Megatron's ``--cp-comm-type``)."""
-
-    P2P = "p2p"
-    """Round a ring: each step sends the next rank's key/value chunk while attending to the one
-    it has, so most of the traffic hides behind the attention (Megatron's default)."""
-    ALLGATHER = "allgather"
-    """All-gather every chunk before the attention and reduce-scatter their gradients after
-    it, on the critical path: simpler and robust to masks, exposed (PyTorch's and Accelerate's
-    default; Llama 3's long-context training, Grattafiori et al. 2024, §3.3.2)."""
-    A2A = "a2a"
-    """Trade the sequence split for a head split (DeepSpeed-Ulysses, Jacobs et al. 2023): an
-    all-to-all before the attention gives each rank ``1/cp`` of the heads over the whole
-    sequence, another after it gives the sequence back, all on the critical path. Needs a TP
-    rank's query and key/value heads to divide by cp (:func:`cp_splits_heads`)."""
-
-
-def cp_splits_heads(heads: int, kv_heads: int, tp: int, cp: int) -> bool:
-    """Whether ``cp`` ranks can split a TP rank's attention heads, query and key/value alike,
-    as the all-to-all variant of context parallelism (:attr:`CpComm.A2A`) does."""
-    return heads % (tp * cp) == 0 and kv_heads % (tp * cp) == 0
-
-
-class MoeDispatcher(StrEnum):
-    """How Megatron moves an MoE layer's tokens to their experts and back."""
-
-    ALLTOALL = "alltoall"
-    """NCCL all-to-all (``--moe-token-dispatcher-type alltoall``): every routed copy of a token
-    travels to its expert's rank, over the network when that rank is on another node."""
-    DEEPEP = "deepep"
-    """DeepEP's hierarchical kernels (``--moe-token-dispatcher-type flex --moe-enable-deepep``;
-    DeepSeek-V3 report §3.2.2): a token crosses the network once per remote node holding one of
-    its experts and fans out over NVLink there. Needs Hopper-class GPUs with InfiniBand or
-    RoCE (NVSHMEM)."""
-
-
-class Recompute(StrEnum):
-    """Activation recomputation (checkpointing) granularity, as in Korthikanti et al. 2022."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-    MLP = "mlp"
-    """Partial: only each layer's MLP is recomputed (its intermediates are not kept; one more
-    MLP forward in backward), as Megatron-Core's ``--recompute-granularity selective
-    --recompute-modules mlp`` or checkpointing the MLP submodule under FSDP/DeepSpeed."""
-    LIGHT = "light"
-    """Partial, Megatron-Core only, for MoE and latent-attention (MLA) models: the cheap parts
-    are recomputed and the GEMM outputs kept -- the norms not fused into a linear, the MoE
-    experts' activation function, and MLA's up-projections to the per-head queries, keys and
-    values (``--recompute-granularity selective --recompute-modules layernorm moe_act
-    mla_up_proj``, output-discarding checkpoints; DeepSeek-V3's own recipe, its report
-    §3.2.3)."""
-
-
-class Framework(StrEnum):
-    """Which framework runs the plan (decides config files and the gradient convention)."""
-
-    DDP = "ddp"
-    DEEPSPEED = "deepspeed"
-    FSDP = "fsdp"
-    MEGATRON = "megatron"
-
-
-class Strategy(StrEnum):
-    """The data-parallel memory strategy; ``3d`` is TP+PP(+CP/EP)+DP."""
-
-    DDP = "ddp"
-    ZERO1 = "zero1"
-    ZERO2 = "zero2"
-    ZERO3 = "zero3"
-    FSDP_FULL = "fsdp-full"
-    FSDP_GRAD_OP = "fsdp-grad-op"
-    FSDP_HYBRID = "fsdp-hybrid"
-    THREE_D = "3d"
-
-
-class Offload(StrEnum):
-    """What lives in CPU memory instead of GPU memory (ZeRO-Offload / ZeRO-Infinity to CPU)."""
-
-    NONE = "none"
-    OPTIMIZER = "optimizer"
-    OPTIMIZER_PARAMS = "optimizer+params"
-
-
-class NetworkTier(StrEnum):
-    """Inter-node fabric. ``ib`` means InfiniBand of unspecified generation (taken as HDR)."""
-
-    IB = "ib"
-    IB_HDR = "ib-hdr"
-    IB_NDR = "ib-ndr"
-    EFA = "efa"
-    ROCE = "roce"
-    TCP = "tcp"
-
-
-class IntraNodeLink(StrEnum):
-    """How GPUs inside one node talk: NVLink/xGMI (fast) or PCIe only."""
-
-    NVLINK = "nvlink"
-    PCIE = "pcie"
-
-
-class Backend(StrEnum):
-    """How a run is started."""
-
-    LOCAL = "local"
-    SSH = "ssh"
-    SKYPILOT = "skypilot"
-    SLURM = "slurm"
-
-
-class PPSchedule(StrEnum):
-    """Pipeline schedule: plain 1F1B or interleaved 1F1B (virtual stages)."""
-
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
+from engine.plan.calibration import Calibration
+from engine.plan.catalog import resolve_gpu_key
+from engine.plan.names import (
+    Backend,
+    CpComm,
+    Fp8Recipe,
+    Framework,
+    IntraNodeLink,
+    MoeDispatcher,
+    NetworkTier,
+    Offload,
+    Optimizer,
+    Precision,
+    Recompute,
+    Strategy,
+)
 
 
 def _number_kinds(annotation: object) -> tuple[bool, bool]:
@@ -359,136 +199,9 @@ _DIMENSION_FIELDS = (
 """ModelSpec fields a preset or a config.json would override (so they are refused beside one)."""
 
 
-class ModelDims(BaseModel):
-    """A resolved model: every dimension concrete, with exact parameter counts.
-    Produced by ``engine.plan.models.resolve_model``; frozen, it is a result."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    """Display name (preset name, ``model_type`` of a config, or ``custom``)."""
-    arch: str
-    """Architecture family (``llama``, ``gpt2``, ``mixtral``, …, or ``generic``)."""
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    ffn: int
-    """Dense MLP intermediate size (per expert for MoE)."""
-    gated_mlp: bool
-    num_experts: int = 1
-    experts_per_token: int = 1
-    tie_embeddings: bool = False
-    max_position: int | None = None
-    params_total: int
-    """Exact total parameter count."""
-    params_active: int
-    """Parameters touched per token (equals total for dense; MoE counts top-k experts)."""
-    params_embedding: int = 0
-    """Embedding (+ untied head) parameters, part of the total."""
-    params_experts: int = 0
-    """Parameters inside routed expert MLPs (all experts), part of the total; 0 for dense."""
-    q_lora_rank: int = 0
-    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the queries' low-rank width
-    (``q_lora_rank``); 0: queries projected directly."""
-    kv_lora_rank: int = 0
-    """MLA: the compressed key/value latent's width; 0: not MLA (standard attention)."""
-    qk_rope_head_dim: int = 0
-    """MLA: the rotary part of each query/key head (``head_dim`` is the whole, rope included)."""
-    v_head_dim: int = 0
-    """MLA: a value head's width; 0: ``head_dim``."""
-    shared_experts: int = 0
-    """MoE: experts every token passes through beside its routed ones (DeepSeek's shared
-    experts, each ``ffn`` wide, no routing and no all-to-all)."""
-    dense_layers: int = 0
-    """MoE: leading layers with a dense MLP instead of experts (DeepSeek's
-    ``first_k_dense_replace``)."""
-    dense_ffn: int = 0
-    """Those dense layers' MLP width."""
-    params_dense_mlp: int = 0
-    """Parameters of one of those dense layers' MLP."""
-    sliding_window: int = 0
-    """Sliding-window attention (Mistral v0.1, Phi-3, Gemma 2): keys each query attends to in
-    the windowed layers; 0: every layer attends to the whole causal prefix."""
-    window_layers: int = 0
-    """How many layers use the window."""
-    window_pattern: str = ""
-    """Which, as Megatron's list expression (``[1,0]*21``: every second layer from the first);
-    empty when every layer or none does."""
-    expert_groups: int = 0
-    """MoE group-limited routing (DeepSeek-V3's ``n_group``): the experts fall into this many
-    contiguous groups, and each token's experts come from :attr:`group_topk` of them (the groups
-    of highest affinity); 0: every expert open to every token."""
-    group_topk: int = 0
-    """Groups a token's experts come from (``topk_group``)."""
-    rope_theta: float = 0.0
-    """Rotary base (``rope_theta``; GPT-NeoX's ``rotary_emb_base``); 0: not stated (Megatron's
-    ``--rotary-base`` default, 10000)."""
-    rotary_percent: float = 1.0
-    """Share of each head's dimensions rotated (GPT-NeoX's ``rotary_pct``, ``partial_rotary_
-    factor``)."""
-    rope_scaling: str = ""
-    """The config's RoPE scaling type (``llama3``, ``yarn``, ...); empty: none."""
-    rope_scaling_factor: float = 0.0
-    """Its ``factor``."""
-    norm_eps: float = 0.0
-    """The norms' epsilon (``rms_norm_eps``, ``layer_norm_eps``, ``layer_norm_epsilon``); 0: not
-    stated (Megatron's ``--norm-epsilon`` default, 1e-5)."""
-    mtp_layers: int = 0
-    """Multi-token prediction modules (DeepSeek-V3 report §2.2; Megatron-Core's
-    ``--mtp-num-layers``): each one more transformer layer of the model's kind, a ``2h -> h``
-    projection and its own pass through the shared output head, on the last pipeline stage.
-    Not in the parameter counts (the model's published size leaves them out, as DeepSeek-V3's
-    671B does), and run by Megatron-Core only: transformers' models skip them."""
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 1
-
-    @property
-    def is_mla(self) -> bool:
-        """Multi-head latent attention (keys and values from a shared compressed latent)."""
-        return self.kv_lora_rank > 0
-
-    @property
-    def light_recompute_frees(self) -> bool:
-        """Whether a light recompute (:attr:`Recompute.LIGHT`) frees anything: only MoE
-        layers (the experts' activation, the pre-MLP norm) and latent attention (the
-        up-projections, the input norm) hold what it drops; a dense model's norms are fused
-        into the next linear."""
-        return self.is_moe or self.is_mla
-
-    @property
-    def value_head_dim(self) -> int:
-        """Width of one value head (MLA's ``v_head_dim``; otherwise ``head_dim``)."""
-        return self.v_head_dim or self.head_dim
-
-    @property
-    def moe_layers(self) -> int:
-        """Layers with experts (all of them unless some lead dense)."""
-        return self.layers - self.dense_layers if self.is_moe else 0
-
-    def dense_view(self) -> ModelDims:
-        """One of the leading dense layers as a dense model's layer (what the time model costs
-        for it): no experts, the dense MLP width."""
-        return self.model_copy(
-            update={
-                "num_experts": 1,
-                "experts_per_token": 1,
-                "shared_experts": 0,
-                "ffn": self.dense_ffn,
-                "dense_layers": 0,
-            }
-        )
-
-
 def _normalise_gpu(value: object) -> object:
     if not isinstance(value, str):
         return value
-    from engine.plan.catalog import resolve_gpu_key
-
     return resolve_gpu_key(value)
 
 
@@ -835,10 +548,6 @@ class Spec(_Strict):
     """Efficiency factors measured on this cluster (``plan --calibration NAME``, ``dtrain-tui
     calibrate``); None: the catalog's figures."""
 
-
-from engine.plan.calibration import Calibration  # noqa: E402 - after the models it sits beside
-
-Spec.model_rebuild()
 
 
 def demo_spec() -> Spec:

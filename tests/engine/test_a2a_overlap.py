@@ -15,23 +15,13 @@ from pathlib import Path
 import pytest
 
 from engine.monitor.calibrate import _forced
-from engine.plan import perf
+from engine.plan import frameworks, perf
 from engine.plan.annotate import describe
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, NetworkTier, Recompute, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    NetworkSpec,
-    NetworkTier,
-    Recompute,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args, pretrain_gpt_script
 from tests.engine.perf_fixtures import h100_hardware
 
@@ -70,8 +60,8 @@ def _draft(**kw: object) -> LayoutDraft:
 )
 def test_it_runs_where_megatron_allows_it(change: dict[str, object], applies: bool) -> None:
     dims = resolve_model(MOE)
-    assert perf.a2a_overlap_applies(dims, replace(_draft(), **change)) is applies  # type: ignore[arg-type]
-    assert not perf.a2a_overlap_applies(resolve_model(ModelSpec(preset="llama-3-8b")), _draft())
+    assert frameworks.a2a_overlap_applies(dims, replace(_draft(), **change)) is applies  # type: ignore[arg-type]
+    assert not frameworks.a2a_overlap_applies(resolve_model(ModelSpec(preset="llama-3-8b")), _draft())
 
 
 def test_the_hidden_all_to_all_leaves_the_critical_path_but_holds_sms() -> None:

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from engine.plan import perf
+from engine.plan import frameworks, perf
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, Offload, Precision, Recompute, Strategy
 from engine.plan.perf import (
     INTRA_EFFICIENCY,
     OPTIMIZER_BYTES_PER_PARAM,
@@ -23,7 +24,7 @@ from engine.plan.perf import (
     model_flops_per_token,
     ring_allreduce_bytes,
 )
-from engine.plan.specs import Framework, ModelSpec, Offload, Precision, Recompute, Strategy
+from engine.plan.specs import ModelSpec
 
 DIMS = resolve_model(ModelSpec(preset="llama-2-7b"))
 
@@ -322,7 +323,7 @@ def test_fp16_runs_the_classic_attention_path() -> None:
     hw = _a100()
     fp16 = _megatron(dp=1, tp=2, precision=Precision.FP16)
     bf16 = _megatron(dp=1, tp=2, precision=Precision.BF16)
-    assert perf.fused_attention(bf16) and not perf.fused_attention(fp16)
+    assert frameworks.fused_attention(bf16) and not frameworks.fused_attention(fp16)
     for s in (2048, 8192):
         slow = perf.terms(GPT_3_6B, fp16, hw, s).forward.attention
         fast = perf.terms(GPT_3_6B, bf16, hw, s).forward.attention

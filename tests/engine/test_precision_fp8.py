@@ -14,26 +14,15 @@ from pathlib import Path
 import pytest
 
 from engine.errors import SpecError
-from engine.plan import perf
+from engine.plan import frameworks, perf
 from engine.plan.catalog import get_gpu
 from engine.plan.context import hardware
 from engine.plan.memory import LayoutDraft, model_states
 from engine.plan.models import resolve_model
+from engine.plan.names import Fp8Recipe, Framework, Optimizer, Precision, Strategy
 from engine.plan.perf import grad_reduce_bytes
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Fp8Recipe,
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    NetworkSpec,
-    Optimizer,
-    Precision,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write import megatron_args, write_bundle
 from tests.engine.writers_fixtures import make_plan
 
@@ -329,7 +318,7 @@ def test_casting_into_fp8_weighs_on_thin_gemms(monkeypatch: pytest.MonkeyPatch) 
     assert thin > 4 * wide
     dims = resolve_model(ModelSpec(preset="llama-3-8b"))
     bf16 = hardware(_spec(Precision.BF16), get_gpu("h100-sxm"), Precision.BF16)
-    assert not perf.fp8_linears(bf16)
+    assert not frameworks.fp8_linears(bf16)
     d = LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, tp=2, dp=4, micro_batch=1)
     base = perf.terms(dims, d, bf16, 4096).forward.gemm
     monkeypatch.setattr(perf, "FP8_CAST_BYTES", 0.0)
