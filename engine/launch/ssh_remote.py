@@ -16,6 +16,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from engine.launch.policy import STOP_GRACE_S
+from engine.write.quoting import env_line
 
 READY_RE = re.compile(rb"^@@dtrain-ready (\d+)$")
 # What a wrapper's early exit status means (see node_wrapper).
@@ -75,7 +76,8 @@ def node_wrapper(
     the rest of the node's environment."""
     env = dict(env)
     rid = env.pop("DTRAIN_RUN_ID")
-    exports = " ".join(f"export {k}={shlex.quote(v)};" for k, v in sorted(env.items()))
+    # The names are checked whole (a "reboot\n" would run on every node), the values quoted.
+    exports = " ".join(f"export {env_line(k, v, 'env')};" for k, v in sorted(env.items()))
     inner = "\n".join(
         [
             f"RID={shlex.quote(rid)}",

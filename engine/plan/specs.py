@@ -401,7 +401,17 @@ class Host(BaseModel):
         return s
 
 
-_SAFE_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""An environment variable name: ASCII letters, digits and ``_``, not starting with a digit.
+Matched whole (:func:`is_env_name`): with ``match``, ``$`` also matches before a final newline,
+and ``"reboot\\n"`` would pass. The writers quote by the same rule (:mod:`engine.write.quoting`)."""
+
+
+def is_env_name(name: str) -> bool:
+    """True when ``name`` is an environment variable name by :data:`ENV_NAME_RE`."""
+    return ENV_NAME_RE.fullmatch(name) is not None
+
+
 SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,\-]*")
 """A Slurm partition, account, QoS or reservation name (a comma-separated list for partitions)."""
 SLURM_CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.\-&|,\[\]()*:]+")
@@ -508,8 +518,11 @@ class LaunchSpec(_Strict):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for k, val in v.items():
-            if not _SAFE_ENV_NAME.match(k):
-                raise ValueError(f"{k!r} is not an environment variable name; use A-Z, 0-9 and _")
+            if not is_env_name(k):
+                raise ValueError(
+                    f"{k!r} is not an environment variable name; use A-Z, a-z, 0-9 and _ "
+                    "(not starting with a digit)"
+                )
             if "\n" in val or "\0" in val:
                 raise ValueError(f"value of {k} contains a newline or NUL; pass one line")
         return v

@@ -56,6 +56,9 @@ from engine.write.slurm import SBATCH_NAME, slurm_sbatch
 
 EXEC_MODE = 0o755
 FILE_MODE = 0o644
+PRIVATE_MODE = 0o600
+"""Owner-only: for the files that carry the spec's launch.env values (a token, often) when it
+has any: plan.json, nccl.env and sky.yaml."""
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,13 @@ def render_bundle(plan: Plan, options: WriteOptions | None = None) -> dict[str, 
     """Every file of the bundle except ``bundle.json``, by name. Pure; raises DtrainError."""
     opts = options or WriteOptions()
     _check(plan)
-    files: dict[str, BundleFile] = {"plan.json": BundleFile(plan_json(plan))}
+    env_mode = PRIVATE_MODE if plan.spec.launch.env else FILE_MODE
+    files: dict[str, BundleFile] = {"plan.json": BundleFile(plan_json(plan), env_mode)}
     for name, text in node_scripts(plan).items():
         files[name] = BundleFile(text, EXEC_MODE)
-    files["nccl.env"] = BundleFile(nccl_env(plan))
+    files["nccl.env"] = BundleFile(nccl_env(plan), env_mode)
     files["hostfile"] = BundleFile(hostfile(plan))
-    files["sky.yaml"] = BundleFile(sky_yaml(plan))
+    files["sky.yaml"] = BundleFile(sky_yaml(plan), env_mode)
     files[SBATCH_NAME] = BundleFile(slurm_sbatch(plan))
     fw = plan.recommended.framework
     if fw == Framework.DEEPSPEED:

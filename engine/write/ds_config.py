@@ -8,7 +8,6 @@ the file. The batch product is checked here first (:func:`engine.write.common.ch
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from typing import Any
 
@@ -16,6 +15,7 @@ from engine.errors import DtrainError
 from engine.plan.names import Framework, Offload, Optimizer, Precision
 from engine.plan.result import Plan
 from engine.write.common import check_batch, lr
+from engine.write.quoting import json_text
 
 AUTO = "auto"
 BUCKET_BYTES = 500_000_000
@@ -196,7 +196,7 @@ def ds_config(
     data = ds_config_dict(plan, scheduler=scheduler, warmup_steps=warmup_steps)
     try:
         # allow_nan=False: DeepSpeed's JSON reader would take "Infinity"/"NaN" as numbers.
-        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+        return json_text(data, allow_nan=False)
     except ValueError:
         raise DtrainError(
             "a number in ds_config.json would be inf or nan; pass finite values "

@@ -7,13 +7,13 @@ by the user's own script) and ``accelerate_config.yaml`` for ``accelerate launch
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from engine.errors import DtrainError
 from engine.plan.names import Framework, Offload, Precision, Recompute, Strategy
 from engine.plan.result import Plan
 from engine.write.common import check_batch, master_addr, torch_dtype_name
+from engine.write.quoting import json_text
 from engine.write.yamlio import dump_yaml
 
 FSDP_VERSION = 2
@@ -122,7 +122,7 @@ def fsdp_settings_dict(plan: Plan, *, version: int = FSDP_VERSION) -> dict[str, 
 
 def fsdp_settings(plan: Plan, *, version: int = FSDP_VERSION) -> str:
     """``fsdp.json`` text."""
-    return json.dumps(fsdp_settings_dict(plan, version=version), indent=2) + "\n"
+    return json_text(fsdp_settings_dict(plan, version=version))
 
 
 def accelerate_config(plan: Plan, *, version: int = FSDP_VERSION) -> str:

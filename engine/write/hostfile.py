@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from engine.plan.result import Plan
 from engine.write.common import hosts
+from engine.write.quoting import plain_word
 
 
 def hostfile(plan: Plan) -> str:
@@ -29,5 +30,5 @@ def hostfile(plan: Plan) -> str:
     else:
         names = [f"node{i}" for i in range(plan.nodes)]
         lines.append("# No hosts in the spec: replace node0..nodeN with your machines' names.")
-    lines.extend(f"{name} slots={slots}" for name in names)
+    lines.extend(f"{plain_word(name, 'launch.hosts')} slots={slots}" for name in names)
     return "\n".join(lines) + "\n"

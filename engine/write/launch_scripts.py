@@ -28,6 +28,7 @@ from engine.write.common import (
     run_name,
     script_args,
     script_path,
+    single_line,
 )
 
 TEE_ALL = 3
@@ -97,7 +98,7 @@ def node_script(plan: Plan, node: int) -> str:
     addr = master_addr(plan)
     g = plan.gpus_per_node
     first, last = node * g, node * g + g - 1
-    where = f" on {parsed[node]}" if parsed else ""
+    where = f" on {single_line(str(parsed[node]))}" if parsed else ""
     lines = [
         "#!/usr/bin/env bash",
         f"# dtrain-tui launch script for run {run_name(plan)}: node {node} of {plan.nodes}{where}, "

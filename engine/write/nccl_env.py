@@ -1,6 +1,8 @@
 """``nccl.env``: the NCCL / torch.distributed environment the plan calls for, one ``KEY=value``
-per setting with a one-line reason above it. Node scripts source it with ``set -a``; values are
-shell-quoted, so a user's ``launch.env`` value such as ``$(id)`` stays literal text.
+per setting with a one-line reason above it. Node scripts source it with ``set -a``; every line
+is :func:`engine.write.quoting.env_line`: the name checked whole, the value shell-quoted, so a
+user's ``launch.env`` value such as ``$(id)`` stays literal text and a name such as ``"reboot\n"``
+is refused. The file carries launch.env values (tokens): the bundle writes it owner-only.
 
 Fabric choices: InfiniBand and RoCE use NCCL's IB verbs transport (RoCE v2 needs the GID index);
 AWS EFA goes through libfabric (the aws-ofi-nccl plugin); plain TCP disables IB probing and
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from engine.plan.names import NetworkTier
 from engine.plan.result import Plan
-from engine.write.common import q
+from engine.write.quoting import env_line
 
 Entry = tuple[str, str, str]
 """(name, value, one-line reason)."""
@@ -166,9 +168,9 @@ def nccl_env(plan: Plan) -> str:
         lines.append("# One node: GPUs talk over NVLink/PCIe, so no inter-node fabric settings.")
     for name, value, reason in nccl_env_entries(plan):
         lines.append(f"# {reason}")
-        lines.append(f"{name}={q(value)}")
+        lines.append(env_line(name, value))
     extra = plan.spec.launch.env
     if extra:
         lines.append("# --- from the spec's launch.env ---")
-        lines.extend(f"{name}={q(extra[name])}" for name in sorted(extra))
+        lines.extend(env_line(name, extra[name]) for name in sorted(extra))
     return "\n".join(lines) + "\n"

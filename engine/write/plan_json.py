@@ -4,11 +4,11 @@ steps, lr, grad_clip, batch triple, precision) and the run ``name``."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from engine.plan.result import Plan
 from engine.write.common import lr, run_name
+from engine.write.quoting import json_text
 
 
 def plan_json_dict(plan: Plan) -> dict[str, Any]:
@@ -34,4 +34,4 @@ def plan_json_dict(plan: Plan) -> dict[str, Any]:
 
 def plan_json(plan: Plan) -> str:
     """``plan.json`` text (deterministic: no timestamps)."""
-    return json.dumps(plan_json_dict(plan), indent=2) + "\n"
+    return json_text(plan_json_dict(plan))

@@ -48,7 +48,7 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
         *lr_advice_lines(plan),
         "",
     ]
-    lines.extend(f"> warning: {w}" for w in plan.warnings)
+    lines.extend(f"> warning: {single_line(w)}" for w in plan.warnings)
     if plan.warnings:
         lines.append("")
     lines += ["## Files", ""]

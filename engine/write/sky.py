@@ -28,6 +28,7 @@ from engine.write.common import (
     script_path,
 )
 from engine.write.launch_scripts import PREFLIGHT_SCRIPT, PREFLIGHT_VAR, TEE_ALL
+from engine.write.quoting import comment_text, env_name
 from engine.write.yamlio import dump_yaml
 
 # Catalog key -> SkyPilot accelerator name (`sky show-gpus`).
@@ -123,7 +124,7 @@ def sky_task_dict(plan: Plan) -> dict[str, Any]:
     if wants_best_network(plan):
         resources["network_tier"] = "best"
     envs: dict[str, str] = {"MASTER_PORT": str(launch.master_port)}
-    envs.update({k: launch.env[k] for k in sorted(launch.env)})
+    envs.update({env_name(k): launch.env[k] for k in sorted(launch.env)})
     return {
         "name": launch.sky_cluster or run_name(plan),
         "num_nodes": plan.nodes,
@@ -148,4 +149,6 @@ def sky_yaml(plan: Plan) -> str:
             f"# Network: the plan assumes {plan.spec.network.tier.value}; `network_tier: best` "
             "asks SkyPilot (>= 0.10) for it (InfiniBand / EFA / GPUDirect)."
         )
-    return "\n".join(header) + "\n" + dump_yaml(sky_task_dict(plan))
+    # A name in a comment could end it at any character YAML reads as a line break.
+    comments = [comment_text(line) for line in header]
+    return "\n".join(comments) + "\n" + dump_yaml(sky_task_dict(plan))

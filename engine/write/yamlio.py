@@ -1,5 +1,7 @@
 """Deterministic YAML output: keys in insertion order, multi-line strings as literal blocks
-(``run: |``), so written YAML reads like one written by hand and diffs cleanly."""
+(``run: |``), so written YAML reads like one written by hand and diffs cleanly. Every string is
+written by :func:`engine.write.quoting.yaml_scalar`: one holding a character YAML reads as a line
+break or refuses (``\r``, ``\x85``, U+2028, U+2029, controls) is double-quoted and escaped."""
 
 from __future__ import annotations
 
@@ -7,18 +9,14 @@ from typing import Any
 
 import yaml
 
+from engine.write.quoting import yaml_scalar
+
 
 class _Dumper(yaml.SafeDumper):
     pass
 
 
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    if "\n" in value:
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
-
-
-_Dumper.add_representer(str, _str)
+_Dumper.add_representer(str, yaml_scalar)
 
 
 def dump_yaml(data: Any) -> str:
