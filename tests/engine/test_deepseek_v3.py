@@ -16,19 +16,10 @@ from engine.plan.catalog import get_gpu
 from engine.plan.context import hardware
 from engine.plan.memory import LayoutDraft, layer_activation_bytes, stage_params
 from engine.plan.models import architecture_notes, load_hf_config, resolve_model
+from engine.plan.names import Framework, NetworkTier, Precision, Strategy
 from engine.plan.planner import plan
 from engine.plan.result import model_json
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    ModelSpec,
-    NetworkSpec,
-    NetworkTier,
-    Precision,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 from tests.engine.perf_fixtures import h100_hardware
 

@@ -14,20 +14,12 @@ from pathlib import Path
 import pytest
 
 from engine.plan import perf
+from engine.plan.dims import ModelDims
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, MoeDispatcher, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelDims,
-    ModelSpec,
-    MoeDispatcher,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 from tests.engine.perf_fixtures import h100_hardware
 

@@ -12,19 +12,9 @@ from engine.errors import SpecError
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft, stage_params
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, NetworkTier, Precision, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    NetworkSpec,
-    NetworkTier,
-    Precision,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 from tests.engine.perf_fixtures import h100_hardware
 

@@ -17,18 +17,9 @@ from engine.errors import SpecError
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import load_hf_config, preset_config, resolve_model
+from engine.plan.names import Framework, MoeDispatcher, NetworkTier, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    ModelSpec,
-    MoeDispatcher,
-    NetworkSpec,
-    NetworkTier,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 from tests.engine.perf_fixtures import h100_hardware
 

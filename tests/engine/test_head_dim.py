@@ -19,16 +19,9 @@ from engine.plan.catalog import get_gpu
 from engine.plan.context import hardware
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, Precision, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    ModelSpec,
-    Precision,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, ModelSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,21 +13,9 @@ from engine.errors import SpecError
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft, layer_activation_bytes
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, MoeDispatcher, NetworkTier, Precision, Recompute, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    MoeDispatcher,
-    NetworkSpec,
-    NetworkTier,
-    Precision,
-    Recompute,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 from tests.engine.perf_fixtures import h100_hardware
 

@@ -13,17 +13,9 @@ from pathlib import Path
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, NetworkTier, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    ModelSpec,
-    NetworkSpec,
-    NetworkTier,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,19 +15,9 @@ import pytest
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft
 from engine.plan.models import resolve_model
+from engine.plan.names import Framework, MoeDispatcher, NetworkTier, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    MoeDispatcher,
-    NetworkSpec,
-    NetworkTier,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 from tests.engine.perf_fixtures import h100_hardware
 

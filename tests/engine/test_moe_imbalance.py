@@ -13,18 +13,9 @@ from pathlib import Path
 
 from engine.plan import perf
 from engine.plan.memory import LayoutDraft
+from engine.plan.names import Framework, NetworkTier, Strategy
 from engine.plan.planner import plan
-from engine.plan.specs import (
-    Framework,
-    HardwareSpec,
-    LayoutSpec,
-    ModelSpec,
-    NetworkSpec,
-    NetworkTier,
-    Spec,
-    Strategy,
-    TrainingSpec,
-)
+from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 from engine.write.megatron import megatron_args
 
 ROOT = Path(__file__).resolve().parents[2]
