@@ -1,14 +1,16 @@
 """The plan's narration: how bytes and layouts read in its text, the notes on the recommended
 layout, each alternative with why it lost, and the common mistakes as warnings a person can act
 on. Called by the flowchart walk (:mod:`engine.plan.flowchart`), the forced checks
-(:mod:`engine.plan.forced`) and :func:`engine.plan.planner.plan`; ``describe`` also by the CLI's
-report. Pure text from values: nothing here changes what is chosen.
+(:mod:`engine.plan.forced`) and :func:`engine.plan.planner.plan`; ``describe``, the one name of a
+layout, also by the CLI's report and the wizard. Pure text from values: nothing here changes what
+is chosen.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
+from enum import StrEnum
 
 from engine.plan.context import BLOCK_SCALED_FP8_RATE, PlanContext
 from engine.plan.dims import ModelDims
@@ -90,8 +92,53 @@ def recompute_text(d: LayoutDraft | Layout) -> str:
     return f"recompute {d.recompute.value}{scope}"
 
 
-def describe(d: LayoutDraft | Layout) -> str:
-    """A short human name for a layout: ``ZeRO-2 (DeepSpeed) dp=8``."""
+class NameForm(StrEnum):
+    """How much of a layout :func:`describe` names, for where the name is read."""
+
+    PLAN = "plan"
+    """The plan's text, the CLI's report and the search's reasons:
+    ``3D (megatron) tp=8 pp=4 dp=2 + distributed optimizer``."""
+    CARD = "card"
+    """A memory card's line, under a title that names the strategy and framework:
+    ``tp8 pp4 dp2 · mb 1×64``."""
+    FULL = "full"
+    """Every choice that tells two layouts apart, for a comparison row:
+    ``zero3 · deepspeed · tp1 pp1 dp32 · ZeRO-3 · offload optimizer``."""
+
+
+def describe(d: LayoutDraft | Layout, form: NameForm = NameForm.PLAN) -> str:
+    """A human name for a layout: the one every part of dtrain-tui names layouts by, in
+    ``form`` (:class:`NameForm`). Lighter end stages are named in every form: they are all
+    that tells two pipelines of the same degrees apart."""
+    ends = ""
+    if d.first_stage_layers or d.last_stage_layers:
+        first, last = (d.first_stage_layers or "even", d.last_stage_layers or "even")
+        ends = f"(first/last stage {first}/{last} layers)"
+    if form == NameForm.PLAN:
+        return _plan_name(d, ends)
+    degrees = f"tp{d.tp} pp{d.pp} dp{d.dp}"
+    if d.virtual_stages > 1:
+        degrees += f" vp{d.virtual_stages}"
+    if d.cp > 1:
+        degrees += f" cp{d.cp}"
+    if d.ep > 1:
+        degrees += f" ep{d.ep}"
+    if ends:
+        degrees += f" {ends}"
+    offloaded = d.offload != Offload.NONE
+    if form == NameForm.CARD:
+        offload = f" · offload {d.offload.value}" if offloaded else ""
+        return f"{degrees} · mb {d.micro_batch}×{d.grad_accum}{offload}"
+    parts = [d.strategy.value, d.framework.value, degrees]
+    if d.zero_stage:
+        megatron = d.framework == Framework.MEGATRON
+        parts.append("distributed optimizer" if megatron else f"ZeRO-{d.zero_stage}")
+    parts.append(f"offload {d.offload.value}" if offloaded else "no offload")
+    return " · ".join(parts)
+
+
+def _plan_name(d: LayoutDraft | Layout, ends: str) -> str:
+    """:attr:`NameForm.PLAN`: ``ZeRO-2 (deepspeed) dp=8``, degrees above 1 only."""
     parts = [f"{DISPLAY_NAME[d.strategy]} ({d.framework.value})"]
     degrees = [f"{k}={getattr(d, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(d, k) > 1]
     if d.virtual_stages > 1:
@@ -99,9 +146,8 @@ def describe(d: LayoutDraft | Layout) -> str:
     if d.ep > 1 and d.tp > 1:
         degrees.append(f"etp={d.expert_tp}")  # experts whole (1) or split like the MLP (tp)
     parts.append(" ".join([*degrees, f"dp={d.dp}"]))
-    if d.first_stage_layers or d.last_stage_layers:
-        ends = (d.first_stage_layers or "even", d.last_stage_layers or "even")
-        parts.append(f"(first/last stage {ends[0]}/{ends[1]} layers)")
+    if ends:
+        parts.append(ends)
     if d.strategy == Strategy.THREE_D and d.zero_stage >= 3:
         parts.append("+ Megatron-FSDP (params, grads, optimizer sharded)")
     elif d.strategy == Strategy.THREE_D and d.zero_stage:

@@ -20,6 +20,7 @@ from typing import Any
 
 from textual.widgets import OptionList, Static
 
+from engine.plan.annotate import NameForm, describe
 from engine.plan.planner import plan as make_plan
 from engine.plan.specs import demo_spec
 from tests.tui.test_monitor import canned
@@ -29,7 +30,6 @@ from tests.tui.wizard_support import at_step, settle, text_of, until
 from tui.app import DtrainApp
 from tui.format import wizard_words
 from tui.session import Step
-from tui.widgets.memory_bars import describe, describe_full
 from tui.widgets.rank_pane import PaneBuffer, RankPane
 from tui.widgets.step_nav import StepNav
 
@@ -68,10 +68,17 @@ def test_layouts_differing_only_in_their_end_stages_are_named_apart() -> None:
     lay = make_plan(demo_spec()).recommended
     lighter = lay.model_copy(update={"pp": 2, "last_stage_layers": 1})
     even = lay.model_copy(update={"pp": 2})
-    assert describe_full(lighter) != describe_full(even)
-    assert describe(lighter) != describe(even)
-    assert "first/last stage even/1 layers" in describe_full(lighter)
-    assert "stage" not in describe_full(even) and "stage" not in describe(even)
+    for form in NameForm:
+        assert describe(lighter, form) != describe(even, form)
+        assert "first/last stage even/1 layers" in describe(lighter, form)
+        assert "stage" not in describe(even, form)
+
+
+def test_every_name_of_an_interleaved_layout_names_its_virtual_stages() -> None:
+    lay = make_plan(demo_spec()).recommended.model_copy(update={"pp": 2, "virtual_stages": 2})
+    assert "vp=2" in describe(lay)
+    assert "tp1 pp2 dp2 vp2 · mb" in describe(lay, NameForm.CARD)
+    assert "tp1 pp2 dp2 vp2 · " in describe(lay, NameForm.FULL)
 
 
 def test_status_line_keeps_the_verdict_at_80_columns(tmp_path: Path) -> None:

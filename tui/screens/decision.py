@@ -17,7 +17,7 @@ from textual.containers import Horizontal, ItemGrid
 from textual.widget import Widget
 from textual.widgets import Button, Select, Static
 
-from engine.plan.annotate import recompute_text
+from engine.plan.annotate import NameForm, describe, recompute_text
 from engine.plan.names import Offload, Recompute, Strategy
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import LayoutSpec
@@ -27,7 +27,7 @@ from tui.session import Step
 from tui.widgets.field_row import FieldRow
 from tui.widgets.flowchart import FlowChart
 from tui.widgets.forced_badge import ForcedBadge
-from tui.widgets.memory_bars import MemoryBars, describe_full, gib
+from tui.widgets.memory_bars import MemoryBars, gib
 
 MAX_ALTERNATIVES = 3
 """Memory cards shown next to the recommended layout's (every alternative is in the table)."""
@@ -61,7 +61,7 @@ def metrics_table(plan: Plan) -> Text:
         flow = is_flow_pick(lay)
         mark = "★ " if i == 0 else ("◆ " if flow else "  ")
         out.append(mark, style="bold")
-        out.append(describe_full(lay), style="bold" if i == 0 else "")
+        out.append(describe(lay, NameForm.FULL), style="bold" if i == 0 else "")
         if i == 0:
             out.append("  the plan" + (" (forced)" if plan.forced else ""), style="dim")
         elif flow:

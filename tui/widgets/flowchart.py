@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
+from engine.plan.annotate import NameForm, describe
 from engine.plan.result import Plan
-from tui.widgets.memory_bars import describe_full
 
 # The questions of ``engine.plan.flowchart`` as the path names them (their opening words).
 Q_ONE_GPU = "Does the model fit on one GPU"
@@ -119,7 +119,11 @@ class FlowChart(Widget):
             reached = on_path and is_outcome == walk.outcome
             chart.append(text, style=(outcome if reached else path) if on_path else "dim")
             if reached:
-                note = "the flowchart's pick" if walk.faster else f"{describe_full(lay)} (the plan)"
+                note = (
+                    "the flowchart's pick"
+                    if walk.faster
+                    else f"{describe(lay, NameForm.FULL)} (the plan)"
+                )
                 chart.append(f"  ◀ {note}", style=chosen)
             chart.append("\n")
         if walk.outcome == NOTHING:
@@ -131,7 +135,7 @@ class FlowChart(Widget):
             chart.append("\n")
             if walk.faster:
                 chart.append("└─ yes → take it", style=outcome)
-                chart.append(f"  ◀ {describe_full(lay)} (the plan)", style=chosen)
+                chart.append(f"  ◀ {describe(lay, NameForm.FULL)} (the plan)", style=chosen)
             else:
                 chart.append("└─ no → keep the flowchart's pick", style=path)
             chart.append("\n")

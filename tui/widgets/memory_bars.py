@@ -11,6 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
+from engine.plan.annotate import NameForm, describe
 from engine.plan.result import Layout
 
 _PARTS = ("params", "grads", "optimizer", "activations", "buffers")
@@ -24,51 +25,6 @@ GIB = 1024**3
 def gib(n_bytes: float) -> str:
     """Bytes as GiB with one decimal (the unit nvidia-smi and torch report memory in)."""
     return f"{n_bytes / GIB:.1f} GiB"
-
-
-def describe_full(lay: Layout) -> str:
-    """Every choice that tells two layouts apart, in one line: ``zero3 · deepspeed · tp1 pp1
-    dp32 · ZeRO-3 · offload optimizer``."""
-    parts = [lay.strategy.value, lay.framework.value, _degrees(lay)]
-    if lay.zero_stage:
-        parts.append(
-            "distributed optimizer"
-            if lay.framework.value == "megatron"
-            else f"ZeRO-{lay.zero_stage}"
-        )
-    parts.append(f"offload {lay.offload.value}" if lay.offload.value != "none" else "no offload")
-    return " · ".join(parts)
-
-
-def _degrees(lay: Layout) -> str:
-    deg = f"tp{lay.tp} pp{lay.pp} dp{lay.dp}"
-    if lay.virtual_stages > 1:
-        deg += f" vp{lay.virtual_stages}"
-    if lay.cp > 1:
-        deg += f" cp{lay.cp}"
-    if lay.ep > 1:
-        deg += f" ep{lay.ep}"
-    return deg + _ends(lay)
-
-
-def _ends(lay: Layout) -> str:
-    """Lighter end stages, the only difference between two pipelines of the same degrees:
-    `` (first/last stage even/39 layers)``; empty for the even split."""
-    if not (lay.first_stage_layers or lay.last_stage_layers):
-        return ""
-    ends = (lay.first_stage_layers or "even", lay.last_stage_layers or "even")
-    return f" (first/last stage {ends[0]}/{ends[1]} layers)"
-
-
-def describe(lay: Layout) -> str:
-    """``zero2 · deepspeed · tp1 pp1 dp8`` plus micro-batch × accumulation."""
-    deg = f"tp{lay.tp} pp{lay.pp} dp{lay.dp}"
-    if lay.cp > 1:
-        deg += f" cp{lay.cp}"
-    if lay.ep > 1:
-        deg += f" ep{lay.ep}"
-    off = f" · offload {lay.offload.value}" if lay.offload.value != "none" else ""
-    return f"{deg}{_ends(lay)} · mb {lay.micro_batch}×{lay.grad_accum}{off}"
 
 
 class MemoryBars(Widget):
@@ -124,7 +80,7 @@ class MemoryBars(Widget):
         bar_w = max(width - _LABEL_W - _VALUE_W - 1, 4)
         scale = max(self.gpu_memory, mem.total, 1)
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append(describe(lay) + "\n", style="dim")
+        out.append(describe(lay, NameForm.CARD) + "\n", style="dim")
         for part in _PARTS:
             value = int(getattr(mem, part))
             out.append(f"{part:<{_LABEL_W}}")
