@@ -21,13 +21,14 @@ or loads a set-up. A file on disk looks like::
 
 The spec sections are exactly the Spec's, validated by the Spec's own models (unknown keys are
 refused by name). This module also holds the schema migrations and the secret guard: a profile
-never holds a password, a private key or a token, whatever key it hides under.
+never holds a password, a private key or a token, whatever key it hides under (the scanner is
+:mod:`profiles.secrets`), nor a string over :data:`MAX_FIELD_BYTES`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.errors import DtrainError
 from engine.plan.specs import Spec
+from profiles.secrets import find_secret as find_secret  # re-exported: the guard's callers
+from profiles.secrets import is_secret_name as is_secret_name
 
 SCHEMA_VERSION = 2
 """The version this dtrain-tui writes. 1: the 0.0.x pre-release layout (metadata at top level,
@@ -198,109 +201,11 @@ def migrate(doc: MutableMapping[str, Any], where: str) -> int:
 
 
 # --------------------------------------------------------------------------- secrets
-#
-# Three nets: names (a key, flag or environment variable that says it holds a secret), value
-# shapes (a token format, key material, a password in a URL, whatever the name) and shell text
-# (flags and assignments inside ``launch.remote_setup``). A value that is a path or a reference
-# (``$VAR``) is never a secret: a profile names key files, it just never holds what is in them.
 
-# Whole words of a name (split on '_', '-', '.', spaces and camelCase) that say "secret".
-_SECRET_WORDS = frozenset(
-    {
-        "password",
-        "passwd",
-        "passphrase",
-        "pass",
-        "pwd",
-        "pw",
-        "pat",
-        "token",
-        "secret",
-        "secrets",
-        "apikey",
-        "credential",
-        "credentials",
-        "privatekey",
-        "accesstoken",
-        "authtoken",
-        "accesskey",
-        "secretkey",
-    }
-)
-# Inside a word too: PGPASSWORD, MYSQLPASSWD, NGROK_AUTHTOKEN, AZURECLIENTSECRET.
-_SECRET_PARTS = ("password", "passwd", "passphrase", "secret", "apikey", "authtoken", "accesstoken")
-_SECRET_PAIRS = frozenset(
-    {("api", "key"), ("private", "key"), ("access", "key"), ("auth", "key"), ("secret", "key")}
-)
-# A name that says it holds where the secret is, or how much of something, is fine:
-# SSH_KEY_PATH, GOOGLE_..._FILE, --password-stdin, --secret-name, --token-budget, --max-tokens.
-_PATH_SUFFIXES = ("path", "file", "dir", "filename", "stdin", "name", "id", "arn", "url", "env")
-_QUANTITY_WORDS = frozenset(
-    {
-        "budget",
-        "count",
-        "limit",
-        "len",
-        "length",
-        "size",
-        "num",
-        "max",
-        "min",
-        "rate",
-        "per",
-        "ids",
-        "type",
-        "through",
-        "level",
-        "parallelism",
-    }
-)
-# A flag ending in "key" (--wandb-key, --license-key) holds a secret when its value looks like
-# one: long and made of token characters (--sort-key loss does not).
-_CREDENTIAL_SHAPE = re.compile(r"^[A-Za-z0-9_\-+/=.~]{16,}$")
-_PATH_SHAPE = re.compile(
-    r"^(?:~|\.{1,2}/|/)\S*$"  # /abs, ~/x, ./x, ../x
-    r"|^[\w.\-/]*/[\w.\-]+\.(?:json|pem|key|crt|p12|pfx|gpg|asc|txt|env|toml|ya?ml|ini|cfg)$"
-)
-
-_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----"), "private key material"),
-    (re.compile(r"PuTTY-User-Key-File"), "private key material"),
-    # The body of a key without its header: openssh-key-v1, or DER (PKCS#1/#8) in base64.
-    (re.compile(r"b3BlbnNzaC1rZXktdjE"), "private key material"),
-    (re.compile(r"\bMII[A-Za-z0-9+/]{40,}"), "private key material"),
-    (re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"), "a Hugging Face token"),
-    (
-        re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})\b"),
-        "a GitHub token",
-    ),
-    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), "a GitLab token"),
-    (re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"), "a Google API key"),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), "a JWT"),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}\b"), "an API key"),
-    (re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"), "a Stripe key"),
-    (re.compile(r"\bnpm_[A-Za-z0-9]{36}\b"), "an npm token"),
-    (re.compile(r"\bpypi-AgE[A-Za-z0-9_-]{40,}"), "a PyPI token"),
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key"),
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b"), "a Slack token"),
-    (re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/]+"), "a Slack webhook"),
-    (re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@"), "a password inside a URL"),
-    (
-        re.compile(r"(?i)\bauthorization:\s*(?:bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}"),
-        "an Authorization header",
-    ),
-    (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{16,}"), "a bearer token"),
-    (re.compile(r"(?i)\bmachine\s+\S+\s+login\s+\S+\s+password\s+\S+"), "a .netrc password"),
-)
-# ``export HF_TOKEN=abc``, ``WANDB_API_KEY=...`` or ``?access_token=...`` inside text.
-_ASSIGN_RE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(['\"]?)([^\s'\"&;|]+)")
-# Commands whose ``-p`` is a password (``sshpass -p X``, ``mysql -pX``, ``docker login -p X``).
-_P_IS_PASSWORD = frozenset({"sshpass", "mysql", "mysqldump", "mysqladmin", "docker", "podman"})
-# Commands that take a secret as their argument (``wandb login KEY``).
-_LOGIN_COMMANDS = frozenset({"wandb"})
-_SHELL_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "\n"})
-# ``curl -u user:password``.
-_CURL_USER = re.compile(r"\bcurl\b[^;&|\n]*\s(?:-u|--user)[\s=]+['\"]?[^\s:'\"]+:[^\s'\"$]+")
+MAX_FIELD_BYTES = 64 * 1024
+"""The most one string in a profile may hold (64 KiB of UTF-8; keys too). Profiles are small
+set-ups: the longest real field, a ``launch.remote_setup`` script, is a few KB; anything longer
+belongs in a file on the nodes that ``remote_setup`` sources."""
 
 _FIX = (
     "a profile never stores passwords, private keys or tokens: remove it and set it on the "
@@ -309,169 +214,44 @@ _FIX = (
 )
 
 
-def _words(name: str) -> list[str]:
-    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)  # accessToken -> access_Token
-    return [w for w in re.split(r"[_\-.\s]+", name.lower()) if w]
-
-
-def is_secret_name(name: str, *, env: bool = False) -> bool:
-    """True when a key, flag or environment variable name says it holds a secret.
-    For environment names, a bare ``KEY`` word counts too (``WANDB_API_KEY``, ``SSH_KEY``) unless
-    the name says it is a path (``SSH_KEY_PATH``) or a quantity (``--token-budget``)."""
-    words = _words(name.lstrip("-"))
-    if not words:
-        return False
-    if words[-1] in _PATH_SUFFIXES or any(w in _QUANTITY_WORDS for w in words):
-        return False
-    if any(w in _SECRET_WORDS for w in words):
-        return True
-    if any(part in w for w in words for part in _SECRET_PARTS):
-        return True
-    if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False)):
-        return True
-    return env and "key" in words
-
-
-def _is_reference(value: str) -> bool:
-    """``$HF_TOKEN``, ``${X}`` or ``$(cat file)``: the value is looked up on the node."""
-    return value.startswith("$")
-
-
-def _is_path(value: str) -> bool:
-    """``/abs``, ``~/x``, ``./x`` or ``dir/name.json``: where a secret lives, not the secret."""
-    return _PATH_SHAPE.match(value) is not None
-
-
-def _flag_holds_secret(flag: str, value: str, *, shell_command: str = "") -> bool:
-    """Whether ``flag`` given ``value`` passes a secret. ``shell_command``: the command the flag
-    belongs to, in shell text (decides what ``-p`` means)."""
-    if not value or _is_reference(value) or _is_path(value):
-        return False
-    if is_secret_name(flag):
-        return True
-    words = _words(flag.lstrip("-"))
-    if words and words[-1] == "key" and _CREDENTIAL_SHAPE.match(value):
-        return True
-    if flag == "-p":  # mysql / sshpass / docker style; a port (-p 8080) is a number
-        return shell_command in _P_IS_PASSWORD if shell_command else not value.isdigit()
-    return False
-
-
-def _args_secret(args: list[str], *, shell: bool = False) -> tuple[int, str] | None:
-    """The first (index, flag) in ``args`` that passes a secret."""
-    command = ""
-    command_args = 0
-    for i, arg in enumerate(args):
-        if shell and arg in _SHELL_SEPARATORS:
-            command, command_args = "", 0
-            continue
-        if shell and not command and not _ASSIGN_RE.match(arg):
-            command = arg.rsplit("/", 1)[-1]
-            command_args = 0
-            continue
-        command_args += 1
-        if not arg.startswith("-") or arg == "-":
-            if (
-                shell
-                and command in _LOGIN_COMMANDS
-                and i > 0
-                and args[i - 1] == "login"
-                and not _is_reference(arg)
-            ):
-                return i, f"{command} login"
-            continue
-        if shell and command in _P_IS_PASSWORD and arg.startswith("-p") and len(arg) > 2:
-            if not arg.startswith("--") and not _is_reference(arg[2:]):
-                return i, "-p"  # mysql -pSECRET
-        flag, eq, val = arg.partition("=")
-        if not eq:
-            nxt = args[i + 1] if i + 1 < len(args) else ""
-            val = "" if nxt.startswith("-") or (shell and nxt in _SHELL_SEPARATORS) else nxt
-        if _flag_holds_secret(flag, val, shell_command=command if shell else ""):
-            return i, flag
-    return None
-
-
-def _shell_words(text: str) -> list[str]:
-    """``text`` split as a shell would (quotes, ``;``, ``&&``, ``|``); a text no shell could
-    parse is split on white space."""
-    import shlex
-
-    lex = shlex.shlex(text, posix=True, punctuation_chars=";&|()\n")
-    lex.whitespace_split = True
-    lex.whitespace = " \t\r"
-    lex.commenters = ""
-    try:
-        return list(lex)
-    except ValueError:
-        return text.split()
-
-
-def _walk(data: Any, path: str) -> Iterator[tuple[str, str | None, Any]]:
-    """Yield (dotted path, key or None, value) for every leaf and key in ``data``."""
+def _oversized(data: Any, path: str) -> tuple[str, int] | None:
+    """The first (dotted path, bytes) of a key or string in ``data`` over MAX_FIELD_BYTES."""
     if isinstance(data, Mapping):
         for k, v in data.items():
             sub = f"{path}.{k}" if path else str(k)
-            yield sub, str(k), v
-            yield from _walk(v, sub)
-    elif isinstance(data, list | tuple):
+            if isinstance(k, str) and len(k) * 4 > MAX_FIELD_BYTES:
+                size = len(k.encode("utf-8", "surrogatepass"))
+                if size > MAX_FIELD_BYTES:
+                    return f"{path or 'the top level'} (a key)", size
+            found = _oversized(v, sub)
+            if found:
+                return found
+        return None
+    if isinstance(data, list | tuple):
         for i, v in enumerate(data):
-            yield from _walk(v, f"{path}[{i}]")
-    else:
-        yield path, None, data
-
-
-def _text_secret(value: str, *, shell: bool) -> str | None:
-    """What secret ``value`` holds (a known shape, an assignment, a flag in shell text)."""
-    for pattern, what in _VALUE_PATTERNS:
-        if pattern.search(value):
-            return what
-    for m in _ASSIGN_RE.finditer(value):
-        if is_secret_name(m.group(1), env=True) and not (
-            _is_reference(m.group(3)) or _is_path(m.group(3))
-        ):
-            return f"a secret assigned to {m.group(1)}"
-    if shell:
-        if _CURL_USER.search(value):
-            return "a password passed to curl -u"
-        found = _args_secret(_shell_words(value), shell=True)
-        if found:
-            return f"a secret passed as {found[1]}"
-    return None
-
-
-def find_secret(data: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first (dotted path, what) in ``data`` that looks like a secret, or None."""
-    launch = data.get("launch")
-    args = launch.get("script_args") if isinstance(launch, Mapping) else None
-    if isinstance(args, list):
-        found = _args_secret([str(a) for a in args])
-        if found:
-            return f"launch.script_args[{found[0]}]", f"a secret passed as {found[1]}"
-    for path, key, value in _walk(data, ""):
-        if key is not None:
-            in_env = path.startswith("launch.env.")
-            if in_env and is_secret_name(key, env=True):
-                if (
-                    isinstance(value, str)
-                    and value
-                    and not _is_reference(value)
-                    and not _is_path(value)
-                ):
-                    return path, "a secret-named environment variable with a value"
-            elif not in_env and is_secret_name(key):
-                return path, "a secret-named key"
-            continue
-        if not isinstance(value, str):
-            continue
-        what = _text_secret(value, shell=path == "launch.remote_setup")
-        if what:
-            return path, what
+            found = _oversized(v, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(data, str) and len(data) * 4 > MAX_FIELD_BYTES:
+        size = len(data.encode("utf-8", "surrogatepass"))
+        if size > MAX_FIELD_BYTES:
+            return path, size
     return None
 
 
 def check_secrets(data: Mapping[str, Any], *, where: str) -> None:
-    """Raise :class:`SecretError` naming the field if ``data`` holds a secret."""
+    """Raise :class:`ProfileError` naming the field if a string in ``data`` is over
+    :data:`MAX_FIELD_BYTES`, and :class:`SecretError` naming it if ``data`` holds a secret."""
+    big = _oversized(data, "")
+    if big:
+        path, size = big
+        raise ProfileError(
+            f"{where}: {path} is {size / 1024:.0f} KiB; a profile field holds at most "
+            f"{MAX_FIELD_BYTES // 1024} KiB: keep long text in a file on the nodes (a script "
+            "launch.remote_setup runs) and shorten the field",
+            field="",
+        )
     found = find_secret(data)
     if found:
         path, what = found

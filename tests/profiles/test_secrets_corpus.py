@@ -22,7 +22,7 @@ HARMLESS: dict[str, Any] = CORPUS["harmless"]
 
 
 def test_the_corpus_is_big_enough() -> None:
-    assert len(SECRETS) >= 53 and len(HARMLESS) >= 20
+    assert len(SECRETS) >= 88 and len(HARMLESS) >= 52
 
 
 @pytest.mark.parametrize("case", sorted(SECRETS))
@@ -38,11 +38,16 @@ def test_no_harmless_look_alike_is_refused(case: str) -> None:
 def _spec(data: dict[str, Any]) -> Spec | None:
     base = demo_spec().model_dump(mode="json")
     for section, values in data.items():
-        base[section] = {**base[section], **values}
+        if section != "profile":  # the [profile] table: the description, passed on its own
+            base[section] = {**base[section], **values}
     try:
         return Spec.model_validate(base)
     except Exception:  # noqa: BLE001 - a shape the spec refuses on its own
         return None
+
+
+def _description(data: dict[str, Any]) -> str | None:
+    return data.get("profile", {}).get("description")
 
 
 @pytest.mark.parametrize("case", sorted(SECRETS))
@@ -51,7 +56,7 @@ def test_saving_a_disguised_secret_is_refused(store: ProfileStore, case: str) ->
     if spec is None:
         pytest.skip("the spec itself refuses this value")
     with pytest.raises(SecretError):
-        store.save_spec("leaky", spec)
+        store.save_spec("leaky", spec, description=_description(SECRETS[case]))
     assert not store.user_path("leaky").exists()
 
 
@@ -60,5 +65,5 @@ def test_saving_a_look_alike_works(store: ProfileStore, case: str) -> None:
     spec = _spec(HARMLESS[case])
     if spec is None:
         pytest.skip("the spec itself refuses this value")
-    store.save_spec("fine", spec)
+    store.save_spec("fine", spec, description=_description(HARMLESS[case]))
     assert store.load("fine").spec == spec
