@@ -34,6 +34,7 @@ from engine.write.common import run_name
 from engine.write.nccl_env import nccl_env
 from engine.write.quoting import comment_text, env_name, is_env_name
 from engine.write.sky import sky_yaml
+from tests.engine.test_writers_deepspeed import DataParallelOnly, ds_comm  # noqa: F401 - fixture
 from tests.engine.writers_fixtures import make_plan
 
 sky = pytest.importorskip("sky")  # slow to import: once for the module
@@ -316,9 +317,9 @@ def test_env_values_and_script_args_reach_the_trainer_exactly(
     plan = make_plan(launch=launch.model_dump())
     bundle = tmp_path_factory.mktemp("b")
     if any(c in a for a in args for c in "\n\r\0"):  # not one line of a script
-        with pytest.raises(DtrainError) as e:
+        with pytest.raises(DtrainError) as refused:
             write_bundle(plan, bundle)
-        assert e.value.field == "launch.script_args"
+        assert refused.value.field == "launch.script_args"
         assert not (bundle / "nccl.env").exists()
         return
     write_bundle(plan, bundle)
@@ -378,3 +379,18 @@ def test_files_carrying_launch_env_are_owner_only(tmp_path: Path) -> None:
     run.write_command(0, "export HF_TOKEN=hf_secret; bash launch_node0.sh")
     cmd = tmp_path / "run" / "commands" / "node0.txt"
     assert stat.S_IMODE(cmd.stat().st_mode) & 0o077 == 0
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ds_comm")
+def test_deepspeed_reads_the_ds_config_of_a_model_with_any_name() -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    base = make_plan(strategy=Strategy.ZERO2)
+    name = "".join(NASTY)
+    text = render_bundle(_named(base, name))["ds_config.json"].text
+    assert text.isascii()
+    cfg = json.loads(text)
+    assert cfg == json.loads(render_bundle(_named(base, "plain"))["ds_config.json"].text)
+    c = DeepSpeedConfig(cfg, mpu=DataParallelOnly(base.recommended.dp))
+    assert c.train_batch_size == base.recommended.global_batch
