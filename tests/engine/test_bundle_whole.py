@@ -53,3 +53,21 @@ def test_a_full_disk_on_a_first_write_leaves_no_directory(tmp_path: Path) -> Non
         assert code == 2 and len(err.splitlines()) == 1, err
         assert f"no space left on device writing {out}; nothing was written" in err
         assert sorted(p.name for p in mnt.iterdir()) == ["filler"]
+
+
+def test_a_full_disk_under_force_backs_nothing_up(tmp_path: Path) -> None:
+    # --force renames an edited file to NAME.bak-<time> only as part of the swap: a write that
+    # fails leaves the edit where it was, under its own name.
+    with small_tmpfs(tmp_path / "small", "1m") as mnt:
+        out = mnt / "bundle"
+        assert _write(out, 4) == (0, "")
+        (out / "launch_node0.sh").write_text("#!/usr/bin/env bash\necho my edit\n")
+        before = snapshot(out)
+        fill(mnt, leave_pages=2)
+        err = io.StringIO()
+        argv = ["write", *TINY, "--global-batch", "8", "--out", str(out), "--force"]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(argv)
+        assert code == 2 and "the previous bundle is unchanged" in err.getvalue(), err.getvalue()
+        assert snapshot(out) == before
+        assert sorted(p.name for p in mnt.iterdir()) == ["bundle", "filler"]
