@@ -1,18 +1,17 @@
-"""The command palette (Ctrl+P): the wizard's main actions by name."""
+"""The command palette (Ctrl+P): the wizard's main actions by name, and the one provider every
+palette shares (:class:`ListedCommands`; the monitor's lists its own in
+``tui/screens/monitor_commands.py``). The providers name what they call through protocols, so
+nothing here imports the app or a screen (they import this, when the palette first opens)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from tui.session import Step
-
-if TYPE_CHECKING:
-    from tui.app import DtrainApp
-
 
 Command = tuple[str, str, Callable[[], object]]
 """(name shown, help line, what it runs)."""
@@ -37,12 +36,27 @@ class ListedCommands(Provider):
                 yield Hit(score, matcher.highlight(name), callback, help=help_text)
 
 
+class WizardActions(Protocol):
+    """What the wizard's palette calls on the app (:class:`tui.app.DtrainApp`)."""
+
+    def goto(self, step: Step) -> None: ...
+    def action_write_bundle(self) -> None: ...
+    def action_launch(self) -> None: ...
+    async def action_edit_file(self) -> None: ...
+    async def action_copy_command(self) -> None: ...
+    def action_open_run(self) -> None: ...
+    def action_replan(self) -> None: ...
+    def action_profiles(self) -> None: ...
+    def action_toggle_dark(self) -> None: ...
+    def action_help(self) -> None: ...
+
+
 class WizardCommands(ListedCommands):
     """Go to a step, write, launch, re-plan, profiles, theme, help."""
 
-    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
-        app = cast("DtrainApp", self.app)
-        cmds: list[tuple[str, str, Callable[[], object]]] = [
+    def _commands(self) -> list[Command]:
+        app = cast(WizardActions, self.app)
+        cmds: list[Command] = [
             (
                 f"Go to step {step.number}: {step.label}",
                 f"Open the {step} step",

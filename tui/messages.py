@@ -139,3 +139,8 @@ class RunFinished(Message):
 
     state: str
     message: str
+
+
+@dataclass
+class PreflightRequested(Message):
+    """The user pressed the Launch step's Preflight button (the step runs the preflight)."""

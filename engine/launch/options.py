@@ -73,3 +73,13 @@ class LaunchOptions:
             sky_autostop_min=launch.sky_autostop_min,
             sky_cloud=launch.sky_cloud,
         )
+
+
+HOSTLESS_BACKENDS = frozenset({"local", "slurm"})
+"""Backends that take no host list: local runs on this machine, Slurm picks the nodes."""
+
+
+def backend_hosts(kind: str, hosts: list[Host]) -> list[Host]:
+    """The hosts the backend ``kind`` launches on: ``hosts``, or none for a backend that
+    places the ranks itself (:data:`HOSTLESS_BACKENDS`; a spec's hosts are ignored there)."""
+    return [] if kind in HOSTLESS_BACKENDS else hosts

@@ -20,7 +20,7 @@ def test_a_session_change_while_a_step_mounts_is_drawn_once_it_is_ready() -> Non
         async with app.run_test(size=(120, 40)) as pilot:
             wizard = app.wizard
             assert wizard is not None and wizard.pane(Step.DECISION) is None
-            pane = step_class(Step.DECISION)()
+            pane = step_class(Step.DECISION)(app.session)
             mounting = wizard.query_one(ContentSwitcher).mount(pane)
             wizard.show_nav()  # the plan arrives while the step is being built
             await mounting

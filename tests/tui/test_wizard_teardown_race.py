@@ -40,10 +40,10 @@ def test_worker_results_for_a_removed_step_are_dropped() -> None:
     # threads; their results reach the UI through call_from_thread and may find the step gone.
     from textual.widgets import ContentSwitcher
 
+    from tui.screens.launch import LaunchStep
     from tui.screens.training import TrainingStep
     from tui.screens.wizard import step_class
     from tui.session import Step
-    from tui.widgets.preflight_button import PreflightButton
 
     async def go() -> None:
         app = DtrainApp(demo_spec(), plan_delay_s=0.01)
@@ -51,16 +51,18 @@ def test_worker_results_for_a_removed_step_are_dropped() -> None:
             await pilot.pause()
             wizard = app.wizard
             assert wizard is not None
-            training = step_class(Step.TRAINING)()
+            training = step_class(Step.TRAINING)(app.session)
             assert isinstance(training, TrainingStep)
-            await wizard.query_one(ContentSwitcher).mount(training)
-            button = PreflightButton()
-            await wizard.mount(button)
+            launch = step_class(Step.LAUNCH)(app.session)
+            assert isinstance(launch, LaunchStep)
+            switcher = wizard.query_one(ContentSwitcher)
+            await switcher.mount(training)
+            await switcher.mount(launch)
             await training.remove()
-            await button.remove()
+            await launch.remove()
             training.batch_state = ("refused", 7)
             training._nearest_found([], 7)
-            button._done("preflight: ok", True)
+            launch.preflight_done("preflight: ok", True)
             await pilot.pause()
             assert app.return_code is None
 

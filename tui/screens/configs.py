@@ -28,7 +28,7 @@ from textual.widgets import Button, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tui.screens.step import StepPane
-from tui.session import Step
+from tui.session import Step, WizardSession
 from tui.widgets.field_row import FieldRow
 
 if TYPE_CHECKING:
@@ -124,8 +124,8 @@ class ConfigsStep(StepPane):
         Binding("ctrl+y", "copy_command", "Copy cmd", show=False),
     ]
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, session: WizardSession) -> None:
+        super().__init__(session)
         self.files: dict[str, str] = {}
         self.render_error = "No plan yet: finish the earlier steps."
         self.current: str | None = None

@@ -23,7 +23,7 @@ from engine.plan.result import Layout, Plan
 from engine.plan.specs import LayoutSpec
 from tui.format import count, money, seconds
 from tui.screens.step import AUTO, StepPane
-from tui.session import Step
+from tui.session import Step, WizardSession
 from tui.widgets.field_row import FieldRow
 from tui.widgets.flowchart import FlowChart
 from tui.widgets.forced_badge import ForcedBadge
@@ -118,8 +118,8 @@ def _days(days: float) -> str:
 class DecisionStep(StepPane):
     STEP = Step.DECISION
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, session: WizardSession) -> None:
+        super().__init__(session)
         self.failure = ""
         """The planner's refusal shown; while set, the step counts as invalid."""
         self._force_errors: dict[str, str] = {}
@@ -206,7 +206,7 @@ class DecisionStep(StepPane):
             return [self.failure]
         return []
 
-    def session_changed(self) -> None:
+    def draw_session(self) -> None:
         self.query_one(ForcedBadge).show(self.session.forced_layout)
         if self.session.planning or self.session.plan is not None:
             return  # the refusal is stale: a new plan is on its way or here

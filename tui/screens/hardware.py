@@ -16,7 +16,7 @@ from engine.plan.names import IntraNodeLink
 from engine.plan.specs import HardwareSpec
 from tui import services
 from tui.screens.step import AUTO, StepPane, set_text
-from tui.session import Step
+from tui.session import Step, WizardSession
 from tui.suggesters import WordSuggester
 from tui.widgets.field_row import FieldRow
 from tui.widgets.memory_bars import gib as gb
@@ -41,8 +41,8 @@ class HardwareStep(StepPane):
         "cpu_ram_gb": "host RAM per node in GB, e.g. 512",
     }
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, session: WizardSession) -> None:
+        super().__init__(session)
         self.gpus: list[GpuType] = []
         self.catalog_error = ""
 

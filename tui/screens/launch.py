@@ -2,11 +2,16 @@
 partition, time limit, account, QoS, constraint and reservation, the run directory, and start;
 the monitor screen then shows every rank. The summary says where the ranks run for the backend
 chosen (even while its fields are incomplete), and labels a 3D plan launched with the example
-trainer a smoke test, pointing at the bundle's Megatron-LM command (``pretrain_gpt.sh``)."""
+trainer a smoke test, pointing at the bundle's Megatron-LM command (``pretrain_gpt.sh``).
+
+Its Preflight button asks; the step writes the bundle, runs the preflight (all-reduce busbw,
+node pairs, GEMM per GPU) on the chosen backend in a thread worker and shows the verdict in its
+result line. The full tables are in ``RUN/preflight.json`` and ``dtrain-tui preflight``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
@@ -15,9 +20,15 @@ from textual.widgets import Button, Select, Static
 
 from engine.plan.names import Backend
 from engine.plan.specs import LaunchSpec
+from tui.lifecycle import torn_down
+from tui.messages import PreflightRequested
 from tui.screens.step import StepPane, set_text
 from tui.session import Step
 from tui.widgets.field_row import FieldRow
+from tui.widgets.preflight_button import PreflightButton
+
+if TYPE_CHECKING:
+    from engine.plan.result import Plan
 
 SLURM_ROWS = (
     ("slurm_partition", "Partition (slurm)", "empty: the cluster's default (sinfo lists them)"),
@@ -75,8 +86,6 @@ class LaunchStep(StepPane):
         yield Static("", id="launch-result", classes="summary", markup=False)
         with Horizontal(classes="buttons"):
             yield Button("Start run  ^l", id="start", variant="success", compact=True)
-            from tui.widgets.preflight_button import PreflightButton  # handles its own press
-
             yield PreflightButton()
 
     def load(self) -> None:
@@ -199,3 +208,52 @@ class LaunchStep(StepPane):
         res.update(("✓ " if ok else "✗ ") + message)
         res.add_class("-shown")
         res.set_class(not ok, "-error")
+
+    # --- the preflight ------------------------------------------------------------------------
+    @on(PreflightRequested)
+    def _preflight(self, event: PreflightRequested) -> None:
+        event.stop()
+        session = self.session
+        if self.check() or session.plan is None:
+            self.show_result("preflight: finish the steps first (no valid plan yet)", ok=False)
+            return
+        self.show_result("preflight: writing the bundle and measuring…", ok=True)
+        self.query_one(PreflightButton).disabled = True
+        plan, out, root = session.plan, Path(session.out_dir), session.run_root
+        self.run_worker(
+            lambda: self._run_preflight(plan, out, root),
+            thread=True,
+            exclusive=True,
+            group="preflight",
+            description="preflight",
+            exit_on_error=False,
+        )
+
+    def _run_preflight(self, plan: Plan, out: Path, root: Path | None) -> None:
+        from engine.diagnose.preflight import verdict_line
+        from engine.errors import one_line
+        from engine.launch.options import LaunchOptions, backend_hosts
+        from engine.launch.preflight import run_preflight
+        from engine.rundir.files import new_run_dir
+        from engine.write.common import run_name
+        from tui import services
+
+        try:
+            services.write_bundle(plan, out)
+            launch = plan.spec.launch
+            kind = launch.backend.value
+            options = LaunchOptions.from_spec(launch)
+            options.hosts = backend_hosts(kind, options.hosts)
+            run_dir = new_run_dir(f"{run_name(plan)}-preflight", root)
+            backend, report = run_preflight(kind, out, run_dir, options)
+            text, ok = f"{verdict_line(report)} ({backend.run.path})", report.verdict == "ok"
+        except Exception as e:  # noqa: BLE001 - any failure is one line on the step
+            text, ok = f"preflight: {one_line(e) or type(e).__name__}", False
+        self.app.call_from_thread(self.preflight_done, text, ok)
+
+    def preflight_done(self, text: str, ok: bool) -> None:
+        """The preflight's verdict (from its worker): on the result line, the button again."""
+        if torn_down(self):
+            return  # the step went away while the preflight ran (its report is in the run dir)
+        self.query_one(PreflightButton).disabled = False
+        self.show_result(text, ok=ok)

@@ -21,12 +21,13 @@ from textual.widgets import Button, Input, OptionList, Static, TabbedContent, Ta
 from textual.widgets.option_list import Option
 
 from engine.errors import DtrainError, one_line
+from engine.fsio import JSON_LIMIT, read_regular_text
 from engine.plan.dims import ModelDims
 from engine.plan.specs import ModelSpec
 from tui import services
 from tui.format import count
 from tui.screens.step import StepPane, set_text
-from tui.session import Step
+from tui.session import Step, WizardSession
 from tui.suggesters import PathSuggester
 from tui.widgets.field_row import FieldRow
 
@@ -104,8 +105,8 @@ def summarize(dims: ModelDims) -> str:
 class ModelStep(StepPane):
     STEP = Step.MODEL
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, session: WizardSession) -> None:
+        super().__init__(session)
         self.presets: list[tuple[str, str]] = []
         self.preset_error = ""
         self.selected_preset: str | None = None
@@ -343,7 +344,7 @@ class ModelStep(StepPane):
             name = e.field.rsplit(".", 1)[-1] if e.field else ""
             message = e.message
             if name == "config_path" and "--" in message:
-                message = self._unreadable_config(model, message)
+                message = unreadable_config(self.rows(), model, message)
             rows = self.rows()
             at_field = name in rows and rows[name].display
             if at_field:
@@ -376,48 +377,6 @@ class ModelStep(StepPane):
             f"{button} to switch."
         )
 
-    def _unreadable_config(self, model: ModelSpec, message: str) -> str:
-        """The engine's config.json refusal, told for the wizard: what it could not read, and
-        the Dimensions tab filled from the config's keys where it names them."""
-        head = message.split(";")[0].split(" (supported")[0]
-        filled = self._fill_dims_from(model.config_path)
-        if filled:
-            return (
-                f"{head}; the Dimensions tab is filled in from this config.json "
-                f"({', '.join(filled)}): check it and press Use these dimensions"
-            )
-        return (
-            f"{head}; open the Dimensions tab, enter its layers, hidden size, heads and "
-            "vocabulary (and MLP size, KV heads), then press Use these dimensions"
-        )
-
-    def _fill_dims_from(self, path: Path | str | None) -> list[str]:
-        """Copy the dimensions a Hugging Face config names into the Dimensions tab (without
-        making it the source); the names filled."""
-        if path is None:
-            return []
-        p = Path(path)
-        if p.is_dir():
-            p = p / "config.json"
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return []
-        if not isinstance(data, dict):
-            return []
-        inner = data.get("text_config")
-        if isinstance(inner, dict):
-            data = {**data, **inner}
-        rows = self.rows()
-        filled: list[str] = []
-        for name, keys in _HF_KEYS.items():
-            value = next((data[k] for k in keys if isinstance(data.get(k), int)), None)
-            if value is not None and rows[name].value != str(value):
-                rows[name].set_quietly(str(value))
-            if value is not None:
-                filled.append(name)
-        return filled
-
     def first_focus(self) -> Widget | None:
         source = self.shown
         if source == "src-preset":
@@ -427,3 +386,46 @@ class ModelStep(StepPane):
         if source == "src-count":
             return self.query_one("#f-params", Input)
         return self.query_one("#f-layers", Input)
+
+
+def unreadable_config(rows: dict[str, FieldRow], model: ModelSpec, message: str) -> str:
+    """The engine's config.json refusal, told for the wizard: what it could not read, and
+    the Dimensions tab (``rows``) filled from the config's keys where it names them."""
+    head = message.split(";")[0].split(" (supported")[0]
+    filled = fill_dims_from(rows, model.config_path)
+    if filled:
+        return (
+            f"{head}; the Dimensions tab is filled in from this config.json "
+            f"({', '.join(filled)}): check it and press Use these dimensions"
+        )
+    return (
+        f"{head}; open the Dimensions tab, enter its layers, hidden size, heads and "
+        "vocabulary (and MLP size, KV heads), then press Use these dimensions"
+    )
+
+
+def fill_dims_from(rows: dict[str, FieldRow], path: Path | str | None) -> list[str]:
+    """Copy the dimensions a Hugging Face config names into the Dimensions tab's ``rows``
+    (without making it the source); the names filled."""
+    if path is None:
+        return []
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(read_regular_text(p, JSON_LIMIT, follow=True))
+    except (OSError, ValueError, RecursionError, DtrainError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    inner = data.get("text_config")
+    if isinstance(inner, dict):
+        data = {**data, **inner}
+    filled: list[str] = []
+    for name, keys in _HF_KEYS.items():
+        value = next((data[k] for k in keys if isinstance(data.get(k), int)), None)
+        if value is not None and rows[name].value != str(value):
+            rows[name].set_quietly(str(value))
+        if value is not None:
+            filled.append(name)
+    return filled

@@ -27,8 +27,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Footer
 
 from engine.errors import DtrainError
 from engine.monitor.events import EventSource, stop_run
@@ -37,6 +36,7 @@ from engine.monitor.state import ErrorRecord, MonitorState, Snapshot
 from engine.rundir.record import FINAL_STATES, RunState
 from tui.lifecycle import torn_down
 from tui.messages import RankLinesReceived, RunFinished
+from tui.screens.monitor_keys import MonitorKeys
 from tui.screens.monitor_stop import StopGuard
 from tui.widgets.filter_box import FilterBox
 from tui.widgets.monitor_header import MonitorHeader
@@ -44,15 +44,12 @@ from tui.widgets.monitor_side import MonitorSide
 from tui.widgets.nccl_pane import NcclPane
 from tui.widgets.pane_frames import sync_in_frames
 from tui.widgets.pane_grid import PaneGrid
-from tui.widgets.rank_pane import DEFAULT_MAX_LINES, LinePattern, RankPane
+from tui.widgets.rank_pane import DEFAULT_MAX_LINES
 from tui.widgets.rank_strip import RankStrip
 
 CHROME_INTERVAL_S = 0.25
 """Header, rank strip, table, chart and pane titles redraw at most this often under a firehose
 (panes themselves follow every batch); a state change (exit, finish) redraws at once."""
-SIDE_MIN_SCREEN_WIDTH = 110
-"""Below this width the rank table / chart / error side panel is hidden (``t`` shows it), and
-it comes back when the terminal is widened again, unless ``t`` chose otherwise."""
 STOP_ECHO = re.compile(
     r"^Traceback \(most recent call last\):$|SignalException|got signal: (2|15)\b"
 )
@@ -72,7 +69,7 @@ def _monitor_commands() -> Any:
     return MonitorCommands
 
 
-class MonitorScreen(Screen[None]):
+class MonitorScreen(MonitorKeys):
     """Watch ``source``. ``clock`` (wall seconds) is injectable so snapshots are repeatable.
     ``stop_source_on_exit``: closing the screen also stops the source (for a live launch: the
     run); off by default, so leaving the monitor never kills a run by surprise."""
@@ -210,17 +207,6 @@ class MonitorScreen(Screen[None]):
         self._size_nccl_pane()
         self.grid.schedule_relayout()
 
-    def _size_side(self) -> None:
-        if not self._composed():
-            return  # a resize while the app tears the screen down: no side panel to size
-        hidden = self.app.size.width < SIDE_MIN_SCREEN_WIDTH
-        if self._side_choice is not None:
-            hidden = not self._side_choice
-        self.query_one(MonitorSide).set_class(hidden, "-hidden")
-
-    def _size_nccl_pane(self) -> None:
-        self.nccl.styles.height = "1fr" if self._nccl_full else max(5, self.app.size.height // 5)
-
     # ---- batches in ----------------------------------------------------------------------
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="monitor-reader")
@@ -318,70 +304,7 @@ class MonitorScreen(Screen[None]):
         self.query_one(MonitorSide).show(snap, grid.focused_rank(), self.error_cursor, root)
         self._show_fullscreen()
 
-    def _show_fullscreen(self) -> None:
-        """``z``: the zoomed pane (or the NCCL pane) alone, header, strip and side hidden."""
-        self.set_class(self.grid.zoomed is not None and not self._nccl_full, "-fullscreen")
-        if self.has_class("-nccl-full") != self._nccl_full:
-            self.set_class(self._nccl_full, "-nccl-full")
-            self._size_nccl_pane()
-
-    # ---- focus, zoom, pages, views ------------------------------------------------------
-
-    def action_cycle(self, step: int) -> None:
-        """Focus the next pane, across pages (and the NCCL pane at the end of the cycle)."""
-        cur = self.focused
-        if isinstance(cur, Input):
-            self.focus_next() if step > 0 else self.focus_previous()
-            return
-        here = cur.key if isinstance(cur, RankPane) else None
-        key = self.grid.next_key(here, step, with_nccl=not self.nccl.has_class("-hidden"))
-        if key is not None:
-            self._focus_key(key)
-
-    def _focus_key(self, key: str) -> None:
-        if key == "nccl":
-            self.nccl.focus()
-        else:
-            self.grid.focus_key(key)
-
-    def action_zoom(self) -> None:
-        """Full screen for the focused pane (the NCCL pane too); again: back to the grid."""
-        if self._nccl_full:
-            self._nccl_full = False
-            self.nccl.focus()
-        elif self.focused is self.nccl and self.grid.zoomed is None:
-            self._nccl_full = True
-        else:
-            self.grid.zoom(self.focused)
-        self._show_fullscreen()
-        self.grid.schedule_relayout()
-
-    def action_toggle_sideways(self) -> None:
-        """Long lines: cut at the pane's edge, or scroll sideways with ``←``/``→``."""
-        on = not self.grid.sideways
-        self.grid.set_sideways(on)
-        self.notify("long lines scroll sideways (← →)" if on else "long lines are cut at the edge")
-
-    def action_page(self, step: int) -> None:
-        self.grid.turn_page(step)
-
-    def action_toggle_view(self) -> None:
-        self.grid.toggle_view()
-
-    def action_toggle_nccl(self) -> None:
-        self.nccl.toggle_class("-hidden")
-        self.grid.schedule_relayout()
-
-    def action_toggle_side(self) -> None:
-        side = self.query_one(MonitorSide)
-        self._side_choice = side.has_class("-hidden")
-        self._size_side()
-        self.grid.schedule_relayout()
-
-    def action_follow(self) -> None:
-        focused = self.focused
-        if isinstance(focused, RankPane):
-            focused.resume()
+    # ---- stopping, diagnosing ----------------------------------------------------------
 
     def action_stop_run(self) -> None:
         """Stop the run (every rank on every node); asks for a second ``ctrl+x`` first. A run
@@ -407,82 +330,6 @@ class MonitorScreen(Screen[None]):
         from tui.screens.monitor_diagnose import diagnose_in_worker
 
         diagnose_in_worker(self)
-
-    # ---- filter / search / errors -------------------------------------------------------
-
-    def action_search(self) -> None:
-        self.query_one(FilterBox).open(self.grid.pattern)
-
-    def on_filter_box_applied(self, msg: FilterBox.Applied) -> None:
-        self.set_filter(msg.pattern)
-        self.grid.refocus()
-
-    def set_filter(self, pattern: LinePattern | None) -> None:
-        """Show only lines matching ``pattern`` in every pane (None: show everything)."""
-        self.grid.set_pattern(pattern)
-        self.nccl.set_pattern(pattern)
-        self._render_chrome()
-
-    def action_clear(self) -> None:
-        """Esc: close the filter box, else drop the filter, else leave the full screen, else go
-        back to the wizard (when there is one)."""
-        box = self.query_one(FilterBox)
-        if box.is_open:
-            box.close()
-            self.grid.refocus()
-        elif self.grid.pattern is not None:
-            self.set_filter(None)
-        elif self._nccl_full or self.grid.zoomed is not None:
-            self._nccl_full = False
-            self.grid.unzoom()
-            self._show_fullscreen()
-        elif self.can_go_back:
-            self.action_back()
-
-    # ---- leaving, help ------------------------------------------------------------------
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "back":
-            return self.can_go_back
-        if action == "quit":
-            return not self.can_go_back  # False: q falls through to "leave", out of the footer
-        return True
-
-    def action_back(self) -> None:
-        """Back to the wizard; the run goes on and ``Open run…`` (or ``ctrl+g``) reopens this."""
-        if not self.can_go_back:
-            self.notify("no wizard behind this monitor: q quits (the run goes on)")
-            return
-        self.app.pop_screen()
-
-    def action_leave(self) -> None:
-        """``q``, the same in every monitor: leave it, never stopping the run (back to the
-        wizard, or quit ``dtrain-tui monitor``)."""
-        if self.can_go_back:
-            self.action_back()
-        else:
-            self.app.exit(0)
-
-    def action_quit(self) -> None:
-        """``q`` in ``dtrain-tui monitor`` (no wizard beneath): the footer's ``q Quit``."""
-        self.action_leave()
-
-    def action_help(self) -> None:
-        from tui.screens.monitor_help import MonitorHelp
-
-        self.app.push_screen(MonitorHelp(can_go_back=self.can_go_back))
-
-    def action_next_error(self) -> None:
-        errors = self.snapshot.errors
-        if not errors:
-            self.notify("no errors so far")
-            return
-        cur = -1 if self.error_cursor is None else self.error_cursor
-        self.error_cursor = (cur + 1) % len(errors)
-        if self.grid.pattern is not None:
-            self.set_filter(None)
-        self.grid.show_error(errors[self.error_cursor])
-        self._render_chrome()
 
     # ---- helpers for tests ----------------------------------------------------------------
 

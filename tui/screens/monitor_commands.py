@@ -4,21 +4,34 @@ this provider in its ``COMMANDS``, so the palette offers these only while a moni
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
-from tui.commands import ListedCommands
+from tui.commands import Command, ListedCommands
 
-if TYPE_CHECKING:
-    from tui.screens.monitor import MonitorScreen
+
+class MonitorActions(Protocol):
+    """What the monitor's palette calls on :class:`tui.screens.monitor.MonitorScreen`."""
+
+    can_go_back: bool
+
+    def action_back(self) -> None: ...
+    def action_stop_run(self) -> None: ...
+    def action_zoom(self) -> None: ...
+    def action_search(self) -> None: ...
+    def action_next_error(self) -> None: ...
+    def action_toggle_view(self) -> None: ...
+    def action_toggle_sideways(self) -> None: ...
+    def action_toggle_side(self) -> None: ...
+    def action_toggle_nccl(self) -> None: ...
+    def action_help(self) -> None: ...
 
 
 class MonitorCommands(ListedCommands):
     """The monitor's actions; "Back to the wizard" only when there is one."""
 
-    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
-        m = cast("MonitorScreen", self.screen)
-        cmds: list[tuple[str, str, Callable[[], object]]] = []
+    def _commands(self) -> list[Command]:
+        m = cast(MonitorActions, self.screen)
+        cmds: list[Command] = []
         if m.can_go_back:
             cmds.append(
                 (

@@ -1,7 +1,9 @@
-"""``?`` / F1 in the monitor: every key the monitor answers to, read from its bindings (a key
-another part adds shows up here by itself), with a longer word for the ones that need it.
+"""``?`` / F1 in the monitor: every key the monitor answers to, read from the bindings it hands
+over (a key another part adds shows up here by itself), with a longer word for the ones that
+need it.
 
-Pushed by :class:`tui.screens.monitor.MonitorScreen`; ``esc``, ``q``, ``?`` or F1 close it.
+Pushed by :class:`tui.screens.monitor.MonitorScreen` with its bindings (this module imports no
+screen); ``esc``, ``q``, ``?`` or F1 close it.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def _key_name(key: str) -> str:
 
 
 class MonitorHelp(ModalScreen[None]):
-    """The monitor's keys. ``can_go_back``: a wizard lies beneath the monitor."""
+    """The monitor's keys: ``bindings``, the monitor's own. ``can_go_back``: a wizard lies
+    beneath the monitor."""
 
     DEFAULT_CSS = """
     MonitorHelp { align: center middle; }
@@ -98,20 +101,18 @@ class MonitorHelp(ModalScreen[None]):
         Binding("q", "dismiss", "Close", show=False),
     ]
 
-    def __init__(self, *, can_go_back: bool = False) -> None:
+    def __init__(self, bindings: list[Binding], *, can_go_back: bool = False) -> None:
         super().__init__()
+        self.monitor_bindings = bindings
         self.can_go_back = can_go_back
         self.rows: list[tuple[str, str]] = []
         """(keys, what) as shown."""
 
     def compose(self) -> ComposeResult:
-        from tui.screens.monitor import MonitorScreen
-
         table = Table(box=None, show_header=False, padding=(0, 2))
         table.add_column(style="bold", no_wrap=True)
         table.add_column()
-        bindings = [b for b in MonitorScreen.BINDINGS if isinstance(b, Binding)]
-        self.rows = key_rows(bindings, can_go_back=self.can_go_back)
+        self.rows = key_rows(self.monitor_bindings, can_go_back=self.can_go_back)
         self.rows.append(("ctrl+p", "command palette: every monitor action by name"))
         for keys, what in self.rows:
             table.add_row(keys, what)

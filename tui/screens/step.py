@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 from textual.containers import VerticalScroll
@@ -19,11 +19,11 @@ from textual.widget import Widget
 from textual.widgets import Input, Select, Static
 
 from engine.errors import DtrainError, one_line
+from tui.lifecycle import torn_down
 from tui.messages import StepValidated
 from tui.widgets.field_row import FieldRow
 
 if TYPE_CHECKING:
-    from tui.screens.wizard import WizardScreen
     from tui.session import Step, WizardSession
 
 AUTO = "auto"
@@ -33,20 +33,19 @@ _FIELD_PREFIX = re.compile(r"^(?:[a-z_]+\.)?([a-z_]+): ")
 
 
 class StepPane(VerticalScroll):
-    """One wizard step. Subclasses set ``STEP`` and implement ``load`` and ``check``."""
+    """One wizard step, editing ``session`` (the wizard's, handed in by the wizard screen).
+    Subclasses set ``STEP`` and implement ``load`` and ``check`` (and ``draw_session`` when
+    they show part of the plan)."""
 
     STEP: ClassVar[Step]
     BOUND_HINTS: ClassVar[dict[str, str]] = {}
     """What to do instead, per field, added to a value out of its bounds."""
 
-    def __init__(self) -> None:
+    def __init__(self, session: WizardSession) -> None:
         super().__init__(id=f"step-{self.STEP}", classes="step")
+        self.session = session
+        """The wizard's state: the spec this step edits a part of, the plan it shows."""
         self._loading = False
-
-    @property
-    def session(self) -> WizardSession:
-        """The wizard's state (held by the wizard screen this pane lives in)."""
-        return cast("WizardScreen", self.screen).session
 
     # --- to implement -------------------------------------------------------------------------
     def load(self) -> None:
@@ -57,10 +56,9 @@ class StepPane(VerticalScroll):
         the errors."""
         return []
 
-    def session_changed(self) -> None:
-        """The wizard drew the session again (a plan arrived or was refused, a step was
-        validated): a step that shows part of the plan updates it here. Called often: compare
-        before touching the DOM."""
+    def draw_session(self) -> None:
+        """A step that shows part of the plan updates it here (from :meth:`session_changed`,
+        only while its widgets exist). Called often: compare before touching the DOM."""
 
     def clear_forced_layout(self) -> None:
         """Drop every forced layout setting (the badge's clear button) and re-plan; the
@@ -69,7 +67,8 @@ class StepPane(VerticalScroll):
         from tui.session import Step
 
         self.session.set_section("layout", LayoutSpec())
-        decision = cast("WizardScreen", self.screen).pane(Step.DECISION)
+        built = self.screen.query(f"#step-{Step.DECISION}").results(StepPane)
+        decision = next(built, None)
         if decision is not None and decision is not self:
             decision.reload()
         if decision is not self:
@@ -83,13 +82,21 @@ class StepPane(VerticalScroll):
 
     # --- shared machinery ---------------------------------------------------------------------
     ready = False
-    """Composed and loaded: the wizard may call :meth:`session_changed` (a pane still being
-    mounted has no widgets to update yet; it draws the session itself when it is ready)."""
+    """Composed and loaded: :meth:`session_changed` reaches the widgets (a pane still being
+    mounted has none to update yet; it draws the session itself when it is ready)."""
 
     def on_mount(self) -> None:
         self.reload()
         self.ready = True
         self.session_changed()
+
+    def session_changed(self) -> None:
+        """The wizard drew the session again (a plan arrived or was refused, a step was
+        validated): :meth:`draw_session`, once the step is mounted and until it is torn down;
+        before, nothing (mounting draws it), after, nothing (there is nothing to draw on). Safe
+        to call at any moment: callers need no guard."""
+        if self.ready and not torn_down(self):
+            self.draw_session()
 
     def reload(self) -> None:
         """Refill the fields from the session's spec and validate them."""

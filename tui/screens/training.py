@@ -24,7 +24,7 @@ from tui import services
 from tui.format import count
 from tui.lifecycle import torn_down
 from tui.screens.step import AUTO, StepPane, set_text
-from tui.session import Step
+from tui.session import Step, WizardSession
 from tui.widgets.field_row import FieldRow
 from tui.widgets.forced_badge import ForcedBadge
 
@@ -45,8 +45,8 @@ _KINDS = {
 class TrainingStep(StepPane):
     STEP = Step.TRAINING
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, session: WizardSession) -> None:
+        super().__init__(session)
         self.batch_state: tuple[object, ...] = ()
         """What the batch advice was drawn from (redrawn only when it changes)."""
         self.batch_choices: list[BatchChoice] = []
@@ -220,7 +220,7 @@ class TrainingStep(StepPane):
         return self.query_one("#f-seq_len", Input)
 
     # --- the global batch the planner could not split -----------------------------------------
-    def session_changed(self) -> None:
+    def draw_session(self) -> None:
         s = self.session
         self.query_one(ForcedBadge).show(s.forced_layout)
         if s.planning:

@@ -5,8 +5,7 @@ to draw again when a plan, a bundle or a write or launch result arrives."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from textual import on
 from textual.app import ComposeResult
@@ -17,22 +16,32 @@ from textual.widgets import Button, ContentSwitcher, Footer, Header, Static
 
 from tui.lifecycle import torn_down
 from tui.messages import StepEntered, StepValidated
+from tui.screens.configs import ConfigsStep
+from tui.screens.decision import DecisionStep
+from tui.screens.hardware import HardwareStep
+from tui.screens.launch import LaunchStep
+from tui.screens.model import ModelStep
+from tui.screens.network import NetworkStep
 from tui.screens.step import StepPane
+from tui.screens.training import TrainingStep
 from tui.session import Step, WizardSession
 from tui.widgets.step_nav import StepNav
 
-if TYPE_CHECKING:
-    from tui.screens.configs import ConfigsStep
-    from tui.screens.decision import DecisionStep
-    from tui.screens.launch import LaunchStep
+STEP_PANES: dict[Step, type[StepPane]] = {
+    Step.MODEL: ModelStep,
+    Step.HARDWARE: HardwareStep,
+    Step.NETWORK: NetworkStep,
+    Step.TRAINING: TrainingStep,
+    Step.DECISION: DecisionStep,
+    Step.CONFIGS: ConfigsStep,
+    Step.LAUNCH: LaunchStep,
+}
+"""The pane of each step; built when the step is first visited, with the wizard's session."""
 
 
 def step_class(step: Step) -> type[StepPane]:
-    """The pane class of ``step`` (``tui.screens.<step>.<Title>Step``); its module is imported
-    on first use (start-up speed)."""
-    module = importlib.import_module(f"tui.screens.{step.value}")
-    cls: type[StepPane] = getattr(module, f"{step.label}Step")
-    return cls
+    """The pane class of ``step``."""
+    return STEP_PANES[Step(step)]
 
 
 class WizardScreen(Screen[None]):
@@ -94,15 +103,15 @@ class WizardScreen(Screen[None]):
 
     @property
     def _decision(self) -> DecisionStep | None:
-        return cast("DecisionStep | None", self.pane(Step.DECISION))
+        return cast(DecisionStep | None, self.pane(Step.DECISION))
 
     @property
     def _configs(self) -> ConfigsStep | None:
-        return cast("ConfigsStep | None", self.pane(Step.CONFIGS))
+        return cast(ConfigsStep | None, self.pane(Step.CONFIGS))
 
     @property
     def _launch(self) -> LaunchStep | None:
-        return cast("LaunchStep | None", self.pane(Step.LAUNCH))
+        return cast(LaunchStep | None, self.pane(Step.LAUNCH))
 
     def reload_steps(self) -> None:
         """The session got a whole new spec (a loaded profile): refill every built step."""
@@ -122,8 +131,7 @@ class WizardScreen(Screen[None]):
         nav = self.query_one(StepNav)
         nav.set_state(s.current, invalid, pending, planned=s.plan is not None, unfit=unfit)
         for pane in self.query(StepPane):
-            if pane.ready:  # the plan or its refusal changed: steps that show it follow
-                pane.session_changed()
+            pane.session_changed()  # the plan or its refusal changed: steps that show it follow
 
     def set_status(self, text: str, *, error: bool = False) -> None:
         if (text, error) == self._status:
@@ -250,7 +258,7 @@ class WizardScreen(Screen[None]):
         switcher = self.query_one(ContentSwitcher)
         pane = self.pane(step)
         if pane is None:
-            pane = step_class(step)()
+            pane = step_class(step)(self.session)
             await switcher.mount(pane)
         elif step in (Step.NETWORK, Step.LAUNCH):
             pane.revalidate()  # their summaries depend on the hardware step
@@ -258,7 +266,7 @@ class WizardScreen(Screen[None]):
         switcher.current = f"step-{step}"
         self.post_message(StepEntered(step))
         if step == Step.CONFIGS:
-            cast("ConfigsStep", pane).refresh_files()
+            cast(ConfigsStep, pane).refresh_files()
         target = pane.first_focus()
         if target is not None:
             target.focus()

@@ -124,6 +124,37 @@ class LinePattern:
         return [m.span() for m in self.regex.finditer(line) if m.end() > m.start()]
 
 
+class FilteredLines:
+    """The lines of a :class:`PaneBuffer` that match a :class:`LinePattern` (with their tags
+    for a tagged buffer), taken in a batch at a time: only lines that arrived since the last
+    :meth:`take` are searched."""
+
+    __slots__ = ("pattern", "texts", "tags", "upto")
+
+    def __init__(self, pattern: LinePattern, buf: PaneBuffer) -> None:
+        self.pattern = pattern
+        self.texts: deque[str] = deque(maxlen=buf.texts.maxlen)
+        self.tags: deque[int] | None = (
+            deque(maxlen=buf.texts.maxlen) if buf.tags is not None else None
+        )
+        self.upto = buf.first_index
+        """Absolute index of the first line of ``buf`` not searched yet."""
+
+    def take(self, buf: PaneBuffer) -> None:
+        """Search the lines that arrived in ``buf`` since the last call."""
+        new = min(buf.total - max(self.upto, buf.first_index), len(buf.texts))
+        if new > 0:
+            search = self.pattern.regex.search
+            start = len(buf.texts) - new
+            for row in range(start, len(buf.texts)):
+                text = buf.texts[row]
+                if search(text):
+                    self.texts.append(text)
+                    if self.tags is not None and buf.tags is not None:
+                        self.tags.append(buf.tags[row])
+        self.upto = buf.total
+
+
 class _RowStyles(NamedTuple):
     base: Style
     tag: Style
@@ -184,10 +215,8 @@ class RankPane(ScrollView, can_focus=True):
         self.sideways = False
         self.follow = True
         self.pattern: LinePattern | None = None
-        self._ftexts: deque[str] | None = None
-        self._ftags: deque[int] | None = None
+        self._filtered: FilteredLines | None = None
         """Matching lines when a filter is set (None: the buffer itself)."""
-        self._filtered_upto = 0
         self._seen_total = buffer.total
         self._paused_at_total = 0
         self._evicted_seen = buffer.first_index
@@ -197,11 +226,11 @@ class RankPane(ScrollView, can_focus=True):
     @property
     def lines(self) -> deque[str]:
         """The texts shown (the filtered ones when a filter is set)."""
-        return self._ftexts if self._ftexts is not None else self.buffer.texts
+        return self._filtered.texts if self._filtered is not None else self.buffer.texts
 
     @property
     def tags(self) -> deque[int] | None:
-        return self._ftags if self._ftexts is not None else self.buffer.tags
+        return self._filtered.tags if self._filtered is not None else self.buffer.tags
 
     def set_title_parts(self, parts: list[tuple[int, str]]) -> None:
         """Set the border title from whole fields, fitted to the pane's width."""
@@ -241,32 +270,18 @@ class RankPane(ScrollView, can_focus=True):
 
     def set_pattern(self, pattern: LinePattern | None) -> None:
         self.pattern = pattern
-        self._ftexts = self._ftags = None
-        self._filtered_upto = 0
+        self._filtered = None
         self.sync(force=True)
         self.follow = True
         self._to_end()
 
     def _update_view(self) -> None:
         if self.pattern is None:
-            self._ftexts = self._ftags = None
+            self._filtered = None
             return
-        buf = self.buffer
-        if self._ftexts is None:
-            self._ftexts = deque(maxlen=buf.texts.maxlen)
-            self._ftags = deque(maxlen=buf.texts.maxlen) if buf.tags is not None else None
-            self._filtered_upto = buf.first_index
-        new = min(buf.total - max(self._filtered_upto, buf.first_index), len(buf.texts))
-        if new > 0:
-            search = self.pattern.regex.search
-            start = len(buf.texts) - new
-            for row in range(start, len(buf.texts)):
-                text = buf.texts[row]
-                if search(text):
-                    self._ftexts.append(text)
-                    if self._ftags is not None and buf.tags is not None:
-                        self._ftags.append(buf.tags[row])
-        self._filtered_upto = buf.total
+        if self._filtered is None:
+            self._filtered = FilteredLines(self.pattern, self.buffer)
+        self._filtered.take(self.buffer)
 
     def sync(self, *, force: bool = False) -> None:
         """Take in what arrived in the buffer since the last call: resize, follow or count."""
@@ -440,13 +455,20 @@ class RankPane(ScrollView, can_focus=True):
             style = style + styles.highlight
         if self.pattern is not None:
             match_style = style + self.get_component_rich_style("rank-pane--match")
-            pos = 0
-            for start, end in self.pattern.spans(text):
-                if start > pos:
-                    segments.append(Segment(text[pos:start], style))
-                segments.append(Segment(text[start:end], match_style))
-                pos = end
-            segments.append(Segment(text[pos:], style))
+            segments += match_segments(text, self.pattern, style, match_style)
         else:
             segments.append(Segment(text, style))
         return Strip(segments).crop_extend(x0, x0 + width, base)
+
+
+def match_segments(text: str, pattern: LinePattern, style: Style, match: Style) -> list[Segment]:
+    """``text`` in ``style``, with what ``pattern`` matches in ``match``."""
+    segments: list[Segment] = []
+    pos = 0
+    for start, end in pattern.spans(text):
+        if start > pos:
+            segments.append(Segment(text[pos:start], style))
+        segments.append(Segment(text[start:end], match))
+        pos = end
+    segments.append(Segment(text[pos:], style))
+    return segments
