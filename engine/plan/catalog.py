@@ -121,6 +121,11 @@ HOPPER_FA3 = 0.62
 up to 75 % of peak forward (740 TFLOP/s bf16), the backward 1.5-1.75x FA2's (Shah et al. 2024):
 about 0.46 of peak forward and backward together for a causal kernel, 0.62 of a large GEMM."""
 
+# Each row's ``source`` cites its memory, dense peaks and scale-up link; every other figure names
+# its own source on its line. The GEMM efficiencies (and the networks' efficiencies) are what the
+# accuracy harness (benchmarks/estimate_accuracy.py) times its rows with: where a calibration-set
+# row runs on the part, its line says so; elsewhere the figure was not chosen on any row.
+#
 # exp_tops: A100 108 SMs x 16 x 1.41 GHz = 2.44; H100 SXM 3.9 ("989 TFLOPS of FP16 matmul but
 # only 3.9 TFLOPS of special functions", Shah et al. 2024, FlashAttention-3, section 3); H100 PCIe
 # 114 x 16 x 1.755 GHz = 3.2; the 500 W SXM part at its lower clock (3.9 x 912 / 989); H200 and
@@ -128,390 +133,425 @@ about 0.46 of peak forward and backward together for a causal kernel, 0.62 of a 
 # GB300) twice that, NVIDIA's "2x attention-layer acceleration" being doubled SFU throughput.
 _GPUS: tuple[GpuType, ...] = (
     GpuType(
-        "v100-32gb",
-        "NVIDIA V100 SXM2 32GB",
-        Vendor.NVIDIA,
-        32 * GIB,
-        0.0,
-        125.0,
-        15.7,
-        False,
-        IntraNodeLink.NVLINK,
-        150.0,
-        16.0,
-        0.40,
-        2.48,
-        "NVIDIA V100 datasheet: 125 TFLOPS tensor fp16, 15.7 fp32, NVLink 300 GB/s (both ways)",
+        key="v100-32gb",
+        name="NVIDIA V100 SXM2 32GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA V100 datasheet: 125 TFLOPS tensor fp16, 15.7 fp32, NVLink 300 GB/s (both ways)",
+        memory_bytes=32 * GIB,
+        bf16_tflops=0.0,
+        fp16_tflops=125.0,
+        fp32_tflops=15.7,
+        has_bf16=False,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=150.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=16.0,  # PCIe Gen3 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=2.48,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.78,
-        hbm_gbps=900.0,
+        hbm_gbps=900.0,  # the vendor's published memory bandwidth
     ),
     GpuType(
-        "a100-40gb",
-        "NVIDIA A100 SXM4 40GB",
-        Vendor.NVIDIA,
-        40 * GIB,
-        312.0,
-        312.0,
-        156.0,
-        True,
-        IntraNodeLink.NVLINK,
-        300.0,
-        32.0,
-        0.50,
-        1.29,
-        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+        key="a100-40gb",
+        name="NVIDIA A100 SXM4 40GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+        memory_bytes=40 * GIB,
+        bf16_tflops=312.0,
+        fp16_tflops=312.0,
+        fp32_tflops=156.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=300.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=32.0,  # PCIe Gen4 x16, one direction
+        achievable_mfu=0.50,  # estimate from public MFU reports
+        price_per_hour=1.29,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.80,
-        hbm_gbps=1555.0,
-        exp_tops=2.44,
+        hbm_gbps=1555.0,  # the vendor's published memory bandwidth
+        exp_tops=2.44,  # special-function rate: the note above the rows
     ),
     GpuType(
-        "a100-80gb",
-        "NVIDIA A100 SXM4 80GB",
-        Vendor.NVIDIA,
-        80 * GIB,
-        312.0,
-        312.0,
-        156.0,
-        True,
-        IntraNodeLink.NVLINK,
-        300.0,
-        32.0,
-        0.50,
-        1.79,
-        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+        key="a100-80gb",
+        name="NVIDIA A100 SXM4 80GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 156 TF32, NVLink 600 GB/s (both ways)",
+        memory_bytes=80 * GIB,
+        bf16_tflops=312.0,
+        fp16_tflops=312.0,
+        fp32_tflops=156.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=300.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=32.0,  # PCIe Gen4 x16, one direction
+        achievable_mfu=0.50,  # estimate from public MFU reports
+        price_per_hour=1.79,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); the
+        # calibration set's A100 rows (Narayanan 2021, Korthikanti 2022, torchtitan) are timed with
+        # it.
         gemm_efficiency=0.80,
-        hbm_gbps=2039.0,
-        exp_tops=2.44,
+        hbm_gbps=2039.0,  # the vendor's published memory bandwidth
+        exp_tops=2.44,  # special-function rate: the note above the rows
     ),
     GpuType(
-        "h100-sxm",
-        "NVIDIA H100 SXM5 80GB",
-        Vendor.NVIDIA,
-        80 * GIB,
-        989.0,
-        989.0,
-        494.0,
-        True,
-        IntraNodeLink.NVLINK,
-        450.0,
-        64.0,
-        0.45,
-        2.99,
-        "NVIDIA H100 datasheet: 989 TFLOPS bf16 dense (1979 sparse), NVLink4 900 GB/s (both ways)",
+        key="h100-sxm",
+        name="NVIDIA H100 SXM5 80GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA H100 datasheet: 989 TFLOPS bf16 dense (1979 sparse), NVLink4 900 GB/s (both ways)",
+        memory_bytes=80 * GIB,
+        bf16_tflops=989.0,
+        fp16_tflops=989.0,
+        fp32_tflops=494.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=450.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.45,  # estimate from public MFU reports
+        price_per_hour=2.99,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); the
+        # calibration set's H100 rows (MoE Parallel Folding, Liu et al. 2025) are timed with it.
         gemm_efficiency=0.74,
-        hbm_gbps=3350.0,
-        fp8_tflops=1979.0,
+        hbm_gbps=3350.0,  # the vendor's published memory bandwidth
+        fp8_tflops=1979.0,  # the vendor's published dense FP8 peak
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
-        exp_tops=3.9,
+        exp_tops=3.9,  # special-function rate: the note above the rows
     ),
     GpuType(
-        "h100-pcie",
-        "NVIDIA H100 PCIe 80GB",
-        Vendor.NVIDIA,
-        80 * GIB,
-        756.0,
-        756.0,
-        378.0,
-        True,
-        IntraNodeLink.PCIE,
-        64.0,
-        64.0,
-        0.42,
-        2.49,
-        "NVIDIA H100 datasheet: 756 TFLOPS bf16 dense (PCIe), PCIe Gen5 128 GB/s (both ways)",
+        key="h100-pcie",
+        name="NVIDIA H100 PCIe 80GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA H100 datasheet: 756 TFLOPS bf16 dense (PCIe), PCIe Gen5 128 GB/s (both ways)",
+        memory_bytes=80 * GIB,
+        bf16_tflops=756.0,
+        fp16_tflops=756.0,
+        fp32_tflops=378.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.PCIE,
+        intra_gbps=64.0,  # PCIe Gen5 x16, one direction
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.42,  # estimate from public MFU reports
+        price_per_hour=2.49,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.68,
-        hbm_gbps=2000.0,
-        fp8_tflops=1513.0,
+        hbm_gbps=2000.0,  # the vendor's published memory bandwidth
+        fp8_tflops=1513.0,  # the vendor's published dense FP8 peak
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
-        exp_tops=3.2,
+        exp_tops=3.2,  # special-function rate: the note above the rows
     ),
     GpuType(
-        "h100-sxm-500w",
-        "NVIDIA H100 SXM 96GB HBM2e, 500 W",
-        Vendor.NVIDIA,
-        96 * GB,
+        key="h100-sxm-500w",
+        name="NVIDIA H100 SXM 96GB HBM2e, 500 W",
+        vendor=Vendor.NVIDIA,
+        source="torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Meta Grand Teton): H100 SXM "
+        "with 96GB HBM2e at 2.4 TB/s, default 500 W power limit, peak between SXM and NVL",
+        memory_bytes=96 * GB,
         # Between the SXM part (989) and the NVL part (835 dense bf16): the torchtitan team's
         # own footnote ("the actual peak TFLOPs number is between SXM and NVL, and we don't know
         # its exact value"); the midpoint.
-        912.0,
-        912.0,
-        456.0,
-        True,
-        IntraNodeLink.NVLINK,
-        450.0,
-        64.0,
-        0.45,
-        2.99,
-        "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Meta Grand Teton): H100 SXM "
-        "with 96GB HBM2e at 2.4 TB/s, default 500 W power limit, peak between SXM and NVL",
+        bf16_tflops=912.0,
+        fp16_tflops=912.0,
+        fp32_tflops=456.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=450.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.45,  # estimate from public MFU reports
+        price_per_hour=2.99,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); the
+        # calibration set's torchtitan H100 rows are timed with it.
         gemm_efficiency=0.74,
-        hbm_gbps=2400.0,
-        fp8_tflops=1824.0,
+        hbm_gbps=2400.0,  # the source
+        fp8_tflops=1824.0,  # twice the bf16 peak, as on every H100
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
-        exp_tops=3.6,
+        exp_tops=3.6,  # special-function rate: the note above the rows
     ),
     GpuType(
-        "h200",
-        "NVIDIA H200 SXM 141GB",
-        Vendor.NVIDIA,
-        141 * GB,
-        989.0,
-        989.0,
-        494.0,
-        True,
-        IntraNodeLink.NVLINK,
-        450.0,
-        64.0,
-        0.45,
-        3.79,
-        "NVIDIA H200 datasheet: 141 GB HBM3e, 989 TFLOPS bf16 dense, NVLink 900 GB/s (both ways)",
+        key="h200",
+        name="NVIDIA H200 SXM 141GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA H200 datasheet: 141 GB HBM3e, 989 TFLOPS bf16 dense, NVLink 900 GB/s (both ways)",
+        memory_bytes=141 * GB,
+        bf16_tflops=989.0,
+        fp16_tflops=989.0,
+        fp32_tflops=494.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=450.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.45,  # estimate from public MFU reports
+        price_per_hour=3.79,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.76,
-        hbm_gbps=4800.0,
-        fp8_tflops=1979.0,
+        hbm_gbps=4800.0,  # the vendor's published memory bandwidth
+        fp8_tflops=1979.0,  # the vendor's published dense FP8 peak
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
-        exp_tops=3.9,
+        exp_tops=3.9,  # special-function rate: the note above the rows
     ),
     GpuType(
-        "b200",
-        "NVIDIA B200 180GB",
-        Vendor.NVIDIA,
-        180 * GB,
-        2250.0,
-        2250.0,
-        1100.0,
-        True,
-        IntraNodeLink.NVLINK,
-        900.0,
-        64.0,
-        0.40,
-        4.99,
-        "NVIDIA HGX B200 datasheet: 180 GB per GPU, 2.25 PFLOPS bf16 dense, NVLink5 1.8 TB/s (both ways)",
+        key="b200",
+        name="NVIDIA B200 180GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA HGX B200 datasheet: 180 GB per GPU, 2.25 PFLOPS bf16 dense, NVLink5 1.8 TB/s (both ways)",
+        memory_bytes=180 * GB,
+        bf16_tflops=2250.0,
+        fp16_tflops=2250.0,
+        fp32_tflops=1100.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=900.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=4.99,  # approximate on-demand list price
         # Checked against the HGX B200 datasheet (8 GPUs: 72 PFLOPS FP8 and 36 PFLOPS bf16 with
         # sparsity, so 4.5 and 2.25 dense per GPU; 1.44 TB HBM3e at 64 TB/s: 180 GB, 8 TB/s each).
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.7,
-        hbm_gbps=8000.0,
-        fp8_tflops=4500.0,
-        exp_tops=4.65,
+        hbm_gbps=8000.0,  # the vendor's published memory bandwidth
+        fp8_tflops=4500.0,  # the vendor's published dense FP8 peak
+        exp_tops=4.65,  # special-function rate: the note above the rows
         mx_formats=True,
     ),
     GpuType(
-        "mi300x",
-        "AMD Instinct MI300X 192GB",
-        Vendor.AMD,
-        192 * GB,
-        1307.4,
-        1307.4,
-        653.7,
-        True,
-        IntraNodeLink.NVLINK,
-        448.0,
-        64.0,
-        0.35,
-        2.50,
-        "AMD MI300X datasheet: 1307.4 TFLOPS bf16 dense, Infinity Fabric 896 GB/s aggregate (both ways)",
+        key="mi300x",
+        name="AMD Instinct MI300X 192GB",
+        vendor=Vendor.AMD,
+        source="AMD MI300X datasheet: 1307.4 TFLOPS bf16 dense, Infinity Fabric 896 GB/s aggregate (both ways)",
+        memory_bytes=192 * GB,
+        bf16_tflops=1307.4,
+        fp16_tflops=1307.4,
+        fp32_tflops=653.7,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=448.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.35,  # estimate from public MFU reports
+        price_per_hour=2.50,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.5,
-        hbm_gbps=5300.0,
-        fp8_tflops=2614.9,
+        hbm_gbps=5300.0,  # the vendor's published memory bandwidth
+        fp8_tflops=2614.9,  # the vendor's published dense FP8 peak
     ),
     GpuType(
-        "h800",
-        "NVIDIA H800 SXM5 80GB",
-        Vendor.NVIDIA,
-        80 * GIB,
-        989.0,
-        989.0,
-        494.0,
-        True,
-        IntraNodeLink.NVLINK,
-        200.0,
-        64.0,
-        0.45,
-        2.99,
-        "NVIDIA H800: H100's compute with NVLink cut to 400 GB/s (both ways); DeepSeek-V3 "
+        key="h800",
+        name="NVIDIA H800 SXM5 80GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA H800: H100's compute with NVLink cut to 400 GB/s (both ways); DeepSeek-V3 "
         "report §3.1",
+        memory_bytes=80 * GIB,
+        bf16_tflops=989.0,
+        fp16_tflops=989.0,
+        fp32_tflops=494.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=200.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.45,  # estimate from public MFU reports
+        price_per_hour=2.99,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.74,
-        hbm_gbps=3350.0,
-        fp8_tflops=1979.0,
+        hbm_gbps=3350.0,  # the vendor's published memory bandwidth
+        fp8_tflops=1979.0,  # the vendor's published dense FP8 peak
         flash_attention_vs_gemm=HOPPER_FA2,
         fused_attention_vs_gemm=HOPPER_FA3,
-        exp_tops=3.9,
+        exp_tops=3.9,  # special-function rate: the note above the rows
     ),
     GpuType(
-        "gb200",
-        "NVIDIA GB200 NVL72 186GB",
-        Vendor.NVIDIA,
-        186 * GB,
-        2500.0,
-        2500.0,
-        1250.0,
-        True,
-        IntraNodeLink.NVLINK,
-        900.0,
-        64.0,
-        0.40,
-        6.50,
-        "NVIDIA GB200 NVL72 datasheet: 180 PFLOPS bf16 dense over 72 GPUs, 13.4 TB HBM3e, "
+        key="gb200",
+        name="NVIDIA GB200 NVL72 186GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA GB200 NVL72 datasheet: 180 PFLOPS bf16 dense over 72 GPUs, 13.4 TB HBM3e, "
         "NVLink5 1.8 TB/s per GPU (both ways) across the rack",
+        memory_bytes=186 * GB,
+        bf16_tflops=2500.0,
+        fp16_tflops=2500.0,
+        fp32_tflops=1250.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=900.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=6.50,  # approximate on-demand list price
         # Checked against the GB200 NVL72 datasheet (72 GPUs: 720 PFLOPS FP8 and 360 PFLOPS bf16
         # with sparsity, so 5.0 and 2.5 dense per GPU; 130 TB/s NVLink domain: 1.8 TB/s per GPU;
         # 576 TB/s HBM3e: 8 TB/s per GPU).
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.70,
-        hbm_gbps=8000.0,
-        fp8_tflops=5000.0,
+        hbm_gbps=8000.0,  # the vendor's published memory bandwidth
+        fp8_tflops=5000.0,  # the vendor's published dense FP8 peak
         scaleup_gpus=72,
-        exp_tops=4.65,
+        exp_tops=4.65,  # special-function rate: the note above the rows
         mx_formats=True,
     ),
     GpuType(
-        "b300",
-        "NVIDIA B300 (Blackwell Ultra) 288GB",
-        Vendor.NVIDIA,
-        288 * GB,
-        2250.0,
-        2250.0,
-        1100.0,
-        True,
-        IntraNodeLink.NVLINK,
-        900.0,
-        128.0,
-        0.40,
-        0.0,
-        "NVIDIA HGX B300 datasheet: 288 GB HBM3e per GPU at 8 TB/s, 2.25 PFLOPS bf16 and 4.5 "
+        key="b300",
+        name="NVIDIA B300 (Blackwell Ultra) 288GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA HGX B300 datasheet: 288 GB HBM3e per GPU at 8 TB/s, 2.25 PFLOPS bf16 and 4.5 "
         "PFLOPS FP8 dense (as B200), NVLink5 1.8 TB/s (both ways), 800 Gb/s ConnectX-8 per GPU; "
         "no list price in the catalog (pass --price)",
+        memory_bytes=288 * GB,
+        bf16_tflops=2250.0,
+        fp16_tflops=2250.0,
+        fp32_tflops=1100.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=900.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=128.0,  # PCIe Gen6 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=0.0,  # no list price (pass --price)
         # HGX B300 NVL16 (8 packages): 72 PFLOPS FP8 and 36 PFLOPS bf16 with sparsity, the same as
         # HGX B200; its gains are FP4 and "2x attention performance" (twice the exponentials per
         # clock, which bound Blackwell's attention kernels): twice B200's 0.5 of a large GEMM.
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.7,
-        hbm_gbps=8000.0,
+        hbm_gbps=8000.0,  # the source
         fused_attention_vs_gemm=1.0,
-        fp8_tflops=4500.0,
-        exp_tops=9.3,
+        fp8_tflops=4500.0,  # the vendor's published dense FP8 peak
+        exp_tops=9.3,  # special-function rate: the note above the rows
         mx_formats=True,
     ),
     GpuType(
-        "gb300",
-        "NVIDIA GB300 NVL72 288GB",
-        Vendor.NVIDIA,
-        288 * GB,
-        2500.0,
-        2500.0,
-        1250.0,
-        True,
-        IntraNodeLink.NVLINK,
-        900.0,
-        128.0,
-        0.40,
-        0.0,
-        "NVIDIA GB300 NVL72 datasheet: 360 PFLOPS FP8 dense over 72 GPUs (5.0 each, bf16 2.5), "
+        key="gb300",
+        name="NVIDIA GB300 NVL72 288GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA GB300 NVL72 datasheet: 360 PFLOPS FP8 dense over 72 GPUs (5.0 each, bf16 2.5), "
         "288 GB HBM3e per GPU at 8 TB/s, NVLink5 1.8 TB/s per GPU (both ways) across the rack; "
         "no list price in the catalog (pass --price)",
+        memory_bytes=288 * GB,
+        bf16_tflops=2500.0,
+        fp16_tflops=2500.0,
+        fp32_tflops=1250.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=900.0,  # one direction: half the source's both-ways figure
+        pcie_gbps=128.0,  # PCIe Gen6 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=0.0,  # no list price (pass --price)
         # Blackwell Ultra's attention, as B300: twice B200's 0.5 of a large GEMM.
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.70,
-        hbm_gbps=8000.0,
+        hbm_gbps=8000.0,  # the source
         fused_attention_vs_gemm=1.0,
-        fp8_tflops=5000.0,
+        fp8_tflops=5000.0,  # the vendor's published dense FP8 peak
         scaleup_gpus=72,
-        exp_tops=9.3,
+        exp_tops=9.3,  # special-function rate: the note above the rows
         mx_formats=True,
     ),
     GpuType(
-        "mi325x",
-        "AMD Instinct MI325X 256GB",
-        Vendor.AMD,
-        256 * GB,
-        1307.4,
-        1307.4,
-        653.7,
-        True,
-        IntraNodeLink.NVLINK,
-        448.0,
-        64.0,
-        0.35,
-        3.00,
-        "AMD MI325X datasheet: 256 GB HBM3E at 6 TB/s, 1307.4 TFLOPS bf16 dense, 2614.9 fp8",
+        key="mi325x",
+        name="AMD Instinct MI325X 256GB",
+        vendor=Vendor.AMD,
+        source="AMD MI325X datasheet: 256 GB HBM3E at 6 TB/s, 1307.4 TFLOPS bf16 dense, 2614.9 fp8",
+        memory_bytes=256 * GB,
+        bf16_tflops=1307.4,
+        fp16_tflops=1307.4,
+        fp32_tflops=653.7,
+        has_bf16=True,
+        intra_link=IntraNodeLink.NVLINK,
+        intra_gbps=448.0,  # one direction: as MI300X (Infinity Fabric 896 GB/s both ways)
+        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        achievable_mfu=0.35,  # estimate from public MFU reports
+        price_per_hour=3.00,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.50,
-        hbm_gbps=6000.0,
-        fp8_tflops=2614.9,
+        hbm_gbps=6000.0,  # the source
+        fp8_tflops=2614.9,  # the vendor's published dense FP8 peak
     ),
     GpuType(
-        "l40s",
-        "NVIDIA L40S 48GB",
-        Vendor.NVIDIA,
-        48 * GB,
-        362.05,
-        362.05,
-        183.0,
-        True,
-        IntraNodeLink.PCIE,
-        32.0,
-        32.0,
-        0.40,
-        1.00,
-        "NVIDIA L40S datasheet: 362.05 TFLOPS bf16 dense (733 sparse), PCIe Gen4 x16 64 GB/s",
+        key="l40s",
+        name="NVIDIA L40S 48GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA L40S datasheet: 362.05 TFLOPS bf16 dense (733 sparse), PCIe Gen4 x16 64 GB/s",
+        memory_bytes=48 * GB,
+        bf16_tflops=362.05,
+        fp16_tflops=362.05,
+        fp32_tflops=183.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.PCIE,
+        intra_gbps=32.0,  # PCIe Gen4 x16, one direction
+        pcie_gbps=32.0,  # PCIe Gen4 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=1.00,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.7,
-        hbm_gbps=864.0,
-        fp8_tflops=733.0,
+        hbm_gbps=864.0,  # the vendor's published memory bandwidth
+        fp8_tflops=733.0,  # the vendor's published dense FP8 peak
     ),
     GpuType(
-        "a10g",
-        "NVIDIA A10G 24GB",
-        Vendor.NVIDIA,
-        24 * GB,
-        70.0,
-        70.0,
-        35.0,
-        True,
-        IntraNodeLink.PCIE,
-        32.0,
-        32.0,
-        0.40,
-        1.01,
-        "AWS G5 (A10G): NVIDIA publishes no A10G sheet; ~70 TFLOPS bf16 dense as commonly measured; "
+        key="a10g",
+        name="NVIDIA A10G 24GB",
+        vendor=Vendor.NVIDIA,
+        source="AWS G5 (A10G): NVIDIA publishes no A10G sheet; ~70 TFLOPS bf16 dense as commonly measured; "
         "price: g5.xlarge on-demand",
+        memory_bytes=24 * GB,
+        bf16_tflops=70.0,
+        fp16_tflops=70.0,
+        fp32_tflops=35.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.PCIE,
+        intra_gbps=32.0,  # PCIe Gen4 x16, one direction
+        pcie_gbps=32.0,  # PCIe Gen4 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=1.01,  # g5.xlarge on-demand (the source)
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.7,
-        hbm_gbps=600.0,
+        hbm_gbps=600.0,  # the vendor's published memory bandwidth
     ),
     GpuType(
-        "l4",
-        "NVIDIA L4 24GB",
-        Vendor.NVIDIA,
-        24 * GB,
-        121.0,
-        121.0,
-        60.0,
-        True,
-        IntraNodeLink.PCIE,
-        32.0,
-        32.0,
-        0.40,
-        0.80,
-        "NVIDIA L4 datasheet: 121 TFLOPS bf16 dense (242 sparse), PCIe Gen4 x16 64 GB/s",
+        key="l4",
+        name="NVIDIA L4 24GB",
+        vendor=Vendor.NVIDIA,
+        source="NVIDIA L4 datasheet: 121 TFLOPS bf16 dense (242 sparse), PCIe Gen4 x16 64 GB/s",
+        memory_bytes=24 * GB,
+        bf16_tflops=121.0,
+        fp16_tflops=121.0,
+        fp32_tflops=60.0,
+        has_bf16=True,
+        intra_link=IntraNodeLink.PCIE,
+        intra_gbps=32.0,  # PCIe Gen4 x16, one direction
+        pcie_gbps=32.0,  # PCIe Gen4 x16, one direction
+        achievable_mfu=0.40,  # estimate from public MFU reports
+        price_per_hour=0.80,  # approximate on-demand list price
+        # Large 16-bit GEMMs (cuBLAS / hipBLASLt at 8192 and up, published GEMM benchmarks); no
+        # calibration row runs on this GPU.
         gemm_efficiency=0.7,
-        hbm_gbps=300.0,
-        fp8_tflops=242.0,
+        hbm_gbps=300.0,  # the vendor's published memory bandwidth
+        fp8_tflops=242.0,  # the vendor's published dense FP8 peak
     ),
     GpuType(
-        "cpu",
-        "CPU rank (gloo)",
-        Vendor.CPU,
-        8 * GIB,
-        0.0,
-        0.0,
-        0.5,
-        False,
-        IntraNodeLink.PCIE,
-        5.0,
-        5.0,
-        0.30,
-        0.0,
-        "A local CPU process over gloo; 8 GiB and 0.5 TFLOPS per rank are nominal, for smoke tests",
-        gemm_efficiency=0.5,
-        hbm_gbps=50.0,
+        key="cpu",
+        name="CPU rank (gloo)",
+        vendor=Vendor.CPU,
+        source="A local CPU process over gloo; 8 GiB and 0.5 TFLOPS per rank are nominal, for smoke tests",
+        memory_bytes=8 * GIB,  # nominal
+        bf16_tflops=0.0,
+        fp16_tflops=0.0,
+        fp32_tflops=0.5,  # nominal
+        has_bf16=False,
+        intra_link=IntraNodeLink.PCIE,
+        intra_gbps=5.0,  # nominal
+        pcie_gbps=5.0,  # nominal
+        achievable_mfu=0.30,  # nominal
+        price_per_hour=0.0,  # no price
+        gemm_efficiency=0.5,  # nominal
+        hbm_gbps=50.0,  # nominal
     ),
 )
 
@@ -597,6 +637,8 @@ class NetworkType:
     efficiency: float
     """Fraction of nominal bandwidth NCCL collectives reach (bus bandwidth / line rate)."""
     latency_us: float
+    """Latency of one message across nodes, µs, as listed; the time model charges its own
+    per-step latency (:data:`engine.plan.perf.RING_STEP_LATENCY_S`)."""
     nccl_net: str
     """What NCCL prints as ``Using network …``: IB, AWS Libfabric, Socket."""
     source: str
@@ -609,58 +651,65 @@ class NetworkType:
 
 _NETWORKS: dict[NetworkTier, NetworkType] = {
     NetworkTier.IB: NetworkType(
-        NetworkTier.IB,
-        "InfiniBand (HDR assumed)",
-        1600.0,
-        0.85,
-        2.0,
-        "IB",
-        "8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
+        tier=NetworkTier.IB,
+        name="InfiniBand (HDR assumed)",
+        source="8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
+        gbps_per_node=1600.0,  # the source
+        efficiency=0.85,  # NCCL bus bandwidth over line rate, estimated
+        latency_us=2.0,  # estimated
+        nccl_net="IB",
     ),
     NetworkTier.IB_HDR: NetworkType(
-        NetworkTier.IB_HDR,
-        "InfiniBand HDR",
-        1600.0,
-        0.85,
-        2.0,
-        "IB",
-        "8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
+        tier=NetworkTier.IB_HDR,
+        name="InfiniBand HDR",
+        source="8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
+        gbps_per_node=1600.0,  # the source
+        # efficiency: NCCL bus bandwidth over line rate, estimated; the calibration set's A100 rows
+        # (Selene's 8 x HDR) use it.
+        efficiency=0.85,
+        latency_us=2.0,  # estimated
+        nccl_net="IB",
     ),
     NetworkTier.IB_NDR: NetworkType(
-        NetworkTier.IB_NDR,
-        "InfiniBand NDR",
-        3200.0,
-        0.85,
-        2.0,
-        "IB",
-        "8 x NDR 400 Gb/s ConnectX-7 per node, as in DGX H100 (NVIDIA DGX H100 datasheet)",
+        tier=NetworkTier.IB_NDR,
+        name="InfiniBand NDR",
+        source="8 x NDR 400 Gb/s ConnectX-7 per node, as in DGX H100 (NVIDIA DGX H100 datasheet)",
+        gbps_per_node=3200.0,  # the source
+        # efficiency: NCCL bus bandwidth over line rate, estimated; the calibration set's MoE
+        # Parallel Folding rows use it.
+        efficiency=0.85,
+        latency_us=2.0,  # estimated
+        nccl_net="IB",
     ),
     NetworkTier.EFA: NetworkType(
-        NetworkTier.EFA,
-        "AWS EFA",
-        3200.0,
-        0.70,
-        15.0,
-        "AWS Libfabric",
-        "p5.48xlarge: 3200 Gbps EFAv2 (AWS EC2 P5 page); p4d has 400 Gbps: pass --bandwidth-gbps 400",
+        tier=NetworkTier.EFA,
+        name="AWS EFA",
+        source="p5.48xlarge: 3200 Gbps EFAv2 (AWS EC2 P5 page); p4d has 400 Gbps: pass --bandwidth-gbps 400",
+        gbps_per_node=3200.0,  # the source
+        efficiency=0.70,  # NCCL bus bandwidth over line rate, estimated
+        latency_us=15.0,  # estimated
+        nccl_net="AWS Libfabric",
     ),
     NetworkTier.ROCE: NetworkType(
-        NetworkTier.ROCE,
-        "RoCE v2",
-        1600.0,
-        0.75,
-        4.0,
-        "IB",
-        "8 x 200 Gb/s RoCE NICs per node (common H100/A100 Ethernet fabrics); override with --bandwidth-gbps",
+        tier=NetworkTier.ROCE,
+        name="RoCE v2",
+        source="8 x 200 Gb/s RoCE NICs per node (common H100/A100 Ethernet fabrics); override with --bandwidth-gbps",
+        gbps_per_node=1600.0,  # the source
+        # efficiency: NCCL bus bandwidth over line rate, estimated; the calibration set's torchtitan
+        # rows (at 3200 Gb/s) use it.
+        efficiency=0.75,
+        latency_us=4.0,  # estimated
+        nccl_net="IB",
     ),
     NetworkTier.TCP: NetworkType(
-        NetworkTier.TCP,
-        "TCP (sockets)",
-        100.0,
-        0.50,
-        30.0,
-        "Socket",
-        "Standard cloud Ethernet 25-100 Gbps (seed doc 000: 'Standard TCP networking ~25-100 Gbps')",
+        tier=NetworkTier.TCP,
+        name="TCP (sockets)",
+        source="Standard cloud Ethernet 25-100 Gbps (dtrain-tui's decision flowchart: 'Standard "
+        "TCP networking ~25-100 Gbps')",
+        gbps_per_node=100.0,  # the source
+        efficiency=0.50,  # NCCL bus bandwidth over line rate, estimated
+        latency_us=30.0,  # estimated
+        nccl_net="Socket",
     ),
 }
 

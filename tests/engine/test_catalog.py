@@ -75,3 +75,38 @@ def test_new_accelerators_and_fp8_peaks() -> None:
     # Every accelerator states its GEMM efficiency and memory bandwidth for the time model.
     for g in list_gpus():
         assert 0.3 <= g.gemm_efficiency <= 0.9 and g.hbm_gbps > 0, g.key
+
+
+def test_every_catalog_row_is_keyword_rows_with_a_source_per_figure() -> None:
+    """A reader tells ``achievable_mfu`` from ``price_per_hour`` by name, not by counting commas,
+    and every figure the row's ``source`` does not cite names its own source on its line or in a
+    comment right above it."""
+    import ast
+    from pathlib import Path
+
+    import engine.plan.catalog as catalog
+
+    path = Path(catalog.__file__)
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    cited_by_source = {"memory_bytes", "bf16_tflops", "fp16_tflops", "fp32_tflops"}
+    facts = {"key", "name", "vendor", "has_bf16", "intra_link", "source", "tier", "nccl_net"}
+    shared = {"flash_attention_vs_gemm", "fused_attention_vs_gemm", "mx_formats", "scaleup_gpus"}
+    rows = [
+        node
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("GpuType", "NetworkType")
+    ]
+    assert len(rows) == len(list_gpus()) + len(NetworkTier)
+    for row in rows:
+        assert not row.args, f"catalog.py:{row.lineno}: positional figures; name each one"
+        for kw in row.keywords:
+            if kw.arg in facts | shared or (row.func.id == "GpuType" and kw.arg in cited_by_source):
+                continue
+            line = lines[kw.lineno - 1]
+            above = lines[kw.lineno - 2].strip()
+            assert "#" in line or above.startswith("#"), (
+                f"catalog.py:{kw.lineno}: {kw.arg} has no source; add one on its line"
+            )
