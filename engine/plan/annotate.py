@@ -49,7 +49,7 @@ from engine.plan.strategies import DISPLAY_NAME
 MAX_ALTERNATIVES = 6
 # Runner-up meshes of the plan's own kind listed among the alternatives.
 OTHER_MESHES = 2
-# Anti-pattern thresholds of seed doc 003.
+# Anti-pattern thresholds of dtrain-tui's decision guide (its common mistakes).
 MAX_BUBBLE = 0.20
 MIN_SCALING = 0.80
 # "Communication dominates" only where exposed communication is at least this share of the
@@ -505,7 +505,7 @@ def _outside_pool(ctx: PlanContext, c: Candidate) -> str:
     """The seeds' preference ``c`` breaks (why the flowchart's pool left it out), or ''."""
     d = c.draft
     if ctx.dims.is_moe and ctx.world > 1 and d.ep == 1 and ctx.spec.layout.ep is None:
-        return "it does not split the experts (seed doc 000: MoE → expert parallelism)"
+        return "it does not split the experts (dtrain-tui's flowchart: MoE → expert parallelism)"
     seq = ctx.spec.training.seq_len
     if seq >= LONG_SEQUENCE and d.cp == 1 and ctx.spec.layout.cp is None:
         return "it does not split the long sequence (context parallelism)"
@@ -616,7 +616,8 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
         )
     if lay.fits and lay.offload != Offload.NONE and not spec.layout.offload:
         out.append(
-            "CPU offload is the last resort (seed doc 000): it fits, but expect a slow optimizer step"
+            "CPU offload is the last resort (dtrain-tui's flowchart): it fits, but expect a slow "
+            "optimizer step"
         )
     if lay.framework == Framework.MEGATRON and ctx.gpu.is_cpu:
         out.append(

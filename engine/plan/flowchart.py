@@ -1,12 +1,13 @@
-"""The seed documents' decision flowchart (docs 000 and 001), walked over the searched
-candidates: fits on one GPU → DDP; fits with optimizer/gradient sharding → ZeRO-1/2 or FSDP
-SHARD_GRAD_OP; else ZeRO-3 / FULL_SHARD; still out of memory → TP+PP+DP or CPU offload; then
-whether a nearby layout is clearly faster, and the questions about the chosen layout's shape (MoE
-→ expert parallelism, long sequences → context parallelism, TP inside a node, micro-batches ≥ 4×
-PP stages, the pipeline's schedule and stage split). The seeds' preferences (EP for MoE, CP for
-long sequences, ≥ 4 micro-batches per stage) narrow the pool only while they cost less than
-:data:`CLEARLY_FASTER`: the time model already charges what they guard against. Each question, answer and reason is appended to the plan's path as a
-:class:`PathStep`. Called by :func:`engine.plan.planner.plan`.
+"""dtrain-tui's decision flowchart, walked over the searched candidates: fits on one GPU → DDP;
+fits with optimizer/gradient sharding → ZeRO-1/2 or FSDP SHARD_GRAD_OP; else ZeRO-3 /
+FULL_SHARD; still out of memory → TP+PP+DP or CPU offload; then whether a nearby layout is
+clearly faster, and the questions about the chosen layout's shape (MoE → expert parallelism,
+long sequences → context parallelism, TP inside a node, micro-batches ≥ 4× PP stages, the
+pipeline's schedule and stage split). The flowchart's preferences (EP for MoE, CP for long
+sequences, ≥ 4 micro-batches per stage) narrow the pool only while they cost less than
+:data:`CLEARLY_FASTER`: the time model already charges what they guard against. Each question,
+answer and reason is appended to the plan's path as a :class:`PathStep`. Called by
+:func:`engine.plan.planner.plan`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ CLASS_SHARD_ALL = (Strategy.ZERO3, Strategy.FSDP_FULL, Strategy.FSDP_HYBRID)
 
 def narrow(ctx: PlanContext, cands: list[Candidate]) -> list[Candidate]:
     """The pool the flowchart answers from: MoE → EP and long sequences → CP, and micro-batches
-    >= 4x PP stages (seed doc 001; counted with the virtual stages, which shrink the bubble
+    >= 4x PP stages (the flowchart's rule; counted with the virtual stages, which shrink the bubble
     alike), each applied when a layout honouring it fits and is not clearly slower than the
     fastest without it."""
     spec = ctx.spec
@@ -213,7 +214,7 @@ def _why_set_aside(ctx: PlanContext, c: Candidate) -> str:
     if ctx.dims.is_moe and d.ep == 1:
         return (
             "does not split the experts, and an expert-parallel layout is not clearly slower "
-            "(seed doc 000: MoE → expert parallelism)"
+            "(dtrain-tui's flowchart: MoE → expert parallelism)"
         )
     if ctx.spec.training.seq_len >= LONG_SEQUENCE and d.cp == 1:
         return (

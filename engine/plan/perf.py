@@ -96,7 +96,7 @@ FLASH_BACKWARD: Final = 2.5
 Table 9), but the per-GPU attention rates (:data:`engine.plan.catalog.HOPPER_FA3` and its
 kin) are forward-and-backward-together rates, so that is already in them: Table 9's Hopper
 kernel at 4K, 553 / 422 TFLOP/s, is 453 together, HOPPER_FA3's 454. Timing the backward at
-3.16x on top of them would count it twice (round 15 tried it and took it back)."""
+3.16x on top of them would count it twice."""
 ELEMENTWISE_BYTES: Final = 34.0
 """HBM bytes per token per hidden unit one layer's forward moves outside GEMMs (norms, residual
 adds, dropout, activation, rotary, bias: reads and writes in 16 bit); backward moves twice."""
@@ -107,19 +107,15 @@ kernels. Counted for a Llama block run eagerly: an RMSNorm upcasts to fp32 and r
 kernels (~37 bytes an element forward against ~6 fused), SwiGLU three, rotary embeddings
 several, each reading and writing the whole activation: 3-4x the fused traffic; ``torch.compile``
 fuses most of it back (torchtitan measured compile 14 % faster on Llama 3 8B). The planner
-cannot know whether a user compiles, so it takes a figure between: on the torchtitan
-calibration rows, half of them compiled, 2 gives 12.2 % MAPE (bias -11 %), 2.5 10.6 % (-9 %),
-3 9.6 % (-6 %). It stayed at 2.5 because above it a 124M GPT-2 on eight H100s planned Megatron
-TP2 for its fused kernels alone; since round 17 GPT-2's blocks have their own figure
-(:data:`EAGER_PASSES_LAYERNORM`) and this one applies to gated-MLP (Llama-family) blocks only."""
+cannot know whether a user compiles, so it takes a figure between, chosen on the torchtitan
+calibration rows (half of them compiled). It applies to gated-MLP (Llama-family) blocks only;
+LayerNorm-GELU blocks have their own figure (:data:`EAGER_PASSES_LAYERNORM`)."""
 EAGER_PASSES_LAYERNORM: Final = 1.25
 """The same for a LayerNorm-GELU block (a non-gated MLP: GPT-2, Pythia, OPT, BLOOM, MPT). Eager
 PyTorch runs its norm and its activation as one native kernel each (``layer_norm``, ``gelu``),
 which move about what Megatron's fused ones do; only the residual adds and the odd cast are
 extra. Chosen on the example trainer's GPU calibration runs (``tests/data/gpu_runs.json``, the
-sweep, all plain PyTorch): 1.25 gives 8.3 % step-time MAPE, 1.0 8.5 %, 1.5 8.6 %, 2.0 11.0 %,
-and 2.5 (the Llama figure, which these blocks used until round 17) 14.2 %, with every GPT-2 and
-GPT-2 XL run predicted 11-37 % slow."""
+sweep, all plain PyTorch); the Llama figure would predict these blocks far too slow."""
 LAYER_OVERHEAD_S: Final = 60e-6
 """Fixed cost per layer and pass (kernel launches and small kernels that do not scale)."""
 MOE_DISPATCH_S: Final = 1.0e-3
@@ -153,9 +149,8 @@ collective loses that share for as long as the collective runs. DeepSeek-V3's re
 or all-reduce across nodes spreads over a comparable number of channels (a couple a NIC), and
 FSDP's gathers and reductions run under the whole forward and backward. Pipeline sends and
 context-parallel ring passes are point-to-point, a couple of channels a peer
-(``NCCL_NCHANNELS_PER_NET_PEER``), and are not charged. Checked on the calibration set, not
-fitted: counting it moves that set's MAPE from 8.58 to 8.51 % (torchtitan's FSDP rows, bias
--7.2 -> -5.8 %); at half the share 8.55 %, at 1.3x 8.52 % (the set is flat above it)."""
+(``NCCL_NCHANNELS_PER_NET_PEER``), and are not charged. The share is DeepSeek-V3's, checked on
+the calibration set, not fitted to it."""
 MOE_EXPERT_KERNEL_S: Final = 10e-6
 """Host time per kernel the grouped expert MLP launches per local expert: Transformer
 Engine's ``GroupedLinear`` loops over the rank's experts issuing one GEMM each (and, in FP8,
@@ -188,9 +183,8 @@ COLLECTIVE_LAUNCH_S: Final = 12e-6
 FP8_GEMM_EFFICIENCY: Final = 0.84
 """An FP8 GEMM's share of the FP8 peak relative to a bf16 GEMM's share of the bf16 peak (its
 scaling factors and amax reductions; the casts into FP8 are :data:`FP8_CAST_BYTES`). Chosen on
-the calibration sources' FP8 rows (torchtitan's float8 Llama 3 runs) with the casts counted
-apart: 0.80 gives the calibration set 9.0 %, 0.82 and 0.84 8.9 % (Spearman 0.89 and 0.90),
-0.88 9.1 %. It was 0.8 while the casts were folded into it."""
+the calibration sources' FP8 rows (torchtitan's float8 Llama 3 runs), with the casts counted
+apart."""
 FP8_CAST_BYTES: Final = 4.0
 """HBM bytes per element to quantize an FP8 linear layer's input (forward) or its output's
 gradient (backward): read in 16 bit (2), written in FP8 row-wise (1) and column-wise (1), the

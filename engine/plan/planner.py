@@ -4,12 +4,13 @@ parallel layout. The CLI's ``plan``, the wizard's decision step and the config w
 It resolves the model and hardware (:mod:`engine.plan.context`), refuses inconsistent forced
 settings (:mod:`engine.plan.forced`), enumerates the valid layouts that train the global batch
 exactly, with their memory (:mod:`engine.plan.search`), refuses a batch no layout can train or
-moves to the nearest one when the spec allows it (:mod:`engine.plan.batch`), walks the seed documents' decision flowchart over them
-(:mod:`engine.plan.flowchart`), keeps the flowchart's choice unless a nearby candidate is clearly
-faster, and narrates the result: the path of questions and reasons, the alternatives with why
-each lost, and the common mistakes as warnings (:mod:`engine.plan.annotate`). A forced layout
-(``spec.layout``) narrows the search to what the user fixed; the plan then says if and why it
-does not fit, and what would fit instead. Nothing here imports torch.
+moves to the nearest one when the spec allows it (:mod:`engine.plan.batch`), walks dtrain-tui's
+decision flowchart over them (:mod:`engine.plan.flowchart`), keeps the flowchart's choice unless
+a nearby candidate is clearly faster, and narrates the result: the path of questions and
+reasons, the alternatives with why each lost, and the common mistakes as warnings
+(:mod:`engine.plan.annotate`). A forced layout (``spec.layout``) narrows the search to what the
+user fixed; the plan then says if and why it does not fit, and what would fit instead. Nothing
+here imports torch.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from engine.plan.strategies import (
     ZERO_STAGE_OF,
 )
 
-# Sequences at least this long bring context parallelism into the search (seed doc 000: "very
+# Sequences at least this long bring context parallelism into the search (dtrain-tui's flowchart: "very
 # long sequences → CP"); each CP rank keeps at least MIN_CP_CHUNK tokens.
 LONG_SEQUENCE = 32_768
 # A layout replaces a simpler (or the seeds' preferred) one only when it is at least this much
@@ -674,7 +674,7 @@ def _rank_key(c: Candidate) -> float:
 
 
 def deep_enough(d: LayoutDraft) -> bool:
-    """At least 4 micro-batches per pipeline stage (seed doc 001), virtual stages counted: they
+    """At least 4 micro-batches per pipeline stage (dtrain-tui's flowchart), virtual stages counted: they
     shrink the bubble as more micro-batches would."""
     return d.pp == 1 or d.grad_accum * d.virtual_stages >= 4 * d.pp
 

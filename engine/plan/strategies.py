@@ -49,7 +49,7 @@ OFFLOADS_OF = {
     Strategy.FSDP_HYBRID: (Offload.NONE,),
     Strategy.THREE_D: (Offload.NONE,),
 }
-# Preference among equally fast layouts: simpler first (seed doc 000: "start simple").
+# Preference among equally fast layouts: simpler first (dtrain-tui's flowchart: "start simple").
 SIMPLICITY = {
     Strategy.DDP: 0,
     Strategy.ZERO2: 1,

@@ -1,4 +1,4 @@
-"""The decision flowchart of the seed documents, drawn in the terminal, with the path the planner
+"""dtrain-tui's decision flowchart, drawn in the terminal, with the path the planner
 walked highlighted (read from ``Plan.path``, never guessed from the chosen strategy) and the
 planner's own reason for each step listed under it.
 
