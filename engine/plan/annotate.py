@@ -192,6 +192,18 @@ def fix_hint(d: LayoutDraft, dims: ModelDims | None = None) -> str:
 def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     """What a person should know about the recommended layout's costs."""
     d = c.draft
+    out = _recompute_notes(d)
+    out += _placement_notes(c)
+    out += _precision_notes(ctx, d)
+    out += _mtp_notes(ctx, d)
+    out += _overlap_notes(ctx, d)
+    out += _dispatcher_hint(ctx, c)
+    out += _vocab_notes(ctx, c)
+    return out
+
+
+def _recompute_notes(d: LayoutDraft) -> list[str]:
+    """What the layout recomputes in backward, and how the framework is asked to."""
     out: list[str] = []
     if d.recompute == Recompute.FULL and d.recompute_layers:
         out.append(
@@ -206,7 +218,13 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "attention's up-projections run again in backward, every matrix product's output "
             "is kept (Megatron's --recompute-modules)"
         )
-    out += _partial_recompute_how(d)
+    return out + _partial_recompute_how(d)
+
+
+def _placement_notes(c: Candidate) -> list[str]:
+    """Where the experts, the offloaded state and the loss live, where that needs saying."""
+    d = c.draft
+    out: list[str] = []
     if d.framework == Framework.DEEPSPEED and d.ep > 1:
         out.append(
             f"ep={d.ep} is DeepSpeed-MoE's: your model builds its expert layers with "
@@ -224,12 +242,23 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "fused_cross_entropy: about 4 bytes a logit); the example trainer computes "
             "PyTorch's own, 14"
         )
+    return out
+
+
+def _precision_notes(ctx: PlanContext, d: LayoutDraft) -> list[str]:
+    """fp16's loss scaling, FP8's rates and flags, CPU ranks' nominal times."""
+    out: list[str] = []
     if d.precision == Precision.FP16:
         out.append("fp16: dynamic loss scaling is on (initial scale 2^16)")
     if d.precision == Precision.FP8:
         out.append(_fp8_note(ctx, d))
     if ctx.gpu.is_cpu:
         out.append("CPU ranks over gloo: a smoke-test set-up; times are nominal")
+    return out
+
+
+def _mtp_notes(ctx: PlanContext, d: LayoutDraft) -> list[str]:
+    """What the model's multi-token prediction modules cost, or that the framework drops them."""
     mtp = ctx.dims.mtp_layers
     if mtp_modules(ctx.dims, d):
         what = (
@@ -237,15 +266,21 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             if mtp == 1
             else f"{mtp} more layers and head passes"
         )
-        out.append(
+        return [
             f"multi-token prediction: {what} on the last pipeline stage (Megatron's "
             "--mtp-num-layers)"
-        )
-    elif mtp:
-        out.append(
+        ]
+    if mtp:
+        return [
             f"multi-token prediction is Megatron's (--mtp-num-layers): {d.framework.value} "
             "trains the model without its prediction module, as transformers' model runs it"
-        )
+        ]
+    return []
+
+
+def _overlap_notes(ctx: PlanContext, d: LayoutDraft) -> list[str]:
+    """Sequence parallelism, and what hides the expert all-to-all."""
+    out: list[str] = []
     if d.strategy == Strategy.THREE_D and d.sequence_parallel:
         out.append("sequence parallelism splits layer-norm and dropout activations across TP ranks")
     if d.a2a_overlap:
@@ -260,17 +295,22 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
             "and combine (Megatron's --moe-shared-expert-overlap); the rest is on the critical "
             "path"
         )
-    out += _dispatcher_hint(ctx, c)
-    extra = unpadded_vocab_seconds(ctx.dims, d, ctx.hw, ctx.spec.training.seq_len)
-    if extra and c.est is not None:
-        out.append(
-            f"the vocabulary ({ctx.dims.vocab}) is not a multiple of 8: pad it to "
-            f"{padded_vocab(ctx.dims.vocab)} (resize the embeddings, as the example trainer "
-            f"does); the estimates assume it. Left as it is, the LM head's matrix products run "
-            f"about {UNALIGNED_GEMM_SLOWDOWN:g}x slower: {c.est.step_time_s + extra:.3g} s a "
-            f"step instead of {c.est.step_time_s:.3g} s"
-        )
     return out
+
+
+def _vocab_notes(ctx: PlanContext, c: Candidate) -> list[str]:
+    """An unpadded vocabulary's slow LM head, in seconds a step."""
+    d = c.draft
+    extra = unpadded_vocab_seconds(ctx.dims, d, ctx.hw, ctx.spec.training.seq_len)
+    if not extra or c.est is None:
+        return []
+    return [
+        f"the vocabulary ({ctx.dims.vocab}) is not a multiple of 8: pad it to "
+        f"{padded_vocab(ctx.dims.vocab)} (resize the embeddings, as the example trainer "
+        f"does); the estimates assume it. Left as it is, the LM head's matrix products run "
+        f"about {UNALIGNED_GEMM_SLOWDOWN:g}x slower: {c.est.step_time_s + extra:.3g} s a "
+        f"step instead of {c.est.step_time_s:.3g} s"
+    ]
 
 
 def _fp8_note(ctx: PlanContext, d: LayoutDraft) -> str:

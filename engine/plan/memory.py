@@ -436,33 +436,75 @@ def layer_activation_bytes(
     ``fp32_residual``: autocast over fp32 parameters (DDP's mixed precision), so the residual
     stream and the norms' inputs are fp32 and each linear keeps its own 16-bit cast of its input.
     """
-    h = dims.hidden
-    r = dims.kv_heads * dims.head_dim / h
-    q = dims.heads * dims.head_dim / h
-    rv = dims.kv_heads * dims.value_head_dim / h  # V (MLA: narrower than K)
-    qo = dims.heads * dims.value_head_dim / h  # the output projection's input
-    f = dims.ffn / h
-    k = dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
+    sbh = s * b * dims.hidden
     scale = bytes_per_value / 2
-    sbh = s * b * h
     if recompute == Recompute.FULL:
         # Only the block's input: the residual stream, fp32 under autocast over fp32 parameters.
         return (4 if fp32_residual else 2) * sbh / (t if sp else 1) * scale
     fp8 = fp8_linears and bytes_per_value == 2
     light = recompute == Recompute.LIGHT
+    replicated = _replicated_values(dims, dropout=dropout, fp8=fp8, light=light)
+    if fp32_residual:
+        # The two norms' fp32 inputs (2 more bytes each), and the attention's input cast once
+        # more (query and key-value projections each cast it).
+        replicated += 4 + 2
+    split = _split_values(dims, t, recompute, fp8=fp8, light=light, eager=eager)
+    score = 0.0
+    if recompute in (Recompute.NONE, Recompute.MLP) and not flash:
+        score = (5 if dropout else 2) * dims.heads * s / dims.hidden
+    if sp:
+        return sbh / t * (replicated + split + score) * scale
+    return sbh * (replicated + (split + score) / t) * scale
+
+
+def _experts_a_token(dims: ModelDims) -> int:
+    """MLPs each token passes through: its top-k routed experts and the shared ones (1 dense)."""
+    return dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
+
+
+def _replicated_values(dims: ModelDims, *, dropout: bool, fp8: bool, light: bool) -> int:
+    """16-bit values per ``sbh`` a layer keeps whole on every TP rank (split by ``t`` only with
+    SP): the two norms' inputs, the attention and MLP inputs, the dropout masks
+    (:func:`layer_activation_bytes`)."""
     replicated = 4 + 2 + 2 + (2 if dropout else 0)
-    mlp = (6 * f if dims.gated_mlp else 4 * f) * k
-    if recompute == Recompute.MLP:
-        mlp = 0.0  # only the MLP's input (in ``replicated``) is kept; the rest is recomputed
     if fp8:
         replicated -= 2  # the attention and MLP inputs (LN outputs) in FP8
-        mlp -= f * k if mlp else 0.0  # the second MLP matrix's input
     elif light:
         # Norms recomputed: the 16-bit outputs of those not fused into the next linear (under
         # Transformer Engine the MoE layer's pre-MLP norm and MLA's input norm; in FP8 the
-        # linears keep their own FP8 casts, which stay), and the routed experts' activation.
+        # linears keep their own FP8 casts, which stay).
         replicated -= 2 * (dims.is_moe + dims.is_mla)
+    return replicated
+
+
+def _mlp_values(dims: ModelDims, recompute: Recompute, *, fp8: bool, light: bool) -> float:
+    """16-bit values per ``sbh`` the MLP's intermediates keep, split by ``t``
+    (:func:`layer_activation_bytes`)."""
+    f = dims.ffn / dims.hidden
+    k = _experts_a_token(dims)
+    mlp = (6 * f if dims.gated_mlp else 4 * f) * k
+    if recompute == Recompute.MLP:
+        mlp = 0.0  # only the MLP's input (in the replicated values) is kept; the rest is recomputed
+    if fp8:
+        mlp -= f * k if mlp else 0.0  # the second MLP matrix's input
+    elif light:
+        # The routed experts' activation is recomputed.
         mlp -= 2 * f * dims.experts_per_token if dims.is_moe else 0.0
+    return mlp
+
+
+def _split_values(
+    dims: ModelDims, t: int, recompute: Recompute, *, fp8: bool, light: bool, eager: bool
+) -> float:
+    """16-bit values per ``sbh`` a layer keeps split by ``t`` (before the attention scores):
+    Q, K, V, the output projection's input, the MLP's intermediates, MLA's latents
+    (:func:`layer_activation_bytes`)."""
+    h = dims.hidden
+    r = dims.kv_heads * dims.head_dim / h
+    q = dims.heads * dims.head_dim / h
+    rv = dims.kv_heads * dims.value_head_dim / h  # V (MLA: narrower than K)
+    qo = dims.heads * dims.value_head_dim / h  # the output projection's input
+    mlp = _mlp_values(dims, recompute, fp8=fp8, light=light)
     heads = 2 * q + 2 * r + 2 * rv
     if dims.is_mla:
         # The up-projections' inputs: the query latent and the key/value latent (with the
@@ -477,19 +519,10 @@ def layer_activation_bytes(
         # and V repeated to every query head (repeat_kv), not the narrow ones. (Its output is
         # laid out token-major already, so the projection's input is the same tensor.)
         if dims.gated_mlp and mlp:
-            split += 2 * f * k
+            split += 2 * (dims.ffn / h) * _experts_a_token(dims)
         if not dims.is_mla and dims.kv_heads < dims.heads:
             split += 2 * (q - r) + 2 * (q - rv)
-    if fp32_residual:
-        # The two norms' fp32 inputs (2 more bytes each), and the attention's input cast once
-        # more (query and key-value projections each cast it).
-        replicated += 4 + 2
-    score = 0.0
-    if recompute in (Recompute.NONE, Recompute.MLP) and not flash:
-        score = (5 if dropout else 2) * dims.heads * s / h
-    if sp:
-        return sbh / t * (replicated + split + score) * scale
-    return sbh * (replicated + (split + score) / t) * scale
+    return split
 
 
 def pipeline_in_flight(pp: int, grad_accum: int, schedule: PPSchedule, v: int) -> float:
