@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from engine.plan import frameworks, perf
-from engine.plan.memory import LayoutDraft
+from engine.plan.memory import LayoutDraft, stage_params
 from engine.plan.models import resolve_model
 from engine.plan.names import Framework, Offload, Precision, Recompute, Strategy
 from engine.plan.perf import (
@@ -358,7 +358,7 @@ def test_a_hidden_collective_holds_sms_a_pipeline_send_does_not() -> None:
     long = perf.MicroBatch(compute=10.0, comm=0.0, backward=10.0, fill=10.0)
     none = perf.MicroBatch(compute=0.0, comm=0.0, backward=0.0, fill=0.0)
     ddp = _draft(strategy=Strategy.DDP, framework=Framework.DDP, dp=16)
-    dense = perf.stage_params(dims, ddp)[0]
+    dense = stage_params(dims, ddp)[0]
     allreduce = perf.allreduce_time(hw, dense * 2, 16, 1)
     hidden = perf.data_parallel_exposed(ddp, hw, dense, long, dims.layers)
     assert hidden == pytest.approx(perf.COMM_SM_SHARE * allreduce)
@@ -606,7 +606,7 @@ def test_fully_sharded_experts_are_gathered_every_micro_batch() -> None:
         Strategy.THREE_D, Framework.MEGATRON, dp=16, ep=2, zero_stage=3, micro_batch=1, grad_accum=4
     )
     mb = perf.MicroBatch(compute=0.0, comm=0.0, backward=0.0, fill=0.0)  # nothing to hide behind
-    dense, expert = perf.stage_params(dims, d)
+    dense, expert = stage_params(dims, d)
     alone = perf.data_parallel_exposed(d, hw, dense, mb, dims.layers, True)
     both = perf.data_parallel_exposed(d, hw, dense, mb, dims.layers, True, expert)
     assert expert > 5 * dense
