@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine.launch import reaper
 from engine.launch.base import LaunchBackend, LaunchError
 from engine.launch.guard import ReaperGuard
 from engine.launch.policy import STOP_GRACE_S
@@ -110,7 +111,8 @@ class LocalBackend(LaunchBackend):
                 + shlex.join(argv),
             )
             proc = subprocess.Popen(
-                argv,
+                # Under a child subreaper: what the script leaves behind is stopped at its end.
+                [sys.executable, "-I", reaper.__file__, "--node", *argv],
                 cwd=self.run.bundle,
                 env=env,
                 stdin=subprocess.DEVNULL,

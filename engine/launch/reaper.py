@@ -13,6 +13,13 @@ into run.json: ``failed``, "launcher died".
 Stdlib only, and run as a file (``python -I reaper.py RUN_ID RUN_DIR LAUNCHER_PID``): it starts
 in a few milliseconds and does not import the package. :func:`pids_with_env` and
 :func:`kill_run_processes` are also the launcher's own sweep.
+
+``python -I reaper.py --node CMD...`` is the other use, the parent of each local node script: a
+child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so a daemon the run leaves behind in a
+session of its own and without the run's environment (``setsid env -i …``), which no sweep by
+DTRAIN_RUN_ID can find, is re-parented to it when its parent exits; once the script ended it
+stops every such process, says which on stderr, and exits as the script did (:func:`node_main`).
+A daemon on another machine (an SSH node's double fork under sshd) is out of its reach.
 """
 
 from __future__ import annotations
@@ -134,6 +141,98 @@ def mark_launcher_died(run_dir: Path, pid: int) -> None:
             os.unlink(tmp)
 
 
+PR_SET_CHILD_SUBREAPER = 36
+"""prctl(2) option (linux/prctl.h)."""
+
+
+def set_child_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux); False where it cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    """Living children of this process (orphans re-parented to it among them)."""
+    me = str(os.getpid())
+    out: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":  # state, ppid
+            out.append(int(entry.name))
+    return out
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:80]
+    except OSError:
+        return "?"
+
+
+def _reap() -> None:
+    """Collect every child that ended (zombies of re-parented orphans)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def stop_leftovers(grace_s: float = GRACE_S, sweep_s: float = SWEEP_S) -> list[str]:
+    """SIGTERM every child left (the script's orphans, re-parented here), SIGKILL after
+    ``grace_s``, until none is left or ``sweep_s`` passed; ``pid N (command)`` of each."""
+    _reap()
+    found: dict[int, str] = {}
+    start = time.monotonic()
+    sig = signal.SIGTERM
+    while (left := _children()) and time.monotonic() - start < grace_s + sweep_s:
+        for pid in left:
+            found.setdefault(pid, _name(pid))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        time.sleep(0.05)  # polling the process table, bounded
+        _reap()
+        if time.monotonic() - start > grace_s:
+            sig = signal.SIGKILL
+    return [f"pid {pid} ({name})" for pid, name in found.items()]
+
+
+def node_main(argv: list[str]) -> int:
+    """Run ``argv`` (a node's launch script) as this subreaper's child, then stop what it left
+    behind; exit as it did. The launcher's signals reach the script through the process group
+    they share; this process only waits for it."""
+    if not set_child_subreaper():
+        os.execvp(argv[0], argv)  # nothing to catch orphans with: just the script
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        # A handler, not SIG_IGN: the script gets the default back when it is exec'd.
+        signal.signal(sig, lambda signum, frame: None)
+    child = subprocess.Popen(argv)
+    code = child.wait()
+    left = stop_leftovers()
+    if left:
+        with contextlib.suppress(OSError):
+            sys.stderr.write(
+                f"[dtrain-tui] stopped {len(left)} process(es) the run left behind: "
+                + ", ".join(left)
+                + "\n"
+            )
+            sys.stderr.flush()
+    if code < 0:  # killed by a signal: end the same way, so the launcher sees it
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code if code >= 0 else 128 - code
+
+
 def main(argv: list[str]) -> int:
     run_id, run_dir, launcher_pid = argv[0], Path(argv[1]), int(argv[2])
     # Only the pipe ends this process's wait: not the terminal's signals.
@@ -160,4 +259,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--node"]:
+        sys.exit(node_main(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+"""A daemon a run starts with ``setsid env -i …`` (a session of its own, no DTRAIN_RUN_ID to find
+it by, its parent gone) does not outlive the run: each local node runs under a child subreaper
+that takes such orphans and stops them once the node script ended, and says so. Real bash, and
+real torchrun whose rank 0 starts the daemon."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.launch import LaunchOptions
+from engine.launch.local import LocalBackend
+from engine.rundir.files import read_run
+from tests.e2e.launch_util import collect, make_bundle
+
+pytestmark = pytest.mark.slow
+
+DAEMON = (
+    'setsid env -i sh -c \'echo $$ > "$0"; exec sleep 300\' "$PIDFILE" '
+    "</dev/null >/dev/null 2>&1 &\n"
+)
+RANK_SCRIPT = f"""import os, subprocess, time
+if os.environ["RANK"] == "0":
+    subprocess.run({DAEMON!r}, shell=True, check=True)
+    while not os.path.exists(os.environ["PIDFILE"]):
+        time.sleep(0.01)  # the daemon writes its pid at once
+print("started", flush=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _run(bundle: Path, tmp_path: Path) -> tuple[int, list[str]]:
+    pidfile = tmp_path / "daemon.pid"
+    backend = LocalBackend(
+        bundle, tmp_path / "run", LaunchOptions(hang_timeout_s=120, env={"PIDFILE": str(pidfile)})
+    )
+    backend.start()
+    events = collect(backend, timeout=180)
+    pid = int(pidfile.read_text())
+    try:
+        assert read_run(tmp_path / "run")["state"] == "succeeded"
+        assert not _alive(pid), f"the daemon (pid {pid}) outlived the run"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+    return pid, [getattr(e, "line", "") for e in events]
+
+
+def test_a_setsid_env_i_daemon_of_the_node_script_is_stopped(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "b", steps=1)
+    (bundle / "launch_node0.sh").write_text(
+        "#!/usr/bin/env bash\nset -eu\n" + DAEMON + 'until [ -s "$PIDFILE" ]; do :; done\n'
+    )
+    pid, lines = _run(bundle, tmp_path)
+    assert any(f"pid {pid}" in x and "left behind" in x for x in lines), lines
+
+
+def test_a_daemon_a_torchrun_rank_started_is_stopped(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "b")
+    (bundle / "train.py").write_text(RANK_SCRIPT)  # no torch import: quick
+    pid, lines = _run(bundle, tmp_path)
+    assert any(f"pid {pid}" in x and "left behind" in x for x in lines), lines
