@@ -18,6 +18,10 @@ colour codes are stripped first.
 
 ``stop`` cancels the job (``sky.cancel``); the cluster is torn down (``sky.down``) only on
 request: ``--sky-down`` or :meth:`SkyPilotBackend.down`.
+
+The SDK starts a local API server on its first call when none runs (a process of about 1.5 GB
+that outlives this one); one this launch started is stopped when the launch ends
+(``sky.api_stop``), one that was running before is left alone.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class SkyPilotBackend(LaunchBackend):
         self._finished = threading.Event()
         self._cancelled = False
         self._worker: threading.Thread | None = None
+        self._started_api_server = False
+        """No local API server ran before this launch's first SDK call: stop it at the end."""
 
     @property
     def hosts(self) -> list[str]:
@@ -124,6 +130,7 @@ class SkyPilotBackend(LaunchBackend):
 
     def _start(self) -> None:
         task = self.build_task()
+        self._started_api_server = not api_server_running()
         r, w = os.pipe()
         out = _PipeWriter(w)
         self._add_stream(0, STDOUT, lambda: os.read(r, 65536))
@@ -211,7 +218,40 @@ class SkyPilotBackend(LaunchBackend):
         sky.stream_and_get(sky.down(self.cluster))
 
     def _close(self) -> None:
-        if self.options.sky_down and self._cancelled:
-            # launch(down=True) tears down after a finished job; a cancelled one needs asking.
-            with contextlib.suppress(Exception):
-                self.down()
+        try:
+            if self.options.sky_down and self._cancelled:
+                # launch(down=True) tears down after a finished job; a cancelled one needs asking.
+                with contextlib.suppress(Exception):
+                    self.down()
+        finally:
+            self._stop_api_server()
+
+    def _teardown_after_failed_start(self) -> None:
+        self._stop_api_server()
+
+    def _stop_api_server(self) -> None:
+        """Stop the local API server if this launch started it (once)."""
+        if not self._started_api_server:
+            return
+        self._started_api_server = False
+        import sky
+
+        try:
+            sky.api_stop()
+        except Exception as e:  # noqa: BLE001 - said, never a traceback at the end of a run
+            self._say(0, f"could not stop the SkyPilot API server this launch started: {e}")
+        else:
+            self._say(0, "stopped the SkyPilot API server this launch started")
+
+
+def api_server_running() -> bool:
+    """A SkyPilot API server answers (or one is configured that is not local: never ours to
+    stop). SkyPilot's own health probe of its endpoint."""
+    from sky.server import common
+
+    try:
+        if not common.is_api_server_local():
+            return True
+        return bool(common.get_api_server_status().status == common.ApiServerStatus.HEALTHY)
+    except Exception:  # noqa: BLE001 - cannot tell: leave whatever runs alone
+        return True

@@ -65,7 +65,7 @@ class FakeSky:
         self.cancelled = threading.Event()
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
-        for name in ("launch", "stream_and_get", "tail_logs", "cancel", "down"):
+        for name in ("launch", "stream_and_get", "tail_logs", "cancel", "down", "api_stop"):
             mp.setattr(sky, name, _checked(getattr(sky, name), getattr(self, name)))
 
     def launch(self, task: Any, **kw: Any) -> str:
@@ -101,6 +101,9 @@ class FakeSky:
     def down(self, cluster_name: str, purge: bool = False) -> str:
         self.calls.append(("down", cluster_name))
         return "req-down"
+
+    def api_stop(self) -> None:
+        self.calls.append(("api_stop", None))
 
 
 def _checked(real: Callable[..., Any], fake: Callable[..., Any]) -> Callable[..., Any]:
@@ -180,7 +183,8 @@ def test_sdk_calls_and_prefix_splitting(
     events = collect(b, timeout=30)
     assert b.state == "succeeded", read_run(tmp_path / "run")["reason"]
     names = [c[0] for c in fake.calls]
-    assert names == ["launch", "stream_and_get", "tail_logs"]
+    # api_stop: no API server ran before (the SDK would have started one)
+    assert names == ["launch", "stream_and_get", "tail_logs", "api_stop"]
     task, kw = fake.calls[0][1]
     assert isinstance(task, sky.Task) and task.num_nodes == 2
     assert kw == {"cluster_name": "my-run", "down": True, "idle_minutes_to_autostop": 30}
