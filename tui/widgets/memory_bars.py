@@ -1,7 +1,8 @@
 """Per-GPU memory of one candidate layout as bars against the GPU's memory: params, grads,
-optimizer, activations and buffers, then the total with the usable limit marked (``│``: the GPU's
-memory less the CUDA context, NCCL's buffers and fragmentation, what the planner may fill) and the
-margin left under it. Sizes are GiB (2^30 bytes), as nvidia-smi and torch count them."""
+optimizer, activations and buffers, then the total with the usable limit marked (``│``: the
+plan's ``usable_bytes``, what the planner judged every layout by: the GPU's memory less the CUDA
+context, NCCL's buffers, fragmentation and a calibration's measured overhead) and the margin left
+under it. Sizes are GiB (2^30 bytes), as nvidia-smi and torch count them."""
 
 from __future__ import annotations
 
