@@ -93,6 +93,22 @@ class ModelDims(BaseModel):
     projection and its own pass through the shared output head, on the last pipeline stage.
     Not in the parameter counts (the model's published size leaves them out, as DeepSeek-V3's
     671B does), and run by Megatron-Core only: transformers' models skip them."""
+    rms_norm: bool = False
+    """RMSNorm (the Llama family, and dimensions given by hand with a gated MLP); False:
+    LayerNorm (GPT-2, GPT-NeoX, Falcon). Set by ``engine.plan.models`` from the model type."""
+    rope: bool = False
+    """Rotary position embeddings; False: learned absolute positions (GPT-2)."""
+    linear_bias: bool = True
+    """The linear layers carry biases (Megatron's default); False: none (Llama, Falcon)."""
+    qkv_bias: bool = False
+    """The query, key and value projections carry a bias where the other linears do not
+    (Qwen2)."""
+    qk_norm: bool = False
+    """Queries and keys are normalised before the scores (Qwen3's ``q_norm``/``k_norm``)."""
+    dropout: bool = True
+    """Trained with dropout (GPT-2's 0.1, Megatron's default); False: none (the Llama family)."""
+    attention_sinks: bool = False
+    """A learned logit per head beside the keys (GPT-OSS's attention sinks)."""
 
     @property
     def is_moe(self) -> bool:

@@ -16,7 +16,7 @@ import math
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from engine.errors import SpecError
 from engine.plan.dims import ModelDims
@@ -477,6 +477,57 @@ def _positive(c: dict[str, Any], key: str, v: object) -> float | None:
     return float(v)
 
 
+_LLAMA_LIKE = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "phi3",
+        "deepseek_v3",
+        "kimi_k2",
+        "gpt_oss",
+    }
+)
+"""Hugging Face model types built like Llama: RMSNorm, rotary positions, no dropout."""
+_NO_LINEAR_BIAS = (_LLAMA_LIKE - {"gpt_oss"}) | {"falcon"}
+"""Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v; gpt_oss one
+on every linear, Megatron's default)."""
+_ROPE_LAYERNORM = frozenset({"gpt_neox", "falcon"})
+"""LayerNorm models with rotary positions."""
+
+
+class _Traits(TypedDict):
+    """What a model *is* beyond its shape (the :class:`ModelDims` fields of the same names)."""
+
+    rms_norm: bool
+    rope: bool
+    linear_bias: bool
+    qkv_bias: bool
+    qk_norm: bool
+    dropout: bool
+    attention_sinks: bool
+
+
+def _traits(arch_name: str, gated: bool) -> _Traits:
+    """The norm, positions, biases and dropout of model type ``arch_name``; dimensions given by
+    hand (``generic``) with a gated MLP are modelled as a Llama-style decoder."""
+    llama = arch_name in _LLAMA_LIKE or (arch_name == "generic" and gated)
+    return _Traits(
+        rms_norm=llama,
+        rope=llama or arch_name in _ROPE_LAYERNORM,
+        linear_bias=not (arch_name in _NO_LINEAR_BIAS or (arch_name == "generic" and gated)),
+        qkv_bias=arch_name == "qwen2",
+        qk_norm=arch_name in ("qwen3", "qwen3_moe"),
+        dropout=not llama,
+        attention_sinks=arch_name == "gpt_oss",
+    )
+
+
 def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
     """Exact parameter counts of ``shape`` (see the module docstring)."""
     h = shape.hidden
@@ -548,6 +599,7 @@ def _build(name: str, arch_name: str, shape: _Shape) -> ModelDims:
         mtp_layers=shape.mtp,
         expert_groups=shape.groups[0],
         group_topk=shape.groups[1],
+        **_traits(arch_name, shape.gated),
     )
 
 
@@ -739,6 +791,7 @@ def _from_count(spec: ModelSpec, params: float) -> ModelDims:
         params_active=min(active, n),
         params_embedding=2 * vocab * hidden,
         params_experts=max(experts_params, 0),
+        **_traits("generic", True),
     )
 
 

@@ -10,9 +10,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.errors import DtrainError
 from engine.plan.calibration import Calibration
 from engine.plan.dims import ModelDims
-from engine.plan.names import Framework, Offload, PPSchedule, Precision, Recompute, Strategy
+from engine.plan.names import (
+    Framework,
+    Offload,
+    Optimizer,
+    PPSchedule,
+    Precision,
+    Recompute,
+    Strategy,
+)
 from engine.plan.specs import Spec
 
 
@@ -97,6 +106,33 @@ class Layout(_Frozen):
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    def check_megatron(self, layers: int, optimizer: Optimizer) -> None:
+        """Refuse, in one line naming the field, what Megatron-LM cannot run as this layout
+        says: sequence parallelism without tensor parallelism, interleaved stages that do not
+        split the ``layers`` evenly, 8-bit Adam (its moments in FP8 in the distributed
+        optimizer) without the distributed optimizer over several data-parallel ranks. The
+        Megatron writer asks before it writes a flag."""
+        if self.sequence_parallel and self.tp == 1:
+            raise DtrainError(
+                "sequence parallelism needs tp > 1; drop --sequence-parallel or force --tp",
+                field="layout.sequence_parallel",
+            )
+        uneven = bool(self.first_stage_layers or self.last_stage_layers)
+        if self.pp_schedule == PPSchedule.INTERLEAVED and self.virtual_stages > 1 and not uneven:
+            per_chunk, rem = divmod(layers, self.pp * self.virtual_stages)
+            if rem or per_chunk == 0:
+                raise DtrainError(
+                    f"{layers} layers do not split into pp {self.pp} x {self.virtual_stages} "
+                    "virtual stages; force a --virtual-stages that divides layers/pp",
+                    field="layout.virtual_stages",
+                )
+        if optimizer == Optimizer.ADAM8BIT and self.zero_stage < 1 and self.dp * self.cp > 1:
+            raise DtrainError(
+                "adam8bit under Megatron keeps its moments in FP8 in the distributed optimizer, "
+                "which this layout does not use; pass --zero-stage 1 (or --optimizer adamw)",
+                field="training.optimizer",
+            )
 
 
 class PathStep(_Frozen):

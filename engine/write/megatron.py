@@ -24,96 +24,67 @@ Flag names follow Megatron-LM's ``megatron/training/arguments.py`` (NVIDIA/Megat
 
 from __future__ import annotations
 
-from engine.errors import DtrainError
 from engine.plan.dims import ModelDims
 from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap
 from engine.plan.names import MoeDispatcher, Optimizer, PPSchedule, Precision, Recompute
 from engine.plan.result import Layout, Plan
+from engine.plan.specs import TrainingSpec
 from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
 
 PRETRAIN_GPT = "pretrain_gpt.sh"
 """The bundle's Megatron-LM command for 3D plans, next to ``megatron_args.txt``."""
 
-_RMSNORM_ROPE = frozenset(
-    {
-        "llama",
-        "mistral",
-        "mixtral",
-        "qwen2",
-        "qwen3",
-        "qwen3_moe",
-        "gemma",
-        "gemma2",
-        "phi3",
-        "deepseek_v3",
-        "kimi_k2",
-        "gpt_oss",
-    }
-)
-"""Hugging Face model types built like Llama: RMSNorm, rotary positions, no dropout."""
-_NO_LINEAR_BIAS = (_RMSNORM_ROPE - {"gpt_oss"}) | {"falcon"}
-"""Model types whose linear layers carry no bias (qwen2 keeps one on q, k and v; gpt_oss one
-on every linear, Megatron's default)."""
-_ROPE_LAYERNORM = frozenset({"gpt_neox", "falcon"})
-"""LayerNorm models with rotary positions."""
-
-
-def _has_rope(m: ModelDims) -> bool:
-    """Rotary positions: the Llama family and the LayerNorm models that rotate."""
-    return _llama_like(m) or m.arch in _ROPE_LAYERNORM
-
-
-def _llama_like(m: ModelDims) -> bool:
-    """RMSNorm, RoPE, no biases, no dropout: the Llama family, and dimensions given by hand
-    with a gated MLP (the planner models those as Llama-style decoders)."""
-    return m.arch in _RMSNORM_ROPE or (m.arch == "generic" and m.gated_mlp)
-
 
 def architecture_args(m: ModelDims) -> list[str]:
-    """Megatron flags for what the model *is* beyond its shape: normalization, position
-    embedding, biases, dropout, q/k norm and head width."""
-    llama = _llama_like(m)
-    out = [f"--normalization {'RMSNorm' if llama else 'LayerNorm'}"]
+    """Megatron flags for what the model *is* beyond its shape (the traits
+    ``engine.plan.models`` sets on :class:`ModelDims`): normalization, position embedding,
+    biases, dropout, q/k norm, attention sinks and head width."""
+    out = [f"--normalization {'RMSNorm' if m.rms_norm else 'LayerNorm'}"]
     if m.norm_eps:
         out.append(f"--norm-epsilon {m.norm_eps:g}")  # Megatron's default 1e-5; Qwen's 1e-6
-    rope = _has_rope(m)
-    out.append(f"--position-embedding-type {'rope' if rope else 'learned_absolute'}")
-    if rope:
+    out.append(f"--position-embedding-type {'rope' if m.rope else 'learned_absolute'}")
+    if m.rope:
         out += rotary_args(m)
-    if m.arch in _NO_LINEAR_BIAS or (m.arch == "generic" and m.gated_mlp):
+    if not m.linear_bias:
         out.append("--disable-bias-linear")
-        if m.arch == "qwen2":
+        if m.qkv_bias:
             out.append("--add-qkv-bias")
-    if m.arch in ("qwen3", "qwen3_moe"):
+    if m.qk_norm:
         out.append("--qk-layernorm")
-    if m.is_mla:
-        # Multi-head latent attention (DeepSeek-V3, Kimi K2): the latents' RMSNorms are
-        # Megatron's --qk-layernorm; the head widths come from these, not --kv-channels.
-        out += ["--multi-latent-attention", "--qk-layernorm"]
-        if m.q_lora_rank:
-            out.append(f"--q-lora-rank {m.q_lora_rank}")
-        out += [
-            f"--kv-lora-rank {m.kv_lora_rank}",
-            f"--qk-head-dim {m.head_dim - m.qk_rope_head_dim}",
-            f"--qk-pos-emb-head-dim {m.qk_rope_head_dim}",
-            f"--v-head-dim {m.value_head_dim}",
-        ]
-    elif m.head_dim * m.heads != m.hidden:
-        out.append(f"--kv-channels {m.head_dim}")
+    out += _attention_width_args(m)
     if m.mtp_layers:
         # Multi-token prediction (DeepSeek-V3 §2.2), on the last pipeline stage, its loss
         # weighted by Megatron's default 0.1 (the report's weight for most of its run).
         out.append(f"--mtp-num-layers {m.mtp_layers}")
-    if m.arch == "gpt_oss":
+    if m.attention_sinks:
         out.append("--softmax-type learnable")  # attention sinks: a learned logit per head
     if m.sliding_window:
         # (left, right) keys: the causal window; on the windowed layers only where not all.
         out.append(f"--window-size {m.sliding_window},0")
         if m.window_pattern:
             out.append(f"--window-attn-skip-freq {m.window_pattern}")
-    if llama:
+    if not m.dropout:
         out += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     return out
+
+
+def _attention_width_args(m: ModelDims) -> list[str]:
+    """Latent attention's widths, or a head width apart from hidden / heads."""
+    if m.is_mla:
+        # Multi-head latent attention (DeepSeek-V3, Kimi K2): the latents' RMSNorms are
+        # Megatron's --qk-layernorm; the head widths come from these, not --kv-channels.
+        out = ["--multi-latent-attention", "--qk-layernorm"]
+        if m.q_lora_rank:
+            out.append(f"--q-lora-rank {m.q_lora_rank}")
+        return out + [
+            f"--kv-lora-rank {m.kv_lora_rank}",
+            f"--qk-head-dim {m.head_dim - m.qk_rope_head_dim}",
+            f"--qk-pos-emb-head-dim {m.qk_rope_head_dim}",
+            f"--v-head-dim {m.value_head_dim}",
+        ]
+    if m.head_dim * m.heads != m.hidden:
+        return [f"--kv-channels {m.head_dim}"]
+    return []
 
 
 def rotary_args(m: ModelDims) -> list[str]:
@@ -138,7 +109,7 @@ def rotary_args(m: ModelDims) -> list[str]:
 def rotary_note(m: ModelDims) -> str:
     """A comment for ``megatron_args.txt`` where the rotary embedding is not all in its
     flags: an unknown base (dimensions given by hand) or a scaling other than Llama 3.1's."""
-    if not _has_rope(m):
+    if not m.rope:
         return ""
     if m.rope_scaling and m.rope_scaling != "llama3":
         return (
@@ -171,11 +142,37 @@ def light_modules(m: ModelDims) -> str:
 
 
 def megatron_args_list(plan: Plan) -> list[str]:
-    """The argument lines, without comments."""
+    """The argument lines, without comments. Refuses (one line naming the field) a layout
+    Megatron-LM cannot run (:meth:`Layout.check_megatron`) before writing a flag."""
     lay = plan.recommended
     m = plan.model
     tr = plan.spec.training
     check_batch(lay)
+    lay.check_megatron(m.layers, tr.optimizer)
+    return [
+        *_parallel_args(lay, m, tr),
+        *_pipeline_args(lay, m),
+        f"--micro-batch-size {lay.micro_batch}",
+        f"--global-batch-size {lay.global_batch}",
+        *_recompute_args(lay, m),
+        *_precision_args(lay, tr),
+        *_sharding_args(lay),
+        *optimizer_args(tr.optimizer, lay),
+        *_shape_args(m),
+        *activation_args(m),
+        *(_moe_args(lay, m, tr) if m.is_moe else []),
+        *([] if m.tie_embeddings else ["--untie-embeddings-and-output-weights"]),
+        *architecture_args(m),
+        f"--seq-length {tr.seq_len}",
+        f"--max-position-embeddings {max(tr.seq_len, m.max_position or 0)}",
+        f"--lr {lr(plan):g}",
+        f"--clip-grad {tr.grad_clip:g}",
+        f"--train-iters {tr.steps}",
+    ]
+
+
+def _parallel_args(lay: Layout, m: ModelDims, tr: TrainingSpec) -> list[str]:
+    """The tensor, pipeline, context and expert parallel degrees, and sequence parallelism."""
     out = [
         f"--tensor-model-parallel-size {lay.tp}",
         f"--pipeline-model-parallel-size {lay.pp}",
@@ -190,55 +187,58 @@ def megatron_args_list(plan: Plan) -> list[str]:
             # (Megatron's default, said explicitly). LayoutDraft.expert_tp has the model.
             out.append(f"--expert-tensor-parallel-size {lay.expert_tp}")
     if lay.sequence_parallel:
-        if lay.tp == 1:
-            raise DtrainError(
-                "sequence parallelism needs tp > 1; drop --sequence-parallel or force --tp",
-                field="layout.sequence_parallel",
-            )
         out.append("--sequence-parallel")
+    return out
+
+
+def _pipeline_args(lay: Layout, m: ModelDims) -> list[str]:
+    """Interleaved stages and lighter end stages."""
+    out = []
     uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
     if lay.pp_schedule == PPSchedule.INTERLEAVED and lay.virtual_stages > 1 and uneven:
         # Lighter ends with interleaving: Megatron-Core splits each stage's own layer count
         # into this many chunks (the planner only picks counts every stage divides).
         out.append(f"--num-virtual-stages-per-pipeline-rank {lay.virtual_stages}")
     elif lay.pp_schedule == PPSchedule.INTERLEAVED and lay.virtual_stages > 1:
-        per_chunk, rem = divmod(m.layers, lay.pp * lay.virtual_stages)
-        if rem or per_chunk == 0:
-            raise DtrainError(
-                f"{m.layers} layers do not split into pp {lay.pp} x {lay.virtual_stages} "
-                "virtual stages; force a --virtual-stages that divides layers/pp",
-                field="layout.virtual_stages",
-            )
+        # Layout.check_megatron refused a split that leaves a remainder.
+        per_chunk = m.layers // (lay.pp * lay.virtual_stages)
         out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
     # Lighter end stages (embedding on the first, LM head on the last): Megatron's own flags.
     if lay.first_stage_layers:
         out.append(f"--decoder-first-pipeline-num-layers {lay.first_stage_layers}")
     if lay.last_stage_layers:
         out.append(f"--decoder-last-pipeline-num-layers {lay.last_stage_layers}")
-    out += [
-        f"--micro-batch-size {lay.micro_batch}",
-        f"--global-batch-size {lay.global_batch}",
-    ]
+    return out
+
+
+def _recompute_args(lay: Layout, m: ModelDims) -> list[str]:
+    """Activation recompute as planned."""
     if lay.recompute == Recompute.SELECTIVE:
-        out.append("--recompute-granularity selective")
-    elif lay.recompute == Recompute.MLP:
+        return ["--recompute-granularity selective"]
+    if lay.recompute == Recompute.MLP:
         # Megatron-Core's selective recompute of named submodules (arguments.py --recompute-modules).
-        out += ["--recompute-granularity selective", "--recompute-modules mlp"]
-    elif lay.recompute == Recompute.LIGHT:
-        out += ["--recompute-granularity selective", f"--recompute-modules {light_modules(m)}"]
-    elif lay.recompute == Recompute.FULL and lay.recompute_layers:
+        return ["--recompute-granularity selective", "--recompute-modules mlp"]
+    if lay.recompute == Recompute.LIGHT:
+        return ["--recompute-granularity selective", f"--recompute-modules {light_modules(m)}"]
+    if lay.recompute == Recompute.FULL and lay.recompute_layers:
         # Block method: the first N layers of each stage recompute, the rest keep everything.
-        out += [
+        return [
             "--recompute-granularity full",
             "--recompute-method block",
             f"--recompute-num-layers {lay.recompute_layers}",
         ]
-    elif lay.recompute == Recompute.FULL:
-        out += [
+    if lay.recompute == Recompute.FULL:
+        return [
             "--recompute-granularity full",
             "--recompute-method uniform",
             "--recompute-num-layers 1",
         ]
+    return []
+
+
+def _precision_args(lay: Layout, tr: TrainingSpec) -> list[str]:
+    """bf16 (and its gradient reduction), FP8's recipe, or fp16."""
+    out = []
     if lay.precision in (Precision.BF16, Precision.FP8):
         out.append("--bf16")
         if tr.grads_bf16:
@@ -247,6 +247,12 @@ def megatron_args_list(plan: Plan) -> list[str]:
         out += megatron_fp8_flags(tr.fp8_recipe)
     elif lay.precision == Precision.FP16:
         out.append("--fp16")
+    return out
+
+
+def _sharding_args(lay: Layout) -> list[str]:
+    """Megatron-FSDP and the distributed optimizer, by the layout's ZeRO stage."""
+    out = []
     if lay.zero_stage >= 3:
         # Megatron-FSDP: parameters, gradients and optimizer states sharded (its required
         # flags, Megatron-LM megatron/core/distributed/fsdp/README.md).
@@ -258,8 +264,12 @@ def megatron_args_list(plan: Plan) -> list[str]:
         ]
     if lay.zero_stage >= 1:
         out.append("--use-distributed-optimizer")
-    out += optimizer_args(tr.optimizer, lay)
-    out += [
+    return out
+
+
+def _shape_args(m: ModelDims) -> list[str]:
+    """Layers, widths, heads and query groups."""
+    out = [
         f"--num-layers {m.layers}",
         f"--hidden-size {m.hidden}",
         f"--num-attention-heads {m.heads}",
@@ -267,66 +277,54 @@ def megatron_args_list(plan: Plan) -> list[str]:
     if m.kv_heads != m.heads:
         out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
     out.append(f"--ffn-hidden-size {m.dense_ffn or m.ffn}")
-    out += activation_args(m)
-    if m.is_moe:
-        out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}"]
-        if m.dense_layers:
-            # The leading dense layers (--ffn-hidden-size wide), then experts in every layer.
-            out += [
-                f"--moe-ffn-hidden-size {m.ffn}",
-                f"--moe-layer-freq [0]*{m.dense_layers}+[1]*{m.moe_layers}",
-            ]
-        if m.shared_experts:
-            out.append(f"--moe-shared-expert-intermediate-size {m.shared_experts * m.ffn}")
-        if m.expert_groups:
-            # Group-limited routing as the model was trained (DeepSeek-V3: 4 of 8 groups).
-            out += [
-                f"--moe-router-num-groups {m.expert_groups}",
-                f"--moe-router-group-topk {m.group_topk}",
-            ]
-        # What the time model assumes: tokens moved by all-to-all or DeepEP (Megatron's
-        # default is an all-gather dispatcher) into one grouped GEMM per rank, balanced by the
-        # auxiliary loss (Megatron-LM's Mixtral example).
-        if tr.moe_dispatcher == MoeDispatcher.DEEPEP:
-            out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
-        else:
-            out.append("--moe-token-dispatcher-type alltoall")
-        if lay.a2a_overlap:
-            # One micro-batch's forward beside another's backward, each hiding the other's
-            # all-to-all (Megatron-Core's combined 1F1B; the weight gradients wait for it).
-            out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
-        elif shared_expert_overlap(
-            m,
-            lay.framework,
-            lay.ep,
-            deepep=tr.moe_dispatcher == MoeDispatcher.DEEPEP,
-        ):
-            # The shared expert on a side stream beside the dispatch and combine, as the time
-            # model counts it.
-            out.append("--moe-shared-expert-overlap")
-        if tr.moe_capacity_factor:
-            # Token-drop training as the time model assumes it: every expert's input padded to
-            # capacity, so the shapes are static and the host never waits for token counts.
-            out += [
-                f"--moe-expert-capacity-factor {tr.moe_capacity_factor:g}",
-                "--moe-pad-expert-input-to-capacity",
-            ]
-        out += [
-            "--moe-grouped-gemm",
-            "--moe-router-load-balancing-type aux_loss",
-            "--moe-aux-loss-coeff 1e-2",
-        ]
-    if not m.tie_embeddings:
-        out.append("--untie-embeddings-and-output-weights")
-    out += architecture_args(m)
-    out += [
-        f"--seq-length {tr.seq_len}",
-        f"--max-position-embeddings {max(tr.seq_len, m.max_position or 0)}",
-        f"--lr {lr(plan):g}",
-        f"--clip-grad {tr.grad_clip:g}",
-        f"--train-iters {tr.steps}",
-    ]
     return out
+
+
+def _moe_args(lay: Layout, m: ModelDims, tr: TrainingSpec) -> list[str]:
+    """An MoE model's experts, routing, dispatcher and overlaps, as the time model costs them."""
+    out = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.experts_per_token}"]
+    if m.dense_layers:
+        # The leading dense layers (--ffn-hidden-size wide), then experts in every layer.
+        out += [
+            f"--moe-ffn-hidden-size {m.ffn}",
+            f"--moe-layer-freq [0]*{m.dense_layers}+[1]*{m.moe_layers}",
+        ]
+    if m.shared_experts:
+        out.append(f"--moe-shared-expert-intermediate-size {m.shared_experts * m.ffn}")
+    if m.expert_groups:
+        # Group-limited routing as the model was trained (DeepSeek-V3: 4 of 8 groups).
+        out += [
+            f"--moe-router-num-groups {m.expert_groups}",
+            f"--moe-router-group-topk {m.group_topk}",
+        ]
+    # What the time model assumes: tokens moved by all-to-all or DeepEP (Megatron's
+    # default is an all-gather dispatcher) into one grouped GEMM per rank, balanced by the
+    # auxiliary loss (Megatron-LM's Mixtral example).
+    deepep = tr.moe_dispatcher == MoeDispatcher.DEEPEP
+    if deepep:
+        out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
+    else:
+        out.append("--moe-token-dispatcher-type alltoall")
+    if lay.a2a_overlap:
+        # One micro-batch's forward beside another's backward, each hiding the other's
+        # all-to-all (Megatron-Core's combined 1F1B; the weight gradients wait for it).
+        out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    elif shared_expert_overlap(m, lay.framework, lay.ep, deepep=deepep):
+        # The shared expert on a side stream beside the dispatch and combine, as the time
+        # model counts it.
+        out.append("--moe-shared-expert-overlap")
+    if tr.moe_capacity_factor:
+        # Token-drop training as the time model assumes it: every expert's input padded to
+        # capacity, so the shapes are static and the host never waits for token counts.
+        out += [
+            f"--moe-expert-capacity-factor {tr.moe_capacity_factor:g}",
+            "--moe-pad-expert-input-to-capacity",
+        ]
+    return out + [
+        "--moe-grouped-gemm",
+        "--moe-router-load-balancing-type aux_loss",
+        "--moe-aux-loss-coeff 1e-2",
+    ]
 
 
 def optimizer_args(optimizer: Optimizer, lay: Layout) -> list[str]:
@@ -334,7 +332,8 @@ def optimizer_args(optimizer: Optimizer, lay: Layout) -> list[str]:
     momentum, or, for 8-bit Adam, Megatron's precision-aware optimizer with both moments in FP8
     (Transformer Engine's FusedAdam; Megatron has no bitsandbytes): the two bytes a parameter
     the plan counts, beside the fp32 master copy. It lives in the distributed optimizer (or
-    Megatron-FSDP), so a layout without it is refused rather than written as plain Adam."""
+    Megatron-FSDP); :meth:`Layout.check_megatron` refuses a layout without it over several
+    data-parallel ranks rather than have it written as plain Adam."""
     if optimizer == Optimizer.SGD:
         return ["--optimizer sgd", "--sgd-momentum 0.9"]
     if optimizer != Optimizer.ADAM8BIT:
@@ -346,14 +345,8 @@ def optimizer_args(optimizer: Optimizer, lay: Layout) -> list[str]:
     ]
     if lay.zero_stage >= 1:
         return fp8_moments
-    if lay.dp * lay.cp == 1:
-        # One data-parallel rank: the distributed optimizer shards nothing, it only holds them.
-        return ["--use-distributed-optimizer", *fp8_moments]
-    raise DtrainError(
-        "adam8bit under Megatron keeps its moments in FP8 in the distributed optimizer, which "
-        "this layout does not use; pass --zero-stage 1 (or --optimizer adamw)",
-        field="training.optimizer",
-    )
+    # One data-parallel rank: the distributed optimizer shards nothing, it only holds them.
+    return ["--use-distributed-optimizer", *fp8_moments]
 
 
 def megatron_args(plan: Plan) -> str:
