@@ -487,6 +487,8 @@ class TransportCheck:
 
 def judge(nodes: dict[str, NodeTransport], expect: TransportExpectation | None) -> TransportReport:
     """The findings for ``nodes`` against ``expect`` (see the module docstring)."""
+    # In node order, not the order the nodes were first heard from (a race between readers).
+    nodes = dict(sorted(nodes.items(), key=lambda kv: _natural(kv[0])))
     chosen: list[str] = []
     for st in nodes.values():
         for net in st.networks:
@@ -507,6 +509,11 @@ def judge(nodes: dict[str, NodeTransport], expect: TransportExpectation | None) 
         findings=tuple(findings),
         chosen=tuple(chosen),
     )
+
+
+def _natural(label: str) -> list[tuple[int, int | str]]:
+    """Sort key of a node label: ``node 2`` before ``node 10``."""
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", label)]
 
 
 def _multi_node(nodes: dict[str, NodeTransport], expect: TransportExpectation | None) -> bool:
