@@ -247,9 +247,9 @@ def check_secrets(data: Mapping[str, Any], *, where: str) -> None:
     if big:
         path, size = big
         raise ProfileError(
-            f"{where}: {path} is {size / 1024:.0f} KiB; a profile field holds at most "
-            f"{MAX_FIELD_BYTES // 1024} KiB: keep long text in a file on the nodes (a script "
-            "launch.remote_setup runs) and shorten the field",
+            f"{where}: {path} is {size:,} bytes; a profile field holds at most "
+            f"{MAX_FIELD_BYTES:,} bytes ({MAX_FIELD_BYTES // 1024} KiB): keep long text in a file "
+            "on the nodes (a script launch.remote_setup runs) and shorten the field",
             field="",
         )
     found = find_secret(data)

@@ -47,7 +47,8 @@ def _spec(data: dict[str, Any]) -> Spec | None:
 
 
 def _description(data: dict[str, Any]) -> str | None:
-    return data.get("profile", {}).get("description")
+    description: str | None = data.get("profile", {}).get("description")
+    return description
 
 
 @pytest.mark.parametrize("case", sorted(SECRETS))
