@@ -634,7 +634,7 @@ def architecture_notes(dims: ModelDims) -> list[str]:
         notes.append(f"{dims.shared_experts} shared expert{'s' if dims.shared_experts > 1 else ''}")
     if dims.dense_layers:
         notes.append(f"first {dims.dense_layers} layer{'s' if dims.dense_layers > 1 else ''} dense")
-    if dims.arch == "gpt_oss":
+    if dims.attention_sinks:
         notes.append("attention sinks")
     if dims.sliding_window:
         where = "" if dims.window_layers == dims.layers else f" on {dims.window_layers} layers"
