@@ -11,7 +11,8 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from engine.errors import SpecError, validation_messages
+from engine.errors import DtrainError, SpecError, validation_messages
+from engine.fsio import JSON_LIMIT, read_regular_text
 from engine.plan.names import (
     Backend,
     CpComm,
@@ -339,7 +340,9 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
 def load_spec_file(path: Path) -> dict[str, Any]:
     """Read a TOML or YAML spec file into a dict; errors name the file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular_text(path, JSON_LIMIT, label=f"--spec {path}", follow=True)
+    except DtrainError as e:  # a device, FIFO, directory, or too big: one line
+        raise SpecError(str(e)) from None
     except OSError as e:
         raise SpecError(f"cannot read {path}: {e.strerror}", field="--spec") from None
     except UnicodeDecodeError as e:

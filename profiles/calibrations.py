@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from engine.errors import validation_messages
-from engine.fsio import atomic_write_text, sweep_stale_temps
+from engine.errors import DtrainError, validation_messages
+from engine.fsio import JSON_LIMIT, atomic_write_text, read_regular_text, sweep_stale_temps
 from engine.plan.calibration import Calibration
 from profiles.schema import NAME_RE, ProfileError
 from profiles.store import ProfileStore, _ensure_private_dir, default_config_dir
@@ -65,7 +65,9 @@ class CalibrationStore:
         """The calibration saved as ``name``; a missing or broken file is one line."""
         path = self.path(name)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_regular_text(path, JSON_LIMIT, label=str(path), follow=True)
+        except DtrainError as e:
+            raise ProfileError(e.message, field="--calibration") from None
         except FileNotFoundError:
             close = difflib.get_close_matches(name, self.names(), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -113,8 +115,11 @@ class CalibrationStore:
 def load_file(path: Path, text: str | None = None) -> Calibration:
     """A calibration from a JSON file (what ``--calibration FILE.json`` reads)."""
     try:
-        text = path.read_text(encoding="utf-8") if text is None else text
+        if text is None:
+            text = read_regular_text(path, JSON_LIMIT, label=str(path), follow=True)
         return Calibration.model_validate(json.loads(text))
+    except DtrainError as e:
+        raise ProfileError(e.message, field="--calibration") from None
     except FileNotFoundError:
         raise ProfileError(f"{path} not found", field="--calibration") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:

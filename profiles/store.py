@@ -30,8 +30,8 @@ from typing import Literal
 from pydantic import ValidationError
 from tomlkit.toml_document import TOMLDocument
 
-from engine.errors import validation_messages
-from engine.fsio import atomic_write_text, sweep_stale_temps
+from engine.errors import DtrainError, validation_messages
+from engine.fsio import JSON_LIMIT, atomic_write_text, read_regular_text, sweep_stale_temps
 from engine.plan.specs import Spec
 from profiles.schema import (
     SCHEMA_VERSION,
@@ -237,7 +237,9 @@ class ProfileStore:
         """The file's text as stored (for ``profiles show`` and export)."""
         path = self.path_of(name)
         try:
-            return path.read_text(encoding="utf-8")
+            return read_regular_text(path, JSON_LIMIT, label="file", follow=True)
+        except DtrainError as e:
+            raise ProfileError(e.message, field=where(path)) from None
         except (OSError, UnicodeDecodeError) as e:
             raise ProfileError(f"cannot read: {e}", field=where(path)) from None
 

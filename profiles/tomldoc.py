@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.toml_document import TOMLDocument
 
-from engine.errors import validation_messages
+from engine.errors import DtrainError, validation_messages
+from engine.fsio import JSON_LIMIT, read_regular_bytes
 from profiles.schema import SCHEMA_VERSION, SPEC_SECTIONS, Profile, ProfileError, check_secrets
 
 FILE_MODE = 0o600
@@ -48,9 +49,11 @@ def fs_errors(path: Path) -> Iterator[None]:
 def read_doc(path: Path) -> TOMLDocument:
     """Parse a profile file into a tomlkit document; every failure is one ProfileError line."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular_bytes(path, JSON_LIMIT, label="file", follow=True)
     except FileNotFoundError:
         raise ProfileError("file not found", field=where(path)) from None
+    except DtrainError as e:  # a device, FIFO, directory, or too big
+        raise ProfileError(e.message, field=where(path)) from None
     except OSError as e:
         raise ProfileError(f"cannot read: {e.strerror}", field=where(path)) from None
     try:

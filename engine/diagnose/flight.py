@@ -26,6 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from engine.errors import DtrainError
+from engine.fsio import DUMP_LIMIT, read_regular_bytes
+
 FR_PREFIX = "[dtrain] fr "
 """What the example trainer's dump line starts with (the rest is one JSON object)."""
 NO_DUMP = "no dump: likely dead or stuck outside a collective"
@@ -289,9 +292,9 @@ def read_trace_file(path: Path) -> dict[str, Any] | None:
     """A Flight Recorder buffer written to a file (JSON, or NCCL's pickle), or None when it is
     neither."""
     try:
-        raw = Path(path).read_bytes()
-    except OSError:
-        return None
+        raw = read_regular_bytes(path, DUMP_LIMIT)
+    except (OSError, DtrainError):
+        return None  # not a dump: a symlink, device or FIFO is none either
     try:
         data = json.loads(raw)
     except ValueError:

@@ -31,6 +31,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from engine.errors import DtrainError
+from engine.fsio import read_regular_bytes
 from engine.plan.catalog import get_network
 from engine.plan.names import NetworkTier
 
@@ -250,11 +252,10 @@ def parse_env_file(text: str) -> dict[str, str]:
 
 def _read_text(path: Path) -> str | None:
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return None
-        return path.read_text(encoding="utf-8", errors="replace")
-    except (OSError, ValueError):
+        data = read_regular_bytes(path, MAX_FILE_BYTES)
+    except (OSError, DtrainError):  # absent, too big, or not a regular file: not known
         return None
+    return data.decode("utf-8", errors="replace")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

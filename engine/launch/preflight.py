@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.diagnose.preflight import PREFLIGHT_JSON, PreflightReport, analyze, parse_result_line
 from engine.errors import DtrainError
-from engine.fsio import atomic_write_text
+from engine.fsio import JSON_LIMIT, atomic_write_text, open_regular, read_regular_text
 from engine.launch import make_backend
 from engine.launch.base import LaunchBackend
 from engine.launch.options import LaunchOptions
@@ -121,9 +121,10 @@ def analyze_run_dir(run: Path, *, fallback_reason: str = "") -> PreflightReport:
     """The preflight result in run directory ``run``: analysed, and written to preflight.json."""
     log = rank_log(run, 0, "stdout")
     try:
-        with log.open(encoding="utf-8", errors="replace") as f:
+        fd = open_regular(log, within=run)
+        with open(fd, encoding="utf-8", errors="replace") as f:
             raw = parse_result_line(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, DtrainError):  # none, or not a regular file of the run
         raw = None
     if raw is None:
         reason = fallback_reason
@@ -169,7 +170,7 @@ def run_preflight(
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        data = json.loads(read_regular_text(path, JSON_LIMIT))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, DtrainError):
         return None
     return data if isinstance(data, dict) else None

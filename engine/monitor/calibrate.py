@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.errors import DtrainError, validation_messages
+from engine.fsio import JSON_LIMIT, open_regular, read_regular_text
 from engine.monitor.logparse import parse_step
 from engine.plan.annotate import describe
 from engine.plan.calibration import (
@@ -99,8 +101,11 @@ def read_steps(run_dir: Path) -> RunSteps:
             continue
         rank = int(stem)
         try:
-            with path.open("rb") as f:
+            fd = open_regular(path, within=run_dir, label=str(path))
+            with os.fdopen(fd, "rb") as f:
                 data = f.read(_MAX_LOG_BYTES)
+        except DtrainError as e:
+            raise CalibrationError(e.message, field="RUN_DIR") from None
         except OSError as e:
             raise CalibrationError(f"cannot read {path}: {e.strerror}", field="RUN_DIR") from None
         for raw in data.splitlines():
@@ -125,7 +130,12 @@ def read_run_plan(run_dir: Path) -> tuple[Spec, dict[str, Any]]:
     bundle's copy)."""
     run_dir = Path(run_dir)
     path = next(
-        (p for p in (run_dir / "plan.json", run_dir / "bundle" / "plan.json") if p.is_file()),
+        # lexists: one that is there but no regular file is refused by name below, not missed
+        (
+            p
+            for p in (run_dir / "plan.json", run_dir / "bundle" / "plan.json")
+            if os.path.lexists(p)
+        ),
         None,
     )
     if path is None:
@@ -134,8 +144,10 @@ def read_run_plan(run_dir: Path) -> tuple[Spec, dict[str, Any]]:
             field="RUN_DIR",
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        data = json.loads(read_regular_text(path, JSON_LIMIT, within=run_dir, label=str(path)))
+    except DtrainError as e:
+        raise CalibrationError(e.message, field="RUN_DIR") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CalibrationError(f"{path} is not a readable plan: {e}", field="RUN_DIR") from None
     rec = data.get("recommended") if isinstance(data, dict) else None
     spec_data = data.get("spec") if isinstance(data, dict) else None
@@ -161,13 +173,15 @@ def read_preflight(where: Path) -> float | None:
     if path.is_dir():
         path = path / PREFLIGHT_JSON
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path, JSON_LIMIT, label=str(path), follow=True))
+    except DtrainError as e:
+        raise CalibrationError(e.message, field="--preflight") from None
     except FileNotFoundError:
         raise CalibrationError(
             f"{path} not found; pass the run directory `dtrain-tui preflight` wrote",
             field="--preflight",
         ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CalibrationError(f"{path} is not readable JSON: {e}", field="--preflight") from None
     measured = data.get("measured") if isinstance(data, dict) else None
     value = measured.get("inter_node_busbw_gbps") if isinstance(measured, dict) else None

@@ -18,7 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
-from engine.errors import SpecError
+from engine.errors import DtrainError, SpecError
+from engine.fsio import JSON_LIMIT, read_regular_text
 from engine.plan.dims import ModelDims
 from engine.plan.specs import ModelSpec
 
@@ -683,11 +684,13 @@ def load_hf_config(path: Path) -> ModelDims:
     if p.is_dir():
         p = p / "config.json"
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_regular_text(p, JSON_LIMIT, label=str(p), follow=True)
     except FileNotFoundError:
         raise SpecError(
             f"{p} does not exist; pass the path of a config.json", field="model.config_path"
         ) from None
+    except DtrainError as e:  # a device, FIFO, or too big
+        raise SpecError(e.message, field="model.config_path") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(f"cannot read {p}: {e}", field="model.config_path") from None
     try:

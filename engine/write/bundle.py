@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.errors import DtrainError, one_line
-from engine.fsio import atomic_write_text, unused_path
+from engine.fsio import JSON_LIMIT, atomic_write_text, read_regular_text, unused_path
 from engine.plan.names import Framework
 from engine.plan.result import Plan
 from engine.write.common import (
@@ -227,7 +227,7 @@ def _previous(out: Path) -> tuple[dict[str, str], bool]:
     if not path.exists():
         return {}, True
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular_text(path, JSON_LIMIT, label=str(path)))
         return dict(BundleManifest.model_validate(data).files), True
     except ValidationError as e:
         if any(err.get("loc", ("",))[0] in _NAMED_FILES for err in e.errors()):
@@ -236,8 +236,8 @@ def _previous(out: Path) -> tuple[dict[str, str], bool]:
                 field="--out",
             ) from None
         return {}, False
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return {}, False
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, DtrainError):
+        return {}, False  # not one dtrain-tui wrote (a DtrainError: not a regular file)
 
 
 def write_bundle(
