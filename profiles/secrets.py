@@ -116,7 +116,7 @@ def is_secret_name(name: str, *, env: bool = False) -> bool:
         return True
     if any(pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False)):
         return True
-    return env and "key" in words
+    return env and words[-1] == "key"  # SSH_KEY, WANDB_API_KEY; not StrictHostKeyChecking
 
 
 # --------------------------------------------------------------------------- values
@@ -378,6 +378,8 @@ def _prose_secret(value: str) -> str | None:
 
 # Commands whose ``-p`` is a password (``sshpass -p X``, ``mysql -pX``, ``docker login -p X``).
 _P_IS_PASSWORD = frozenset({"sshpass", "mysql", "mysqldump", "mysqladmin", "docker", "podman"})
+# What ``-p`` takes when it is a port or a port mapping: 8080, 8080:80, 127.0.0.1:80:80/udp.
+_PORT_SHAPE = re.compile(r"[0-9.:\[\]]++(?:/(?:tcp|udp|sctp))?+")
 # Other commands' password flags: ``redis-cli -a PW``.
 _PASSWORD_FLAGS: dict[str, frozenset[str]] = {"redis-cli": frozenset({"-a"})}
 # Commands that take a secret as their argument (``wandb login KEY``).
@@ -447,8 +449,10 @@ def _flag_holds_secret(flag: str, value: str, *, shell_command: str = "") -> boo
     name, eq, rest = value.partition("=")  # --from-literal=password=PW, -e DB_PASSWORD=PW
     if eq and rest and is_secret_name(name, env=True) and not _is_reference(rest):
         return not _is_path(rest)
-    if flag == "-p":  # mysql / sshpass / docker style; a port (-p 8080) is a number
-        return shell_command in _P_IS_PASSWORD if shell_command else not value.isdigit()
+    if flag == "-p":  # mysql / sshpass / docker login style; a port (-p 8080, -p 80:8080) is not
+        if _PORT_SHAPE.fullmatch(value):
+            return False
+        return shell_command in _P_IS_PASSWORD if shell_command else True
     return False
 
 
