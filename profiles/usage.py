@@ -12,7 +12,8 @@ from pathlib import Path
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from engine.fsio import atomic_write_text
+from engine.errors import DtrainError
+from engine.fsio import JSON_LIMIT, atomic_write_text, read_regular_text
 from profiles.schema import SCHEMA_VERSION, file_version
 from profiles.tomldoc import (
     FILE_MODE,
@@ -31,8 +32,9 @@ STATE_FILE = ".state.toml"
 def builtin_usage(profiles_dir: Path) -> dict[str, datetime]:
     """Last use of each built-in preset; an unreadable state file reads as none."""
     try:
-        data = tomlkit.parse((profiles_dir / STATE_FILE).read_text(encoding="utf-8")).unwrap()
-    except (OSError, UnicodeDecodeError, TOMLKitError):
+        text = read_regular_text(profiles_dir / STATE_FILE, JSON_LIMIT)
+        data = tomlkit.parse(text).unwrap()
+    except (OSError, UnicodeDecodeError, TOMLKitError, DtrainError):  # DtrainError: no plain file
         return {}
     used = data.get("last_used", {})
     if not isinstance(used, dict):
