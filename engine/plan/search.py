@@ -54,6 +54,11 @@ CLEARLY_FASTER = 0.15
 MIN_CP_CHUNK = 4_096
 MAX_TP = 8
 
+DRAFT_FIELDS = tuple(name for name in Layout.model_fields if hasattr(LayoutDraft, name))
+"""The :class:`Layout` fields a :class:`LayoutDraft` holds, as a field or a derived property
+(``expert_tp``, ``global_batch``): the layout's shape, which :meth:`Candidate.to_layout` copies
+by name; the rest of a Layout is the estimates."""
+
 
 @dataclass(slots=True)
 class Candidate:
@@ -79,28 +84,7 @@ class Candidate:
         d = self.draft
         e = self.est
         return Layout(
-            strategy=d.strategy,
-            framework=d.framework,
-            tp=d.tp,
-            pp=d.pp,
-            dp=d.dp,
-            cp=d.cp,
-            ep=d.ep,
-            expert_tp=d.expert_tp,
-            zero_stage=d.zero_stage,
-            offload=d.offload,
-            micro_batch=d.micro_batch,
-            grad_accum=d.grad_accum,
-            global_batch=d.global_batch,
-            recompute=d.recompute,
-            recompute_layers=d.recompute_layers,
-            sequence_parallel=d.sequence_parallel,
-            precision=d.precision,
-            pp_schedule=d.pp_schedule,
-            virtual_stages=d.virtual_stages,
-            first_stage_layers=d.first_stage_layers,
-            last_stage_layers=d.last_stage_layers,
-            a2a_overlap=d.a2a_overlap,
+            **{name: getattr(d, name) for name in DRAFT_FIELDS},
             memory_per_gpu=self.mem,
             fits=self.fits,
             step_time_s=e.step_time_s if e else 0.0,

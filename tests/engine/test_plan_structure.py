@@ -124,3 +124,28 @@ def test_the_model_carries_its_traits(model: ModelSpec, traits: tuple[bool, ...]
     m = resolve_model(model)
     got = (m.rms_norm, m.rope, m.linear_bias, m.qkv_bias, m.qk_norm, m.dropout, m.attention_sinks)
     assert got == traits
+
+
+def test_a_layout_is_its_draft_and_the_estimates() -> None:
+    # Candidate.to_layout copies the shape by name: a field added to both is carried, one
+    # added to Layout alone shows here.
+    from engine.plan.result import Layout
+    from engine.plan.search import DRAFT_FIELDS
+
+    estimates = {
+        "memory_per_gpu",
+        "fits",
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "compute_time_s",
+        "comm_time_s",
+        "bubble_fraction",
+        "scaling_efficiency",
+        "gpu_hours",
+        "cost_usd",
+        "rejected_because",
+        "notes",
+    }
+    assert set(Layout.model_fields) - set(DRAFT_FIELDS) == estimates
+    assert len(DRAFT_FIELDS) == 22
