@@ -32,7 +32,7 @@ STATE_FILE = ".state.toml"
 def builtin_usage(profiles_dir: Path) -> dict[str, datetime]:
     """Last use of each built-in preset; an unreadable state file reads as none."""
     try:
-        text = read_regular_text(profiles_dir / STATE_FILE, JSON_LIMIT)
+        text = read_regular_text(profiles_dir / STATE_FILE, JSON_LIMIT, follow=True)
         data = tomlkit.parse(text).unwrap()
     except (OSError, UnicodeDecodeError, TOMLKitError, DtrainError):  # DtrainError: no plain file
         return {}

@@ -176,12 +176,18 @@ def _write_over(tmp: Path, kind: str) -> list[str]:
     return ["write", "--model", "llama-3-8b", "--gpu", "h100", "--out", str(out)]
 
 
+def _profiles_state(tmp: Path, kind: str) -> list[str]:
+    _bad(tmp / "c" / "profiles" / ".state.toml", kind)
+    return ["profiles", "--config-dir", str(tmp / "c"), "list"]
+
+
 CASES = [
     Case("plan --spec", _spec),
     Case("plan --model-config", _plan_model_config),
     Case("model inspect --model-config", _model_inspect),
     Case("plan --calibration", _calibration),
     Case("profiles import", _profiles_import),
+    Case("profiles list (presets' last-use file)", _profiles_state, ends_ok=True),
     Case("monitor RUN (run.json)", _monitor),
     Case("monitor --follow (run.json)", _follow_run_json),
     Case("monitor --follow (plan.json)", _follow_plan_json, ends_ok=True),
