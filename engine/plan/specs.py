@@ -562,7 +562,6 @@ class Spec(_Strict):
     calibrate``); None: the catalog's figures."""
 
 
-
 def demo_spec() -> Spec:
     """The embedded default: a tiny GPT on one node, 2 CPU ranks over gloo; launches in seconds."""
     return Spec(
