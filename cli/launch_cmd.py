@@ -351,9 +351,9 @@ def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
 
 
 def _print_events(events: list[Any], out: Any) -> None:
-    from engine.monitor.events import LineBatch, LineEvent, RankExit
     from engine.monitor.state import exit_text
     from engine.monitor.textsafe import safe_text
+    from engine.rundir.events import LineBatch, LineEvent, RankExit
 
     lines: list[str] = []
     for ev in events:

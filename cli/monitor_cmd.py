@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cli.help_text import plain
-from engine.monitor.events import LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.state import exit_text
+from engine.rundir.events import LineBatch, LineEvent, RankExit, RunStateChanged
 
 
 def register(sub: Any) -> None:
@@ -59,7 +59,7 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
 
     source = RunDirSource(run_dir)
     source.start()
-    from engine.monitor.transport_feed import TransportNotes
+    from engine.diagnose.nccl_facts import TransportNotes
 
     transport = TransportNotes(source_dir=run_dir)  # the NCCL transport check, told once
     state: str = ""

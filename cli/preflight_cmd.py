@@ -136,7 +136,7 @@ def _without_result(ev: Any) -> Any:
     from dataclasses import replace
 
     from engine.diagnose.preflight import RESULT_MARK
-    from engine.monitor.events import LineBatch, LineEvent
+    from engine.rundir.events import LineBatch, LineEvent
 
     note = RESULT_MARK + "{...} (result; see preflight.json)"
     if isinstance(ev, LineBatch) and any(x.startswith(RESULT_MARK + "{") for x in ev.lines):

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:  # annotations only: importing them costs start-up time
-    from engine.monitor.events import EventSource
     from engine.monitor.state import Snapshot as MonitorSnapshot
     from engine.plan.result import Plan
+    from engine.rundir.events import EventSource
     from tui.session import Step
 
 

@@ -28,8 +28,8 @@ from tui.planning import PlanningApp
 from tui.session import Step, WizardSession
 
 if TYPE_CHECKING:
-    from engine.monitor.events import EventSource
     from engine.plan.result import Plan
+    from engine.rundir.events import EventSource
     from engine.write import WriteReport
 
 BackendFactory = Callable[[Spec, Path, Path | None], "tuple[EventSource, Path]"]

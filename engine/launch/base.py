@@ -1,6 +1,6 @@
 """One interface for every way of starting a run (local torchrun, SSH, SkyPilot).
 
-:class:`LaunchBackend` implements :class:`engine.monitor.events.EventSource`. Its public
+:class:`LaunchBackend` implements :class:`engine.rundir.events.EventSource`. Its public
 ``start`` / ``poll`` / ``stop`` / ``kill`` add what every backend needs around the subclass's
 ``_start`` / ``_kill_node`` / ``_node_exit`` (as SkyPilot's own backends wrap ``_provision`` /
 ``_execute``): timing, turning any failure into one :class:`LaunchError` line, the run directory
@@ -31,7 +31,7 @@ from engine.launch.options import LaunchOptions
 from engine.launch.policy import STOP_GRACE_S, NodeState
 from engine.launch.streams import LaunchError
 from engine.launch.supervise import SupervisedRun
-from engine.monitor.events import Event, RunStateChanged
+from engine.rundir.events import Event, RunStateChanged
 from engine.rundir.files import iso
 from engine.rundir.launcher import launcher_record
 from engine.rundir.record import RankRecord, RunRecord, RunState

@@ -40,7 +40,7 @@ from engine.diagnose.flight import (
     read_trace_file,
 )
 from engine.launch.reaper import node_of, pids_with_env
-from engine.monitor.events import STDERR, STDOUT, LineEvent
+from engine.rundir.events import STDERR, STDOUT, LineEvent
 from engine.rundir.files import rank_log
 
 DUMP_WAIT_S = 15.0

@@ -33,7 +33,7 @@ from engine.launch.base import LaunchBackend, LaunchError
 from engine.launch.guard import ReaperGuard
 from engine.launch.policy import STOP_GRACE_S
 from engine.launch.reaper import kill_run_processes, node_of, pids_with_env
-from engine.monitor.events import STDERR, STDOUT
+from engine.rundir.events import STDERR, STDOUT
 
 __all__ = ["LocalBackend", "find_torchrun", "free_port", "kill_run_processes", "pids_with_env"]
 

@@ -29,7 +29,7 @@ from engine.fsio import JSON_LIMIT, atomic_write_text, open_regular, read_regula
 from engine.launch import make_backend
 from engine.launch.base import LaunchBackend
 from engine.launch.options import LaunchOptions
-from engine.monitor.events import Event
+from engine.rundir.events import Event
 from engine.rundir.files import rank_log
 from engine.rundir.record import RunState, read_record
 from engine.write.launch_scripts import PREFLIGHT_SCRIPT, PREFLIGHT_VAR

@@ -35,7 +35,7 @@ from typing import Any
 
 from engine.launch.base import LaunchBackend, LaunchError
 from engine.launch.torchrun_output import split_tee
-from engine.monitor.events import STDOUT
+from engine.rundir.events import STDOUT
 
 _ANSI_RE = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
 _SKY_RE = re.compile(

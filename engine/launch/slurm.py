@@ -51,7 +51,7 @@ from engine.launch.slurm_cli import (
     task_exits,
 )
 from engine.launch.slurm_runner import LocalRunner, SlurmRunner, SshRunner
-from engine.monitor.events import STDERR, STDOUT, RunStateChanged
+from engine.rundir.events import STDERR, STDOUT, RunStateChanged
 from engine.rundir.record import RunState
 from engine.write.slurm import SBATCH_NAME, batch_log_name, task_log_name
 

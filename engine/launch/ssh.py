@@ -34,8 +34,8 @@ from engine.launch.ssh_remote import (
     remote_dir_expr,
     stop_command,
 )
-from engine.monitor.events import STDERR, STDOUT
 from engine.plan.specs import Host
+from engine.rundir.events import STDERR, STDOUT
 
 
 class SshBackend(LaunchBackend):

@@ -29,7 +29,7 @@ from engine.launch.torchrun_output import (
     split_tee,
 )
 from engine.launch.transport_watch import TransportWatch
-from engine.monitor.events import Event, LineBatch
+from engine.rundir.events import Event, LineBatch
 from engine.rundir.files import RunDir, new_run_dir
 from engine.rundir.record import RunState
 from engine.write.manifest import BundleManifest, read_manifest

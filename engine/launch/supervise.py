@@ -25,7 +25,7 @@ from engine.launch.policy import (
     rank_exit,
 )
 from engine.launch.streams import StreamingRun
-from engine.monitor.events import STDERR, LineEvent, RankExit, RunStateChanged
+from engine.rundir.events import STDERR, LineEvent, RankExit, RunStateChanged
 from engine.rundir.launcher import take_stop_request
 from engine.rundir.record import RunState
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.diagnose.nccl_facts import TransportNotes
 from engine.diagnose.transport import TransportExpectation
 from engine.launch.torchrun_output import Groups
-from engine.monitor.transport_feed import TransportNotes
 from engine.rundir.files import RunDir
 
 

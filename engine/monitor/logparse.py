@@ -20,7 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from engine.diagnose.transport import FactKind, NcclFact
+from engine.diagnose.nccl_facts import CHANNEL_VIA_RE as _CHANNEL_VIA_RE
+from engine.diagnose.nccl_facts import INDEX_SEGMENT_RE as _INDEX_SEGMENT_RE
+from engine.diagnose.nccl_facts import NETWORK_RE as _NETWORK_RE
 
 
 class LineKind(StrEnum):
@@ -419,9 +421,7 @@ def scan_batch(lines: Sequence[str]) -> BatchFacts:
 # ---- NCCL facts from a whole log -----------------------------------------------------------
 
 _NCCL_VERSION_RE = re.compile(r"NCCL version (\d+\.\d+\.\d+)(?:\+(\S+))?")
-_NETWORK_RE = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 _INIT_COMPLETE_RE = re.compile(r"comm (0x[0-9a-f]+) rank (\d+) nranks (\d+).*Init COMPLETE")
-_CHANNEL_VIA_RE = re.compile(r"via ((?:NET|P2P|SHM)/[\w /-]*?\w)\s*$")
 _SUMMARY_PHRASES = (
     "NCCL WARN",
     "NCCL version",
@@ -431,7 +431,6 @@ _SUMMARY_PHRASES = (
     "bus bandwidth",
     "NCCL INFO Bootstrap",
 )
-_INDEX_SEGMENT_RE = re.compile(r"/\d+(?=/|$)")
 _BUSBW_RE = re.compile(r"Avg bus bandwidth\s*:\s*([\d.]+)")
 
 
@@ -540,107 +539,3 @@ def summarize_nccl(lines: Iterable[str]) -> NcclSummary:
     for raw in lines:
         summary.feed(parse_line(raw).text)
     return summary
-
-
-# ---- NCCL's transport choices (the transport check's facts) ----------------------------------
-
-_NET_IB_USING_RE = re.compile(r"NET/IB\w* : Using (.*)")
-_IB_PORT_RE = re.compile(r"\[\d+\]([\w.-]+:\d+/(?:IB|RoCE))")
-_SOCKET_USING_RE = re.compile(r"NET/Socket : Using (.*)")
-_IFACE_ITEM_RE = re.compile(r"\[\d+\]([^\s:\[\]<>]+):")
-_BOOTSTRAP_RE = re.compile(r"Bootstrap ?: Using (?:\[\d+\])?([^\s:\[\]<>]+):")
-_SET_BY_ENV_RE = re.compile(r"NCCL INFO ([A-Z][A-Z0-9_]*) set (?:by environment )?to (.*?)\s*$")
-_PLUGIN_LOADED_RE = re.compile(r"Loaded (?:net|coll) plugin (.+?)(?: \(v\d+\))?\.?\s*$")
-_PLUGIN_FAILED_RE = re.compile(
-    r"[Pp]lugin load (?:\([^)]*\) )?returned \d+ : (.+?)(?: : when loading \S+)?\s*$"
-)
-_IFACE_ERROR_PHRASES = (
-    "no socket interface found",
-    "No socket interface found",
-    "no NCCL_SOCKET_IFNAME interface found",
-    "No usable listening interface found",
-    "No interface found in the same subnet",
-    "is neither AF_INET(2) nor AF_INET6(10)",
-)
-_TRANSPORT_PHRASES = (
-    "Using network",
-    "NET/",
-    "Bootstrap",
-    " set ",
-    "nterface found",
-    "AF_INET",
-    "lugin",
-)
-"""At least one of these is in every line :func:`nccl_transport_facts` finds a fact in."""
-
-
-def nccl_transport_facts(text: str) -> list[NcclFact]:
-    """What a prefix-free line says about NCCL's transport (see
-    :class:`engine.diagnose.transport.FactKind`); [] for any other line."""
-    F = FactKind
-    out: list[NcclFact] = []
-    if any(p in text for p in _IFACE_ERROR_PHRASES):
-        i = text.find("WARN ")
-        msg = text[i + 5 :] if i >= 0 else text
-        return [NcclFact(F.IFACE_ERROR, msg.strip()[:200])]
-    if "NCCL" not in text:
-        return out
-    if "Using network" in text:
-        m = _NETWORK_RE.search(text)
-        if m is not None:
-            out.append(NcclFact(F.NETWORK, m[1]))
-            if "Libfabric" in m[1]:
-                out.append(NcclFact(F.PLUGIN, "OFI"))
-        return out
-    if " via NET/" in text:
-        m = _CHANNEL_VIA_RE.search(text)
-        if m is not None:
-            out.append(NcclFact(F.CHANNEL, _INDEX_SEGMENT_RE.sub("", m[1].strip())))
-        return out
-    if "NET/IB" in text:
-        if "No device found" in text:
-            out.append(NcclFact(F.IB_NO_DEVICE))
-        m = _NET_IB_USING_RE.search(text)
-        if m is not None:
-            out.extend(NcclFact(F.IB_DEVICE, d) for d in _IB_PORT_RE.findall(m[1]))
-        if "NET/IBext" in text:
-            out.append(NcclFact(F.PLUGIN, "IBext"))
-    if "NET/Socket : Using" in text:
-        m = _SOCKET_USING_RE.search(text)
-        if m is not None:
-            out.extend(NcclFact(F.SOCKET_IFACE, i) for i in _IFACE_ITEM_RE.findall(m[1]))
-    if "Bootstrap" in text:
-        m = _BOOTSTRAP_RE.search(text)
-        if m is not None:
-            out.append(NcclFact(F.BOOTSTRAP_IFACE, m[1]))
-    if " set " in text:
-        m = _SET_BY_ENV_RE.search(text)
-        if m is not None:
-            value = m[2][:-1] if m[2].endswith(".") else m[2]
-            out.append(NcclFact(F.ENV, f"{m[1]}={value}"))
-    if "NET/OFI" in text:
-        out.append(NcclFact(F.PLUGIN, "OFI"))
-    if "lugin" in text:
-        if "Using internal network plugin" in text or "No plugin found" in text:
-            out.append(NcclFact(F.PLUGIN, "internal"))
-        m = _PLUGIN_LOADED_RE.search(text)
-        if m is not None:
-            out.append(NcclFact(F.PLUGIN, m[1]))
-        m = _PLUGIN_FAILED_RE.search(text)
-        if m is not None:
-            out.append(NcclFact(F.PLUGIN_FAILED, m[1]))
-    return out
-
-
-def scan_transport(lines: Sequence[str]) -> list[NcclFact]:
-    """:func:`nccl_transport_facts` over a batch of prefix-free lines, in order; a batch without
-    any transport phrase costs a join and a few substring scans."""
-    joined = "\n".join(lines)
-    phrases = [p for p in _TRANSPORT_PHRASES if p in joined]
-    if not phrases:
-        return []
-    out: list[NcclFact] = []
-    for line in lines:
-        if any(p in line for p in phrases):
-            out.extend(nccl_transport_facts(line))
-    return out

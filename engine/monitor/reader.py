@@ -1,4 +1,4 @@
-"""The monitor's batching reader: drains an :class:`~engine.monitor.events.EventSource` on a
+"""The monitor's batching reader: drains an :class:`~engine.rundir.events.EventSource` on a
 thread of its own, folds the events into the rank states, and hands the lines over in batches.
 
 Called by the monitor screen (``tui.screens.monitor``), which runs :meth:`BatchReader.run` in a
@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.errors import one_line
-from engine.monitor.events import Event, EventSource, LineBatch, LineEvent
 from engine.monitor.logparse import NcclSummary, scan_batch
 from engine.monitor.state import MonitorState, Snapshot
+from engine.rundir.events import Event, EventSource, LineBatch, LineEvent
 from engine.rundir.record import RunState
 
 Chunks = list[tuple[int | None, Sequence[str]]]

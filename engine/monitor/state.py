@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
+from engine.diagnose.nccl_facts import TransportNotes
 from engine.diagnose.transport import TransportReport
-from engine.monitor.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.logparse import BatchFacts, ErrorKind, scan_batch
-from engine.monitor.transport_feed import TransportNotes
+from engine.rundir.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.rundir.record import FINAL_STATES, RunState
 
 HISTORY = 120

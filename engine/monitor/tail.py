@@ -1,4 +1,4 @@
-"""Tail a run directory as an :class:`engine.monitor.events.EventSource`: what ``dtrain-tui monitor RUN_DIR``
+"""Tail a run directory as an :class:`engine.rundir.events.EventSource`: what ``dtrain-tui monitor RUN_DIR``
 watches, for a run still going (files grow, ``run.json`` changes) or one long finished.
 
 Reads the run-directory contract the launch backends write: ``RUN/run.json`` (through
@@ -28,8 +28,8 @@ from typing import BinaryIO
 
 from engine.errors import DtrainError
 from engine.fsio import open_regular
-from engine.monitor.events import STDERR, STDOUT, Event, LineBatch, RankExit, RunStateChanged
 from engine.monitor.textsafe import safe_line
+from engine.rundir.events import STDERR, STDOUT, Event, LineBatch, RankExit, RunStateChanged
 from engine.rundir.record import RUN_JSON, RunRecord, RunState, read_record
 from engine.write.manifest import MAX_NODES, MAX_RANKS
 

@@ -1,6 +1,6 @@
-"""Feeding the NCCL transport check (:mod:`engine.diagnose.transport`) from lines as they come:
-:class:`TransportNotes` for consumers that print each finding once (``monitor --follow``, the
-launcher, which also writes the report into run.json), :func:`check_log` for a whole foreign
+"""The NCCL transport check (:mod:`engine.diagnose.transport`) over a whole foreign log:
+:func:`check_log` (consumers fed line by line use :class:`engine.diagnose.nccl_facts.TransportNotes`:
+``monitor --follow``, the launcher, which also writes the report into run.json). A foreign
 log (launcher prefixes, ANSI colours and Ray's dedup suffixes are taken apart by
 :func:`engine.monitor.logparse.parse_line`). The rank state (:mod:`engine.monitor.state`) keeps
 its own check for the monitor's NCCL pane.
@@ -8,74 +8,11 @@ its own check for the monitor's NCCL pane.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable
 
-from engine.diagnose.transport import (
-    MAX_NODES_TRACKED,
-    Finding,
-    TransportCheck,
-    TransportExpectation,
-    TransportReport,
-)
-from engine.monitor.logparse import nccl_transport_facts, parse_line, scan_transport
-
-NODE_LINE_BUDGET = 50_000
-"""NCCL lines of each node a :class:`TransportNotes` looks at. NCCL picks its transport while
-it sets a communicator up, at start-up; a firehose of NCCL INFO lines later on then costs
-nothing (the look costs about 0.7 us a line)."""
-
-
-def node_label(node: int, host: str = "") -> str:
-    """How a node of a run is named in findings: ``node 1 (gpu-b)``."""
-    return f"node {node} ({host})" if host else f"node {node}"
-
-
-class TransportNotes:
-    """A :class:`TransportCheck` over a run's lines that hands out each finding once.
-    ``source_dir``: a run or bundle directory to judge against (read on the first transport
-    line, when it surely exists)."""
-
-    def __init__(
-        self,
-        expect: TransportExpectation | None = None,
-        *,
-        source_dir: Path | str | None = None,
-    ) -> None:
-        self.check = TransportCheck(expect)
-        self.source_dir = Path(source_dir) if source_dir is not None else None
-        self._told: set[tuple[str, str]] = set()
-        self.budget: dict[int, int] = {}
-        """NCCL lines still looked at, per node (see :data:`NODE_LINE_BUDGET`)."""
-
-    def feed(self, node: int, host: str, lines: Sequence[str], nccl_lines: int = -1) -> bool:
-        """Lines of ``node`` (prefix-free); True when the check learnt something.
-        ``nccl_lines``: how many of them are NCCL's (what the budget counts; -1: all)."""
-        left = self.budget.get(node, NODE_LINE_BUDGET)
-        if left <= 0 or (node not in self.budget and len(self.budget) >= MAX_NODES_TRACKED):
-            return False
-        if nccl_lines < 0:
-            nccl_lines = sum("NCCL" in x for x in lines)
-        self.budget[node] = left - nccl_lines
-        facts = scan_transport(lines)
-        if not facts:
-            return False
-        if self.check.expect is None and self.source_dir is not None:
-            self.check.set_expectation(TransportExpectation.load(self.source_dir))
-        return self.check.observe(node_label(node, host), facts)
-
-    def report(self) -> TransportReport:
-        return self.check.report()
-
-    def fresh(self) -> list[Finding]:
-        """Findings not handed out before (each kind and title once)."""
-        out: list[Finding] = []
-        for f in self.check.report().findings:
-            key = (f.kind.value, f.title)
-            if key not in self._told:
-                self._told.add(key)
-                out.append(f)
-        return out
+from engine.diagnose.nccl_facts import nccl_transport_facts
+from engine.diagnose.transport import TransportCheck, TransportExpectation, TransportReport
+from engine.monitor.logparse import parse_line
 
 
 def check_log(lines: Iterable[str], expect: TransportExpectation | None = None) -> TransportReport:

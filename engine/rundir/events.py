@@ -1,6 +1,7 @@
 """What a launch backend emits and what the monitor consumes: facts about lines and ranks.
 
-Backends (``engine.launch``) produce these; they know nothing about widgets. Consumers pull them in
+Part of the run-directory contract (with run.json's record), so that launch and monitor are
+siblings over it. Backends (``engine.launch``) produce these; they know nothing about widgets. Consumers pull them in
 batches from an :class:`EventSource` (a reader thread collects lines and hands over a list every
 50–250 ms), never one message per line. Fast sources (launch backends, run-directory tails) emit
 :class:`LineBatch` (lines of one rank and stream); :class:`LineEvent` is for the odd single

@@ -180,8 +180,8 @@ def write_bundle(out: Path, *args: str, steps: int = 3, nodes: int = 1) -> Path:
 
 def collect(backend: Any, timeout: float = 180.0) -> list[Any]:
     """Poll ``backend`` until done; every event, in order, line batches spelled out line by
-    line (:func:`engine.monitor.events.per_line`)."""
-    from engine.monitor.events import per_line
+    line (:func:`engine.rundir.events.per_line`)."""
+    from engine.rundir.events import per_line
 
     events: list[Any] = []
     deadline = time.monotonic() + timeout

@@ -12,7 +12,7 @@ import pytest
 
 from engine.launch import LaunchOptions
 from engine.launch.local import LocalBackend
-from engine.monitor.events import LineEvent
+from engine.rundir.events import LineEvent
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import TINY, collect
 

@@ -18,7 +18,7 @@ import pytest
 
 from engine.launch import LaunchOptions
 from engine.launch.local import LocalBackend
-from engine.monitor.events import LineEvent, RankExit, RunStateChanged, per_line
+from engine.rundir.events import LineEvent, RankExit, RunStateChanged, per_line
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, make_bundle, rank_pid, wait_no_pids, write_bundle
 

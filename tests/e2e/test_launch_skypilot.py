@@ -17,7 +17,7 @@ import pytest
 
 from engine.launch import LaunchError, LaunchOptions
 from engine.launch.skypilot import JOB_CANCELLED, SkyPilotBackend, cluster_name_for
-from engine.monitor.events import LineEvent, RankExit, per_line
+from engine.rundir.events import LineEvent, RankExit, per_line
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, write_bundle
 

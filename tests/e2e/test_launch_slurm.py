@@ -22,8 +22,8 @@ import pytest
 from engine.launch import LaunchError, LaunchOptions, make_backend
 from engine.launch.slurm import SlurmBackend
 from engine.launch.slurm_cli import allocation_hosts, show_job
-from engine.monitor.events import LineEvent, per_line
 from engine.plan.specs import Host
+from engine.rundir.events import LineEvent, per_line
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import (
     collect,

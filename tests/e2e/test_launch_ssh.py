@@ -14,8 +14,8 @@ import pytest
 
 from engine.launch import LaunchError, LaunchOptions
 from engine.launch.ssh import HostKeyError, SshBackend
-from engine.monitor.events import LineEvent, per_line
 from engine.plan.specs import Host
+from engine.rundir.events import LineEvent, per_line
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import (
     collect,

@@ -19,8 +19,8 @@ from engine.diagnose.request import request_diagnosis, wait_diagnosis
 from engine.launch.local import LocalBackend
 from engine.launch.options import LaunchOptions
 from engine.launch.ssh import SshBackend
-from engine.monitor.events import LineEvent
 from engine.plan.specs import Host
+from engine.rundir.events import LineEvent
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, free_port, make_bundle, wait_no_pids
 from tests.e2e.sshd import sshd_path, start_many

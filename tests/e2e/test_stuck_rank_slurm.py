@@ -16,7 +16,7 @@ import pytest
 from engine.launch import LaunchOptions, make_backend
 from engine.launch.frdump import dump_script
 from engine.launch.slurm import SlurmBackend, dump_srun
-from engine.monitor.events import LineEvent
+from engine.rundir.events import LineEvent
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, free_port, wait_no_pids, write_bundle
 from tests.e2e.slurm_cluster import SlurmCluster, slurm_cluster

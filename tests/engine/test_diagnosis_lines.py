@@ -13,9 +13,9 @@ import types
 import pytest
 
 from engine.launch.frdump import TIMEOUT_GATE, TIMEOUT_LINE_RE, note_timeout
-from engine.monitor.events import LineEvent
 from engine.monitor.logparse import ErrorKind, classify, classify_error, scan_batch
 from engine.monitor.state import MonitorState
+from engine.rundir.events import LineEvent
 
 DIAG = (
     "[dtrain-tui] diagnosis: rank 1 (node 0, host localhost) never entered all_reduce #8 "

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from cli.monitor_cmd import follow
 from engine.fsio import atomic_write_text
-from engine.monitor.events import Event, LineBatch, RunStateChanged
 from engine.monitor.tail import RunDirSource
+from engine.rundir.events import Event, LineBatch, RunStateChanged
 from engine.rundir.launcher import launcher_record
 
 REPO = Path(__file__).resolve().parents[2]

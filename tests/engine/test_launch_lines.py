@@ -48,7 +48,7 @@ def test_cut_long_marks_what_it_cut() -> None:
 def test_a_10_mb_line_is_shown_cut_and_logged_whole(tmp_path: Path) -> None:
     from engine.launch.policy import NodeState
     from engine.launch.streams import StreamingRun
-    from engine.monitor.events import per_line
+    from engine.rundir.events import per_line
     from tests.e2e.launch_util import make_bundle
 
     big = "x" * (10 << 20)

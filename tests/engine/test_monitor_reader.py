@@ -12,14 +12,6 @@ import threading
 
 import pytest
 
-from engine.monitor.events import (
-    Event,
-    LineBatch,
-    LineEvent,
-    RankExit,
-    RunStateChanged,
-    stop_run,
-)
 from engine.monitor.reader import (
     SOURCE_PENDING_BYTES,
     SWITCH_INTERVAL_S,
@@ -29,6 +21,14 @@ from engine.monitor.reader import (
 )
 from engine.monitor.state import MonitorState, RankStatus
 from engine.monitor.tail import ListSource
+from engine.rundir.events import (
+    Event,
+    LineBatch,
+    LineEvent,
+    RankExit,
+    RunStateChanged,
+    stop_run,
+)
 
 DEADLINE_S = 10.0
 CLOCK = 1_700_000_000.0

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.monitor.events import LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.logparse import ErrorKind
 from engine.monitor.state import MonitorState, RankStatus, exit_text
+from engine.rundir.events import LineBatch, LineEvent, RankExit, RunStateChanged
 
 
 def step(n: int, loss: float = 2.0, t: float = 0.5, total: int = 10) -> str:

@@ -17,8 +17,8 @@ from cli import main
 from cli.monitor_cmd import follow
 from engine.errors import DtrainError
 from engine.fsio import atomic_write_text
-from engine.monitor.events import LineBatch, RankExit, RunStateChanged
 from engine.monitor.tail import RunDirSource
+from engine.rundir.events import LineBatch, RankExit, RunStateChanged
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -51,7 +51,7 @@ def test_launch_words_a_rank_exit_as_monitor_follow_does() -> None:
     import io
 
     from cli.launch_cmd import _print_events
-    from engine.monitor.events import RankExit
+    from engine.rundir.events import RankExit
 
     out = io.StringIO()
     _print_events(

@@ -100,7 +100,7 @@ def test_a_runs_logs_and_events_file_each_spliced_line_under_its_rank(
     # the stream ends (the rank died mid-line).
     from engine.launch.policy import NodeState
     from engine.launch.streams import StreamingRun
-    from engine.monitor.events import per_line
+    from engine.rundir.events import per_line
     from tests.e2e.launch_util import write_bundle
 
     cls = type("Run", (StreamingRun,), {"_split": _prefixed_split}) if prefixed else StreamingRun

@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.diagnose.nccl_facts import (
+    NODE_LINE_BUDGET,
+    TransportNotes,
+    nccl_transport_facts,
+    scan_transport,
+)
 from engine.diagnose.transport import (
     FactKind,
     FindingKind,
@@ -22,13 +28,12 @@ from engine.diagnose.transport import (
     parse_env_file,
 )
 from engine.launch.transport_watch import TransportWatch
-from engine.monitor.events import LineBatch
-from engine.monitor.logparse import nccl_transport_facts, scan_transport
 from engine.monitor.state import MonitorState
-from engine.monitor.transport_feed import NODE_LINE_BUDGET, TransportNotes, check_log
+from engine.monitor.transport_feed import check_log
 from engine.plan.names import NetworkTier
 from engine.plan.planner import plan
 from engine.plan.specs import Spec
+from engine.rundir.events import LineBatch
 from engine.rundir.files import RunDir, read_run
 from engine.rundir.record import RunRecord
 from engine.write.bundle import write_bundle

@@ -15,9 +15,9 @@ import pytest
 from cli.monitor_cmd import follow
 from engine.errors import DtrainError
 from engine.fsio import atomic_write_text
-from engine.monitor.events import LineBatch
 from engine.monitor.tail import RunDirSource
 from engine.monitor.textsafe import has_control, safe_line, safe_lines, safe_text
+from engine.rundir.events import LineBatch
 
 HOSTILE = [
     "\x1b]52;c;ZWNobyBwd25lZA==\x07clipboard",  # OSC 52 clipboard write

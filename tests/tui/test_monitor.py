@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from engine.monitor.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.tail import ListSource
+from engine.rundir.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from tui.screens.monitor import MonitorApp, MonitorScreen
 from tui.widgets.pane_grid import grid_shape
 from tui.widgets.rank_pane import LinePattern, PaneBuffer, RankPane

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from engine.monitor.events import LineBatch
 from engine.monitor.state import RankStatus
 from engine.monitor.tail import RunDirSource
+from engine.rundir.events import LineBatch
 from tui.screens.monitor import MonitorApp
 
 launch_util = pytest.importorskip("tests.e2e.launch_util")

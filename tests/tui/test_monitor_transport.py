@@ -11,10 +11,10 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from engine.monitor.events import Event, LineBatch, RunStateChanged
 from engine.monitor.tail import ListSource
 from engine.plan.planner import plan
 from engine.plan.specs import Spec
+from engine.rundir.events import Event, LineBatch, RunStateChanged
 from engine.write.bundle import write_bundle
 from tui.screens.monitor import MonitorApp, MonitorScreen
 from tui.widgets.nccl_pane import NcclPane

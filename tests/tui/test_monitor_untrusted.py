@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.monitor.events import LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.textsafe import has_control
+from engine.rundir.events import LineBatch, LineEvent, RankExit, RunStateChanged
 from tests.engine.test_untrusted_files import HOSTILE
 from tests.tui.test_monitor import CLOCK, app_for, settle
 from tui.widgets.rank_pane import RankPane

@@ -17,8 +17,8 @@ from typing import Any
 
 from textual.pilot import Pilot
 
-from engine.monitor.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.monitor.tail import ListSource, RunDirSource
+from engine.rundir.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from tests.tui.test_monitor import CLOCK, Endless, canned, step
 from tui.screens.monitor import MonitorApp, MonitorScreen
 from tui.widgets.monitor_header import MonitorHeader

@@ -22,10 +22,10 @@ from rich.console import Console
 from textual.app import App
 from textual.widgets import DataTable, Input
 
-from engine.monitor.events import RunStateChanged
 from engine.monitor.tail import ListSource
 from engine.plan.calibration import min_run_steps
 from engine.plan.specs import demo_spec
+from engine.rundir.events import RunStateChanged
 from tests.tui.test_monitor import CLOCK, Endless, canned
 from tests.tui.wizard_support import at_step, retype, settle, text_of, until
 from tui.app import DtrainApp

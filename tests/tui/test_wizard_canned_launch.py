@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine.monitor.events import Event, LineBatch, RankExit, RunStateChanged
 from engine.plan.specs import Spec, demo_spec
+from engine.rundir.events import Event, LineBatch, RankExit, RunStateChanged
 from tests.tui.wizard_support import at_step, settle, until
 from tui.app import DtrainApp
 

@@ -1,7 +1,7 @@
 """The live monitor: a grid of per-rank (or per-node) panes, the NCCL pane, rank states with a
 loss / throughput chart, the error list; filter and search across panes; jump to the next error.
 
-``MonitorScreen(source, run_dir=None)`` watches any :class:`engine.monitor.events.EventSource` (a live
+``MonitorScreen(source, run_dir=None)`` watches any :class:`engine.rundir.events.EventSource` (a live
 launch, a run directory being tailed, a canned list in tests); the wizard pushes it after a
 launch, ``dtrain-tui monitor RUN_DIR`` runs it inside the small :class:`MonitorApp`.
 
@@ -30,9 +30,9 @@ from textual.containers import Horizontal
 from textual.widgets import Footer
 
 from engine.errors import DtrainError
-from engine.monitor.events import EventSource, stop_run
 from engine.monitor.reader import Batch, BatchReader, FirehoseTuning
 from engine.monitor.state import ErrorRecord, MonitorState, Snapshot
+from engine.rundir.events import EventSource, stop_run
 from engine.rundir.record import FINAL_STATES, RunState
 from tui.lifecycle import torn_down
 from tui.messages import RankLinesReceived, RunFinished

@@ -2,7 +2,7 @@
 :data:`STOP_CONFIRM_S`, and never for a run that is already over (or whose launcher is gone).
 
 Used by :class:`tui.screens.monitor.MonitorScreen`; no widgets here, so the rules are plain to
-read and to test. The stop itself runs in the screen's worker (:func:`engine.monitor.events.stop_run`).
+read and to test. The stop itself runs in the screen's worker (:func:`engine.rundir.events.stop_run`).
 """
 
 from __future__ import annotations
