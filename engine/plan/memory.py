@@ -110,7 +110,7 @@ class LayoutDraft:
     """The busiest expert rank's load over the mean as the user states it
     (:attr:`engine.plan.specs.TrainingSpec.moe_imbalance`); 0: the planner's assumption."""
     deepep: bool = False
-    """MoE tokens dispatched by DeepEP (:class:`engine.plan.specs.MoeDispatcher`), not NCCL
+    """MoE tokens dispatched by DeepEP (:class:`engine.plan.names.MoeDispatcher`), not NCCL
     all-to-all: each token crosses the network once per remote node."""
     fused_ce: bool = False
     """The trainer's loss is a fused cross-entropy (see
@@ -121,13 +121,13 @@ class LayoutDraft:
     sent, not 4. Only read for Megatron bf16 layouts."""
     cp_comm: CpComm = CpComm.P2P
     """How a Megatron layout's context parallelism moves keys and values
-    (:class:`engine.plan.specs.CpComm`); PyTorch-native layouts always all-gather them
-    (:func:`engine.plan.perf.cp_comm_of`)."""
+    (:class:`engine.plan.names.CpComm`); PyTorch-native layouts always all-gather them
+    (:func:`engine.plan.frameworks.cp_comm_of`)."""
     a2a_overlap: bool = False
     """Megatron-Core's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm
     --delay-wgrad-compute``): one micro-batch's forward runs layer by layer beside another's
     backward, each hiding the other's dispatch and combine (see
-    :func:`engine.plan.perf.a2a_overlap_applies`)."""
+    :func:`engine.plan.frameworks.a2a_overlap_applies`)."""
 
     @property
     def world_size(self) -> int:

@@ -1,5 +1,5 @@
 """Model resolution: from a preset, a local Hugging Face ``config.json``, raw dimensions or a bare
-parameter count to a :class:`~engine.plan.specs.ModelDims` with *exact* parameter counts.
+parameter count to a :class:`~engine.plan.dims.ModelDims` with *exact* parameter counts.
 
 The counts follow each architecture's own module definition in ``transformers`` (which
 projections carry biases, how many norms a block has, fused or tied matrices), so they equal

@@ -1,4 +1,4 @@
-"""What each :class:`~engine.plan.specs.Strategy` means to the planner: the framework that runs
+"""What each :class:`~engine.plan.names.Strategy` means to the planner: the framework that runs
 it, its ZeRO stage, what it can offload, how simple it is and its display name. Read by the
 forced-layout checks (:mod:`engine.plan.forced`), the candidate search (:mod:`engine.plan.search`)
 and the narration (:mod:`engine.plan.annotate`): one table per fact, so they never disagree.
