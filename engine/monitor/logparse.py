@@ -15,9 +15,10 @@ first, so a firehose of INFO lines costs well under a microsecond per line.
 
 from __future__ import annotations
 
+import calendar
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from engine.diagnose.nccl_facts import CHANNEL_VIA_RE as _CHANNEL_VIA_RE
@@ -54,16 +55,46 @@ class ErrorKind(StrEnum):
     """dtrain-tui's own ``[dtrain-tui] diagnosis: …`` line: the stuck rank named."""
 
 
+class StepSource(StrEnum):
+    """The format a step line is in (what printed it)."""
+
+    DTRAIN = "dtrain"
+    """The example trainer's ``[dtrain] step=…`` line."""
+    HF_TRAINER = "hf_trainer"
+    """A Hugging Face Trainer log dict (``{'loss': …, 'learning_rate': …, 'epoch': …}``)."""
+    TQDM = "tqdm"
+    """A bare tqdm bar (the Trainer's, Accelerate example loops'): ``50/1000 […, 4.98it/s]``."""
+    LIGHTNING = "lightning"
+    """PyTorch Lightning's train bar: ``Epoch 0:  45%|…| 45/100 […, 4.50it/s, train_loss=…]``."""
+    TORCHTITAN = "torchtitan"
+    MEGATRON = "megatron"
+    DEEPSPEED = "deepspeed"
+    NANOGPT = "nanogpt"
+
+
 @dataclass(frozen=True, slots=True)
 class StepInfo:
-    """One ``[dtrain] step=<n>/<total> loss=… tokens_per_s=… step_time_s=… mem_gb=…`` line."""
+    """One step line, of the example trainer (``[dtrain] step=<n>/<total> loss=… tokens_per_s=…
+    step_time_s=… mem_gb=…``) or of a framework (:class:`StepSource`). A field the line does not
+    give is None; throughput is in the unit the line gives (tokens/s or samples/s), never
+    converted with a guessed batch or sequence size."""
 
-    step: int
-    total: int
-    loss: float
-    tokens_per_s: float
-    step_time_s: float
-    mem_gb: float
+    step: int | None
+    """None when the line names no step (a Trainer log dict, DeepSpeed's timer breakdown): it
+    belongs to the rank's current step (:class:`StepTracker`)."""
+    total: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    mem_gb: float | None = None
+    """Peak memory in GB (10^9 bytes; a GiB figure is converted)."""
+    source: StepSource = StepSource.DTRAIN
+    lr: float | None = None
+    samples_per_s: float | None = None
+    val_loss: float | None = None
+    ts: float | None = None
+    """The line's own timestamp (seconds, its clock): step time from two lines' stamps when
+    the line gives none (torchtitan, DeepSpeed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,22 +194,313 @@ def strip_ansi(text: str) -> str:
     return _ANSI_RE.sub("", text)
 
 
+def _dtrain_step(m: re.Match[str]) -> StepInfo:
+    return StepInfo(int(m[1]), int(m[2]), float(m[3]), float(m[4]), float(m[5]), float(m[6]))
+
+
 def parse_step(text: str) -> StepInfo | None:
-    """The trainer's step line anywhere in ``text``, or None (also for a cut or garbled one)."""
-    m = _STEP_RE.search(text)
+    """The last step line of any known format in ``text`` (a tqdm line holds many bars), or
+    None (also for a cut or garbled one)."""
+    found = parse_steps(text)
+    return found[-1] if found else None
+
+
+# ---- the frameworks' step lines ------------------------------------------------------------
+# Each format: a substring every one of its lines holds (tested first, per line) and a parser.
+# Formats and their sources: tests/data/framework_logs/.
+
+_F = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)"
+"""A number as Python prints one (``float()`` reads it)."""
+GIB_IN_GB = 1024**3 / 1e9
+_STAMP_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,6}))?")
+
+# tqdm's default bar: `{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{postfix}]`
+_BAR_RE = re.compile(
+    r"(?P<desc>[^\r|]*?) *\d+%\|[^|\r]*\| *(?P<n>\d+)/(?P<total>\d+) \[[^\]\r,]*, *"
+    r"(?:\?|(?P<rate>[\d.]+))(?P<unit>it/s|s/it)(?P<post>[^\]\r]*)\]"
+)
+_LIGHTNING_DESC_RE = re.compile(r"Epoch (\d+):?$")
+_POSTFIX_RE = re.compile(r"([\w/.-]+)=([^,\]]+)")
+_HF_DICT_RE = re.compile(r"\{'(loss|eval_loss|train_runtime)': ")
+_HF_KV_RE = re.compile(r"'(\w+)': '?([^,'}]+)'?")
+_TITAN_RE = re.compile(
+    r"(?<!validate )step: *(\d+) +loss: *" + _F + r" .*?memory: *([\d.]+)GiB.*?tps: *([\d,]+)"
+)
+_MEGATRON_RE = re.compile(
+    r"iteration +(\d+)/ *(\d+) \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
+)
+_MEGATRON_LOSS_RE = re.compile(r"\| (?:lm loss|([\w -]*?loss)): " + _F + " ")
+_MEGATRON_LR_RE = re.compile(r"learning rate: " + _F)
+_MEGATRON_GBS_RE = re.compile(r"global batch size: +(\d+)")
+_MEGATRON_SPS_RE = re.compile(r"samples per second: " + _F)
+_MEGATRON_TGS_RE = re.compile(r"tokens per gpu per second \(tgs\): " + _F)
+_DS_PROGRESS_RE = re.compile(r"\bstep=(\d+), skipped=\d+, lr=\[?" + _F)
+_DS_TIMER_RE = re.compile(
+    r"global_step=(\d+), RunningAvgSamplesPerSec=[^,]*, CurrSamplesPerSec="
+    + _F
+    + r", MemAllocated=[\d.]+GB, MaxMemAllocated=([\d.]+)GB"
+)
+_DS_PIPE_RE = re.compile(
+    r"\bsteps?: *(\d+)(?: */ *(\d+))? loss: "
+    + _F
+    + r" iter time \(s\): "
+    + _F
+    + r" (?:total )?samples/sec: "
+    + _F
+)
+_DS_BREAKDOWN_RE = re.compile(
+    r"time \(ms\) \| fwd: ([\d.]+) \| bwd: ([\d.]+) \|.*?\| step: ([\d.]+)"
+)
+_NANO_ITER_RE = re.compile(r"\biter (\d+): loss " + _F + r", time ([\d.]+)ms")
+_NANO_EVAL_RE = re.compile(r"\bstep (\d+): train loss " + _F + r", val loss " + _F)
+_ACCEL_EVAL_RE = re.compile(r"\bepoch (\d+): perplexity: \S+ eval_loss: " + _F)
+
+
+def _stamp(text: str) -> float | None:
+    """A ``2025-01-20 10:00:01,000`` timestamp in ``text`` as seconds (its own clock)."""
+    m = _STAMP_RE.search(text)
     if m is None:
         return None
+    y, mo, d, h, mi, sec = (int(m[i]) for i in range(1, 7))
+    frac = float("0." + m[7]) if m[7] else 0.0
     try:
-        return StepInfo(
-            step=int(m[1]),
-            total=int(m[2]),
-            loss=float(m[3]),
-            tokens_per_s=float(m[4]),
-            step_time_s=float(m[5]),
-            mem_gb=float(m[6]),
-        )
-    except ValueError:
+        return calendar.timegm((y, mo, d, h, mi, sec, 0, 0, 0)) + frac
+    except (ValueError, OverflowError):
         return None
+
+
+def _postfix(post: str) -> tuple[float | None, float | None]:
+    """The training loss and learning rate a bar's ``k=v`` postfix shows, if any."""
+    loss = lr = None
+    for k, v in _POSTFIX_RE.findall(post):
+        key = k.lower()
+        try:
+            if loss is None and "loss" in key and not key.startswith(("val", "test", "eval")):
+                loss = float(v)
+            elif lr is None and (key == "lr" or key.startswith("lr-")):
+                lr = float(v)
+        except ValueError:
+            continue
+    return loss, lr
+
+
+def _bars(text: str) -> list[StepInfo]:
+    """tqdm bars: the Trainer's and Accelerate loops' bare ones (``set_postfix(loss=…)``
+    read), Lightning's ``Epoch N`` one (its step: the epoch's batches before it plus n)."""
+    out: list[StepInfo] = []
+    for m in _BAR_RE.finditer(text):
+        desc = m["desc"].strip()
+        rate = float(m["rate"]) if m["rate"] else None
+        step_time = None if not rate else (1.0 / rate if m["unit"] == "it/s" else rate)
+        n, total = int(m["n"]), int(m["total"])
+        e = _LIGHTNING_DESC_RE.search(desc) if desc else None
+        if desc and e is None:  # a validation / test / other bar
+            continue
+        loss, lr = _postfix(m["post"]) if m["post"] else (None, None)
+        if e is None:
+            info = StepInfo(
+                n, total, loss=loss, step_time_s=step_time, lr=lr, source=StepSource.TQDM
+            )
+        else:
+            step = int(e[1]) * total + n
+            info = StepInfo(
+                step, loss=loss, step_time_s=step_time, lr=lr, source=StepSource.LIGHTNING
+            )
+        out.append(info)
+    return out
+
+
+def _hf_dict(text: str) -> list[StepInfo]:
+    """A Trainer log dict: a logging step's, an evaluation's or the final summary."""
+    m = _HF_DICT_RE.search(text)
+    if m is None:
+        return []
+    kv: dict[str, float] = {}
+    for k, v in _HF_KV_RE.findall(text[m.start() :]):
+        try:
+            kv[k] = float(v)
+        except ValueError:
+            continue
+    src = StepSource.HF_TRAINER
+    if m[1] == "loss" and "loss" in kv:
+        return [StepInfo(None, loss=kv["loss"], lr=kv.get("learning_rate"), source=src)]
+    if m[1] == "eval_loss" and "eval_loss" in kv:
+        return [StepInfo(None, val_loss=kv["eval_loss"], source=src)]
+    if m[1] == "train_runtime" and "train_samples_per_second" in kv:
+        return [StepInfo(None, samples_per_s=kv["train_samples_per_second"], source=src)]
+    return []
+
+
+def _torchtitan(text: str) -> list[StepInfo]:
+    m = _TITAN_RE.search(text)
+    if m is None:
+        return []
+    return [
+        StepInfo(
+            int(m[1]),
+            loss=float(m[2]),
+            mem_gb=float(m[3]) * GIB_IN_GB,
+            tokens_per_s=float(m[4].replace(",", "")),
+            source=StepSource.TORCHTITAN,
+            ts=_stamp(text[: m.start()]),
+        )
+    ]
+
+
+def _megatron(text: str) -> list[StepInfo]:
+    m = _MEGATRON_RE.search(text)
+    if m is None:
+        return []
+    step_time = float(m[3]) / 1000.0
+    loss = _MEGATRON_LOSS_RE.search(text)
+    lr = _MEGATRON_LR_RE.search(text)
+    sps = _MEGATRON_SPS_RE.search(text)
+    tgs = _MEGATRON_TGS_RE.search(text)
+    gbs = _MEGATRON_GBS_RE.search(text)
+    samples = float(sps[1]) if sps else None
+    if samples is None and gbs is not None and step_time > 0:
+        samples = int(gbs[1]) / step_time  # the global batch over the step: what Megatron logs
+    return [
+        StepInfo(
+            int(m[1]),
+            int(m[2]),
+            loss=float(loss[2]) if loss else None,
+            tokens_per_s=float(tgs[1]) if tgs else None,
+            step_time_s=step_time,
+            lr=float(lr[1]) if lr else None,
+            samples_per_s=samples,
+            source=StepSource.MEGATRON,
+        )
+    ]
+
+
+def _deepspeed(text: str) -> list[StepInfo]:
+    src = StepSource.DEEPSPEED
+    m = _DS_PROGRESS_RE.search(text)
+    if m is not None:
+        return [StepInfo(int(m[1]), lr=float(m[2]), source=src, ts=_stamp(text[: m.start()]))]
+    m = _DS_TIMER_RE.search(text)
+    if m is not None:
+        return [
+            StepInfo(
+                int(m[1]),
+                samples_per_s=float(m[2]),
+                mem_gb=float(m[3]) * GIB_IN_GB,  # DeepSpeed's "GB" is memory / 1024**3
+                source=src,
+                ts=_stamp(text[: m.start()]),
+            )
+        ]
+    m = _DS_PIPE_RE.search(text)
+    if m is not None:
+        return [
+            StepInfo(
+                int(m[1]),
+                int(m[2]) if m[2] else None,
+                loss=float(m[3]),
+                step_time_s=float(m[4]),
+                samples_per_s=float(m[5]),
+                source=src,
+            )
+        ]
+    m = _DS_BREAKDOWN_RE.search(text)
+    if m is not None:  # wall_clock_breakdown: forward + backward + optimizer step, of the last step
+        t = (float(m[1]) + float(m[2]) + float(m[3])) / 1000.0
+        return [StepInfo(None, step_time_s=t, source=src)]
+    return []
+
+
+def _nanogpt(text: str) -> list[StepInfo]:
+    m = _NANO_ITER_RE.search(text)
+    if m is not None:
+        t = float(m[3]) / 1000.0
+        return [StepInfo(int(m[1]), loss=float(m[2]), step_time_s=t, source=StepSource.NANOGPT)]
+    m = _NANO_EVAL_RE.search(text)
+    if m is not None:
+        return [StepInfo(int(m[1]), val_loss=float(m[3]), source=StepSource.NANOGPT)]
+    m = _ACCEL_EVAL_RE.search(text)
+    if m is not None:  # Accelerate's examples: after each epoch
+        return [StepInfo(None, val_loss=float(m[2]), source=StepSource.TQDM)]
+    return []
+
+
+_FORMATS: tuple[tuple[tuple[str, ...], Callable[[str], list[StepInfo]]], ...] = (
+    (("%|",), _bars),
+    (("{'",), _hf_dict),
+    (("tps:",), _torchtitan),
+    (("elapsed time per iteration",), _megatron),
+    (("skipped=", "SamplesPerSec", "iter time (s)", "| fwd:"), _deepspeed),
+    (("iter ", "train loss", "eval_loss:"), _nanogpt),
+)
+"""(substrings one of which the format's lines hold, parser), tried in order per line."""
+STEP_GATE = ("loss", "%|", "step=", "| fwd:", "elapsed time per")
+"""At least one of these is in every step line of every format: the batch's cheap gate (few,
+as each is a scan of the joined batch; the formats' own substrings are tested per line)."""
+
+
+def parse_steps(text: str) -> list[StepInfo]:
+    """Every step record in one line (ANSI colours and all), in order; [] for any other line,
+    and for a cut or garbled one."""
+    if "[dtrain] step=" in text:  # the example trainer's: the common case, first
+        try:
+            return [_dtrain_step(m) for m in _STEP_RE.finditer(text)]
+        except ValueError:
+            return []
+    if "\x1b" in text:
+        text = strip_ansi(text)
+    for gates, parser in _FORMATS:
+        if any(g in text for g in gates):
+            try:
+                found = parser(text)
+            except (ValueError, OverflowError):
+                continue
+            if found:
+                return found
+    return []
+
+
+@dataclass(slots=True)
+class StepTracker:
+    """One rank's step records made whole, in arrival order: what the rank state and
+    ``calibrate`` read. A record naming no step belongs to the rank's current step (a Trainer
+    log dict follows its bar; with no bar, log dicts are counted); a step time the line does not
+    give comes from its timestamp and the last stamped step's; a bare tqdm bar of another total
+    than the first (an evaluation bar) is no training step."""
+
+    step: int | None = None
+    bar_total: int | None = None
+    """The first bare tqdm bar's total: the training bar's (None before one was seen)."""
+    logs: int = 0
+    """Trainer log dicts with a loss seen (their step when no bar is)."""
+    stamped: tuple[int, float] | None = None
+    """(step, timestamp) of the last stamped line of a new step."""
+
+    def resolve(self, info: StepInfo) -> StepInfo | None:
+        """``info`` with its step (and step time where it can be had), or None to drop it."""
+        if info.source is StepSource.TQDM and info.step is not None:
+            if self.bar_total is None:
+                self.bar_total = info.total
+            elif info.total != self.bar_total:
+                return None
+        step = info.step
+        if step is None:
+            if info.source is StepSource.HF_TRAINER and info.loss is not None:
+                self.logs += 1
+                step = self.step if self.bar_total is not None else self.logs
+            else:
+                step = self.step
+            if step is None:
+                return None
+        step_time = info.step_time_s
+        if info.ts is not None:
+            last = self.stamped
+            if step_time is None and last is not None and step > last[0] and info.ts >= last[1]:
+                step_time = (info.ts - last[1]) / (step - last[0])
+            if last is None or step > last[0]:
+                self.stamped = (step, info.ts)
+        self.step = step
+        if step == info.step and step_time == info.step_time_s:
+            return info
+        return replace(info, step=step, step_time_s=step_time)
 
 
 def classify_error(text: str) -> ErrorKind | None:
@@ -201,11 +523,10 @@ def is_nccl(text: str) -> bool:
 def classify(text: str) -> tuple[LineKind, ErrorKind | None]:
     """The kind of a prefix-free line, and the error it reports."""
     error = classify_error(text)
-    if "[dtrain]" in text:
-        if _STEP_RE.search(text):
-            return LineKind.STEP, error
-        if _DONE_RE.search(text):
-            return LineKind.DONE, error
+    if "[dtrain]" in text and _DONE_RE.search(text):
+        return LineKind.DONE, error
+    if any(g in text for g in STEP_GATE) and parse_steps(text):
+        return LineKind.STEP, error
     if "NCCL WARN" in text:
         return LineKind.NCCL_WARN, error
     if "NCCL INFO" in text or text.lstrip().startswith("NCCL version"):
@@ -351,18 +672,26 @@ def parse_line(
 
 
 def scan_steps(lines: Sequence[str]) -> list[StepInfo]:
-    """The trainer's step lines in a batch, in order."""
+    """The step records of a batch (every format's, :func:`parse_steps`), in order."""
     joined = "\n".join(lines)
-    if "[dtrain] step=" not in joined:
-        return []
+    present = [g for g in STEP_GATE if g in joined]
+    return _steps_of(lines, present) if present else []
+
+
+def _steps_of(lines: Sequence[str], present: list[str]) -> list[StepInfo]:
+    """:func:`scan_steps` past its gate: only the lines holding one of the ``present`` gates
+    are parsed (one or two gates, the usual case, tested without a generator)."""
+    if len(present) == 1:
+        g = present[0]
+        found = [x for x in lines if g in x]
+    elif len(present) == 2:
+        g, h = present
+        found = [x for x in lines if g in x or h in x]
+    else:
+        found = [x for x in lines if any(g in x for g in present)]
     out: list[StepInfo] = []
-    for m in _STEP_RE.finditer(joined):
-        try:
-            out.append(
-                StepInfo(int(m[1]), int(m[2]), float(m[3]), float(m[4]), float(m[5]), float(m[6]))
-            )
-        except ValueError:
-            continue
+    for line in found:
+        out.extend(parse_steps(line))
     return out
 
 
@@ -412,9 +741,10 @@ def scan_batch(lines: Sequence[str]) -> BatchFacts:
                 kind = classify_error(line)
                 if kind is not None:
                     errors.append((other_idx[j], kind))
-        if "[dtrain]" in joined:
-            steps = scan_steps(other)
-            done = "[dtrain] done" in joined
+        present = [g for g in STEP_GATE if g in joined]
+        if present:
+            steps = _steps_of(other, present)
+        done = "[dtrain] done" in joined
     return BatchFacts(nccl, errors, steps, done)
 
 

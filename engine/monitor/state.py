@@ -9,6 +9,7 @@ no Textual, no I/O; every method is total (unknown ranks are created on first si
 
 from __future__ import annotations
 
+import math
 import signal
 import statistics
 from collections import deque
@@ -19,7 +20,14 @@ from pathlib import Path
 
 from engine.diagnose.nccl_facts import TransportNotes
 from engine.diagnose.transport import TransportReport
-from engine.monitor.logparse import BatchFacts, ErrorKind, scan_batch
+from engine.monitor.logparse import (
+    BatchFacts,
+    ErrorKind,
+    StepInfo,
+    StepSource,
+    StepTracker,
+    scan_batch,
+)
 from engine.rundir.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.rundir.record import FINAL_STATES, RunState
 
@@ -68,6 +76,14 @@ class RankState:
     tokens_per_s: float | None = None
     step_time_s: float | None = None
     mem_gb: float | None = None
+    samples_per_s: float | None = None
+    lr: float | None = None
+    val_loss: float | None = None
+    step_source: StepSource | None = None
+    """The format of the rank's step lines (the example trainer's, a framework's)."""
+    throughput_unit: str = "tokens/s"
+    """What ``tps_history`` counts: ``tokens/s``, ``samples/s`` or ``it/s`` (steps a second,
+    from a progress bar), whichever the rank's lines give (in that order of preference)."""
     finished: bool = False
     """The trainer printed its ``[dtrain] done`` line."""
     errors: int = 0
@@ -107,6 +123,56 @@ class RankState:
             tps_history=deque(self.tps_history, maxlen=HISTORY),
             recent_step_times=deque(self.recent_step_times, maxlen=5),
         )
+
+
+_UNIT_RANK = {"it/s": 0, "samples/s": 1, "tokens/s": 2}
+
+
+def _throughput(info: StepInfo) -> tuple[float, str] | None:
+    """The step's throughput and its unit, the most telling the line gives."""
+    if info.tokens_per_s is not None:
+        return info.tokens_per_s, "tokens/s"
+    if info.samples_per_s is not None:
+        return info.samples_per_s, "samples/s"
+    if info.step_time_s:  # a progress bar's rate, a loop's step time: steps a second
+        return 1.0 / info.step_time_s, "it/s"
+    return None
+
+
+def _record_step(st: RankState, info: StepInfo, *, summary: bool) -> None:
+    """Account for one resolved step record. ``summary``: the line named no step (a log dict
+    or a summary of the run): its figures are shown, its throughput is no chart point."""
+    st.step = info.step
+    st.step_source = info.source
+    if info.total is not None:
+        st.total_steps = info.total
+    if info.loss is not None:
+        st.loss = info.loss
+        st.loss_history.append(info.loss)
+    if info.lr is not None:
+        st.lr = info.lr
+    if info.val_loss is not None:
+        st.val_loss = info.val_loss
+    if info.mem_gb is not None:
+        st.mem_gb = info.mem_gb
+    t = info.step_time_s
+    if t is not None and math.isfinite(t) and t > 0:
+        st.step_time_s = t
+        st.recent_step_times.append(t)
+    if info.tokens_per_s is not None:
+        st.tokens_per_s = info.tokens_per_s
+    if info.samples_per_s is not None:
+        st.samples_per_s = info.samples_per_s
+    tp = None if summary else _throughput(info)
+    if tp is None:
+        return
+    value, unit = tp
+    if unit != st.throughput_unit:
+        if st.tps_history and _UNIT_RANK[unit] < _UNIT_RANK[st.throughput_unit]:
+            return  # a rank whose lines give tokens/s is not charted in steps a second
+        st.tps_history.clear()
+        st.throughput_unit = unit
+    st.tps_history.append(value)
 
 
 def exit_text(code: int | None) -> str:
@@ -163,6 +229,8 @@ class MonitorState:
         self.total_lines = 0
         self.hang_after_s = hang_after_s
         self.straggler_factor = straggler_factor
+        self._trackers: dict[int, StepTracker] = {}
+        """Per rank: its step records made whole (a framework's line may name no step)."""
         for r in range(world_size):
             self.rank(r)
 
@@ -210,16 +278,14 @@ class MonitorState:
         st.last_line_ts = now
         if st.status is RankStatus.STARTING:
             st.status = RankStatus.RUNNING
-        for info in facts.steps:
-            st.step = info.step
-            st.total_steps = info.total
-            st.loss = info.loss
-            st.tokens_per_s = info.tokens_per_s
-            st.step_time_s = info.step_time_s
-            st.mem_gb = info.mem_gb
-            st.loss_history.append(info.loss)
-            st.tps_history.append(info.tokens_per_s)
-            st.recent_step_times.append(info.step_time_s)
+        if facts.steps:
+            tracker = self._trackers.get(rank)
+            if tracker is None:
+                tracker = self._trackers[rank] = StepTracker()
+            for raw in facts.steps:
+                info = tracker.resolve(raw)
+                if info is not None:
+                    _record_step(st, info, summary=raw.step is None)
         if facts.done:
             st.finished = True
         new = [ErrorRecord(rank, st.node, k, lines[i], now, base + i) for i, k in found]

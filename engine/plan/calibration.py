@@ -209,9 +209,10 @@ def steady_step_time(per_step: Mapping[int, Sequence[float]], run: str) -> tuple
     than :data:`MIN_STEPS` remain after warm-up."""
     if not per_step:
         raise CalibrationError(
-            f"run {run} has no step lines ('[dtrain] step=N/TOTAL loss=... tokens_per_s=... "
-            "step_time_s=... mem_gb=...'); train with the example trainer or print that line "
-            "from your script",
+            f"run {run} has no step lines with a step time (the example trainer's '[dtrain] "
+            "step=N/TOTAL loss=... step_time_s=...', or the progress lines of the Hugging Face "
+            "Trainer, Lightning, torchtitan, Megatron-LM, DeepSpeed or nanoGPT); train with one "
+            "of them or print the trainer's line from your script",
             field="RUN_DIR",
         )
     order = sorted(per_step)

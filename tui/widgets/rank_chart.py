@@ -1,4 +1,5 @@
-"""A small chart of one rank's loss and tokens/s over its recent steps (two sparklines)."""
+"""A small chart of one rank's loss and throughput (tokens/s, or samples/s or it/s where its
+lines give only those) over its recent steps (two sparklines)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,14 @@ class RankChart(Vertical):
         tps = list(st.tps_history) if st is not None else []
         who = f"r{st.rank} " if st is not None else ""
         last_loss = f" {loss[-1]:.4f}" if loss else " -"
-        last_tps = f" {tps[-1]:,.0f}" if tps else " -"
+        unit = st.throughput_unit if st is not None else "tokens/s"  # what the rank's lines give
+        places = 0 if unit == "tokens/s" or (tps and tps[-1] >= 100) else 2
+        last_tps = f" {tps[-1]:,.{places}f}" if tps else " -"
         # One-line labels of fixed width: a new text needs a repaint, not a layout of the
         # screen (which costs a firehose frame tens of milliseconds); unchanged, nothing.
         for sel, text in (
             ("#chart-loss-label", f"{who}loss{last_loss}"),
-            ("#chart-tps-label", f"{who}tokens/s{last_tps}"),
+            ("#chart-tps-label", f"{who}{unit}{last_tps}"),
         ):
             label = self.query_one(sel, Label)
             if str(label.content) != text:
