@@ -3,7 +3,9 @@ calibrate RUN_DIR`` and the monitor's "calibrate from this run" call.
 
 It reads the run's plan (``RUN/plan.json``, the bundle's), the step lines every rank printed
 (``RUN/logs/rank<R>.{stdout,stderr}.log``: the example trainer's ``[dtrain] step=N/TOTAL
-loss=... tokens_per_s=... step_time_s=... mem_gb=...``; a user's script may print the same line)
+loss=... tokens_per_s=... step_time_s=... mem_gb=...``, or the progress lines of the Hugging Face
+Trainer, Lightning, torchtitan, Megatron-LM, DeepSpeed or a nanoGPT-style loop: see
+:func:`engine.monitor.logparse.parse_steps`)
 and, when given, a preflight's ``preflight.json`` (``measured.inter_node_busbw_gbps``). The
 network factor comes from the preflight (1.0 without one); the compute factor is then the one
 with which the planner's step time for the run's own layout equals the measured median step
@@ -29,7 +31,7 @@ from pydantic import ValidationError
 
 from engine.errors import DtrainError, validation_messages
 from engine.fsio import JSON_LIMIT, open_regular, read_regular_text
-from engine.monitor.logparse import parse_step
+from engine.monitor.logparse import STEP_GATE, StepInfo, StepTracker, parse_steps
 from engine.plan.annotate import describe
 from engine.plan.calibration import (
     GIB,
@@ -64,6 +66,8 @@ _FORCED_FIELDS = (
     "virtual_stages",
 )
 """The layout fields a run's plan.json records that re-planning it forces."""
+_STEP_GATE = tuple(g.encode() for g in STEP_GATE)
+"""Substrings one of which every step line holds (any format's), as bytes."""
 _MAX_LOG_BYTES = 512 * 1024**2
 """A rank log larger than this is read up to here: step lines of a long run are many."""
 
@@ -94,6 +98,7 @@ class CalibrationResult:
 def read_steps(run_dir: Path) -> RunSteps:
     """Every step line of every rank's logs (later lines of a step win: a restarted run)."""
     out = RunSteps()
+    trackers: dict[int, StepTracker] = {}
     logs = Path(run_dir) / "logs"
     for path in sorted(logs.glob("rank*.std*.log")) if logs.is_dir() else []:
         stem = path.name.split(".", 1)[0].removeprefix("rank")
@@ -108,21 +113,29 @@ def read_steps(run_dir: Path) -> RunSteps:
             raise CalibrationError(e.message, field="RUN_DIR") from None
         except OSError as e:
             raise CalibrationError(f"cannot read {path}: {e.strerror}", field="RUN_DIR") from None
-        for raw in data.splitlines():
-            if b"step=" not in raw:
+        tracker = trackers.setdefault(rank, StepTracker())
+        for raw in data.splitlines():  # also at each \r: a tqdm bar's updates
+            if not any(g in raw for g in _STEP_GATE):
                 continue
-            info = parse_step(raw.decode("utf-8", "replace"))
-            if info is None or not (
-                math.isfinite(info.step_time_s) and info.step_time_s > 0 and info.step >= 0
-            ):
-                continue
-            out.times.setdefault(info.step, {})[rank] = info.step_time_s
-            if math.isfinite(info.tokens_per_s) and info.tokens_per_s >= 0:
-                out.tokens.setdefault(info.step, {})[rank] = info.tokens_per_s
-            if math.isfinite(info.mem_gb):
-                out.peak_mem_gb = max(out.peak_mem_gb, info.mem_gb)
-            out.ranks.add(rank)
+            for found in parse_steps(raw.decode("utf-8", "replace")):
+                info = tracker.resolve(found)
+                if info is not None and info.step is not None:
+                    _add_step(out, rank, info.step, info)
     return out
+
+
+def _add_step(out: RunSteps, rank: int, step: int, info: StepInfo) -> None:
+    """Account for one of ``rank``'s step records (one without a step time only for memory)."""
+    if info.mem_gb is not None and math.isfinite(info.mem_gb):
+        out.peak_mem_gb = max(out.peak_mem_gb, info.mem_gb)
+    t = info.step_time_s
+    if t is None or not (math.isfinite(t) and t > 0 and step >= 0):
+        return
+    out.times.setdefault(step, {})[rank] = t
+    tps = info.tokens_per_s
+    if tps is not None and math.isfinite(tps) and tps >= 0:
+        out.tokens.setdefault(step, {})[rank] = tps
+    out.ranks.add(rank)
 
 
 def read_run_plan(run_dir: Path) -> tuple[Spec, dict[str, Any]]:
