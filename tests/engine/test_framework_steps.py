@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.monitor.logparse import (
     GIB_IN_GB,
@@ -145,3 +147,24 @@ def test_batch_and_line_kinds() -> None:
 )
 def test_garbled_lines_are_no_steps(line: str) -> None:
     assert parse_steps(line) == []
+
+
+FRAGMENTS = [x for name in sorted(DATA.glob("*.txt")) for x in lines(name.name)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(FRAGMENTS), st.integers(0, 400), st.integers(0, 400)),
+        max_size=4,
+    ),
+    st.text(max_size=30),
+)
+def test_cut_and_spliced_framework_lines_never_raise(
+    cuts: list[tuple[str, int, int]], tail: str
+) -> None:
+    text = "".join(line[a:b] for line, a, b in cuts) + tail
+    tracker = StepTracker()
+    for info in parse_steps(text) + scan_batch([text, tail]).steps:
+        tracker.resolve(info)
+    parse_line(text)
