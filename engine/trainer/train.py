@@ -39,12 +39,16 @@ collectives wait with the GIL released. The launcher asks every rank this way wh
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import errno
 import functools
 import json
 import math
 import os
+import random
 import resource
+import shutil
 import signal
 import socket
 import sys
@@ -135,6 +139,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--skip-rank never enters: it stalls outside any collective (stuck-rank tests)",
     )
     p.add_argument("--skip-rank", type=int, default=1)
+    p.add_argument(
+        "--ckpt-dir",
+        help="where checkpoints go (DTRAIN_CKPT_DIR; default checkpoints/ in the bundle)",
+    )
+    p.add_argument(
+        "--ckpt-every", type=int, help="save every N steps (DTRAIN_CKPT_EVERY; default 0: never)"
+    )
+    p.add_argument("--ckpt-keep", type=int, help="complete checkpoints kept (default 3)")
+    p.add_argument(
+        "--ckpt-milestone-every", type=int, help="also keep every checkpoint whose step N divides"
+    )
+    p.add_argument("--no-resume", action="store_true", help="start afresh (DTRAIN_RESUME=never)")
     args, unknown = p.parse_known_args(argv)
     if unknown:
         # Launchers (deepspeed's) add their own flags, e.g. --local_rank; never die on them.
@@ -144,8 +160,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _pick(cli: Any, *vals: Any, default: Any) -> Any:
+    """The command line's value, else the first of ``vals`` that is set, else ``default``."""
+    if cli is not None:
+        return cli
+    for v in vals:
+        if v is not None:
+            return v
+    return default
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        sys.exit(f"{PREFIX} error: {name}={raw!r} is not a whole number; set it to steps, e.g. 100")
+
+
 class Config:
-    """Everything one run needs, from plan.json then command-line overrides."""
+    """Everything one run needs, from plan.json then environment, then command-line overrides."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         bundle = Path(args.bundle)
@@ -153,47 +189,68 @@ class Config:
         model = plan.get("model") or {}
         layout = plan.get("recommended") or plan.get("layout") or {}
         training = plan.get("training") or (plan.get("spec") or {}).get("training") or {}
-
-        def pick(cli: Any, *vals: Any, default: Any) -> Any:
-            if cli is not None:
-                return cli
-            for v in vals:
-                if v is not None:
-                    return v
-            return default
-
         self.bundle = bundle
-        self.layers = int(pick(args.layers, model.get("layers"), default=2))
-        self.hidden = int(pick(args.hidden, model.get("hidden"), default=128))
-        self.heads = int(pick(args.heads, model.get("heads"), default=4))
+        self._read_model(args, model)
+        self._read_training(args, layout, training)
+        self._read_framework(args, plan, model, layout)
+        self._read_hooks(args)
+        self._read_checkpoint(args, plan.get("checkpoint") or {})
+        self.ds_config = (
+            _read_json(bundle / "ds_config.json") if self.framework == "deepspeed" else {}
+        )
+        self.fsdp = _read_json(bundle / "fsdp.json") if self.framework == "fsdp" else {}
+
+    def _read_model(self, args: argparse.Namespace, model: dict[str, Any]) -> None:
+        self.layers = int(_pick(args.layers, model.get("layers"), default=2))
+        self.hidden = int(_pick(args.hidden, model.get("hidden"), default=128))
+        self.heads = int(_pick(args.heads, model.get("heads"), default=4))
         # The model's own head width (Qwen3, GPT-OSS: not hidden / heads), unless the command
         # line reshaped the model.
         head_dim = model.get("head_dim") if args.hidden is None and args.heads is None else None
         self.head_dim = int(head_dim or self.hidden // self.heads)
         kv = model.get("kv_heads") or self.heads
         self.kv_heads = int(kv) if self.heads % int(kv) == 0 else self.heads
-        self.vocab = int(pick(args.vocab, model.get("vocab"), default=512))
-        gated = bool(model.get("gated_mlp", False))
-        self.gated = gated
+        self.vocab = int(_pick(args.vocab, model.get("vocab"), default=512))
+        self.gated = bool(model.get("gated_mlp", False))
         self.ffn = int(model.get("ffn") or 4 * self.hidden)
         if args.hidden is not None and args.hidden != model.get("hidden"):
             self.ffn = 4 * self.hidden
         self.tie = bool(model.get("tie_embeddings", False))
-        self.seq_len = int(pick(args.seq_len, training.get("seq_len"), default=64))
+
+    def _read_training(
+        self, args: argparse.Namespace, layout: dict[str, Any], training: dict[str, Any]
+    ) -> None:
+        self.seq_len = int(_pick(args.seq_len, training.get("seq_len"), default=64))
         self.micro_batch = int(
-            pick(
+            _pick(
                 args.micro_batch, layout.get("micro_batch"), training.get("micro_batch"), default=1
             )
         )
-        self.grad_accum = int(pick(args.grad_accum, layout.get("grad_accum"), default=1))
-        self.steps = int(pick(args.steps, training.get("steps"), default=20))
-        self.lr = float(pick(args.lr, training.get("lr"), default=3e-3))
+        self.grad_accum = int(_pick(args.grad_accum, layout.get("grad_accum"), default=1))
+        self.steps = int(_pick(args.steps, training.get("steps"), default=20))
+        self.lr = float(_pick(args.lr, training.get("lr"), default=3e-3))
+        # Linear warm-up of the learning rate over the first N steps (0: constant).
+        self.warmup_steps = int(training.get("warmup_steps") or 0)
         self.grad_clip = float(training.get("grad_clip", 1.0) or 0.0)
         self.optimizer = str(training.get("optimizer") or "adamw")
         self.precision = str(
-            pick(args.precision, layout.get("precision"), training.get("precision"), default="fp32")
+            _pick(
+                args.precision, layout.get("precision"), training.get("precision"), default="fp32"
+            )
         )
-        fw = pick(args.framework, layout.get("framework"), plan.get("framework"), default=None)
+        self.recompute = str(layout.get("recompute") or "none")
+        # Full recompute of only the first N blocks (Megatron's block method); 0: every block.
+        self.recompute_layers = int(layout.get("recompute_layers") or 0)
+
+    def _read_framework(
+        self,
+        args: argparse.Namespace,
+        plan: dict[str, Any],
+        model: dict[str, Any],
+        layout: dict[str, Any],
+    ) -> None:
+        bundle = self.bundle
+        fw = _pick(args.framework, layout.get("framework"), plan.get("framework"), default=None)
         if fw is None:
             fw = (
                 "deepspeed"
@@ -233,9 +290,8 @@ class Config:
         self.cp = 1 if self.megatron_smoke else int(layout.get("cp") or 1)
         self.cp_group: Any = None
         self.cp_rank = 0
-        self.recompute = str(layout.get("recompute") or "none")
-        # Full recompute of only the first N blocks (Megatron's block method); 0: every block.
-        self.recompute_layers = int(layout.get("recompute_layers") or 0)
+
+    def _read_hooks(self, args: argparse.Namespace) -> None:
         self.sleep = float(args.sleep_per_step)
         self.seed = int(args.seed)
         self.device_pref = args.device
@@ -243,10 +299,33 @@ class Config:
         self.fail_rank = int(args.fail_rank)
         self.skip_at_step = args.skip_collective_at_step
         self.skip_rank = int(args.skip_rank)
-        self.ds_config = (
-            _read_json(bundle / "ds_config.json") if self.framework == "deepspeed" else {}
+
+    def _read_checkpoint(self, args: argparse.Namespace, section: dict[str, Any]) -> None:
+        """Checkpoint settings: the command line, else DTRAIN_CKPT_* / DTRAIN_RESUME, else
+        plan.json's ``checkpoint`` section (dir, every, keep, milestone_every)."""
+        where = _pick(
+            args.ckpt_dir,
+            os.environ.get("DTRAIN_CKPT_DIR") or None,
+            section.get("dir"),
+            default="checkpoints",
         )
-        self.fsdp = _read_json(bundle / "fsdp.json") if self.framework == "fsdp" else {}
+        path = Path(str(where)).expanduser()
+        self.ckpt_dir = path if path.is_absolute() else self.bundle / path
+        self.ckpt_every = int(
+            _pick(args.ckpt_every, _env_int("DTRAIN_CKPT_EVERY"), section.get("every"), default=0)
+        )
+        self.ckpt_keep = int(_pick(args.ckpt_keep, section.get("keep"), default=3))
+        self.ckpt_milestone_every = int(
+            _pick(args.ckpt_milestone_every, section.get("milestone_every"), default=0)
+        )
+        if self.ckpt_every < 0 or self.ckpt_keep < 1 or self.ckpt_milestone_every < 0:
+            sys.exit(
+                f"{PREFIX} error: checkpoint every={self.ckpt_every} keep={self.ckpt_keep} "
+                f"milestone_every={self.ckpt_milestone_every}: every and milestone_every must be "
+                "0 (off) or more, keep 1 or more"
+            )
+        resume = "never" if args.no_resume else os.environ.get("DTRAIN_RESUME") or "auto"
+        self.resume = resume.strip()
 
 
 # --------------------------------------------------------------------------- model
@@ -571,7 +650,11 @@ def init_deepspeed(model: nn.Module, c: Config, device: torch.device, world: int
         # adam8bit (bitsandbytes) is not a DeepSpeed optimizer: built here, handed to it.
         optimizer = make_optimizer(params, c, device)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=params, optimizer=optimizer, config=ds
+        model=model,
+        model_parameters=params,
+        optimizer=optimizer,
+        config=ds,
+        lr_scheduler=make_schedule(optimizer, c) if optimizer is not None else None,
     )
     return engine
 
@@ -718,6 +801,357 @@ def skip_collective(c: Config, step: int, rank: int, device: torch.device) -> No
     dist.all_reduce(torch.ones(1024, device=device))
 
 
+# --------------------------------------------------------------------------- checkpoints
+
+CKPT_MARKER = "COMPLETE"
+"""Written last, by rank 0 and atomically, once every rank's save has returned: a step directory
+without it is half-written (a crash, a full disk) and is never resumed from."""
+CKPT_PREFIX = "step_"
+DS_TAG = "ds"
+"""DeepSpeed's tag inside a step directory (its ``save_checkpoint(dir, tag)``)."""
+
+
+def ckpt_dir_of(root: Path, step: int) -> Path:
+    return root / f"{CKPT_PREFIX}{step:08d}"
+
+
+def ckpt_scan(root: Path) -> tuple[list[int], list[Path]]:
+    """The steps of the complete checkpoints under ``root`` (ascending) and the half-written
+    step directories (no completion marker)."""
+    complete: list[int] = []
+    broken: list[Path] = []
+    try:
+        entries = sorted(root.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return [], []
+    for d in entries:
+        if not d.name.startswith(CKPT_PREFIX) or not d.is_dir():
+            continue
+        try:
+            step = int(d.name[len(CKPT_PREFIX) :])
+        except ValueError:
+            continue
+        if (d / CKPT_MARKER).is_file():
+            complete.append(step)
+        else:
+            broken.append(d)
+    return sorted(complete), broken
+
+
+def ckpt_to_prune(steps: list[int], keep: int, milestone_every: int) -> list[int]:
+    """The complete checkpoints to delete: all but the newest ``keep`` (never fewer than one, so
+    the only complete checkpoint is never deleted) and the milestones (steps ``milestone_every``
+    divides)."""
+    ordered = sorted(set(steps))
+    kept = set(ordered[-max(keep, 1) :])
+    if milestone_every > 0:
+        kept |= {s for s in ordered if s % milestone_every == 0}
+    return [s for s in ordered if s not in kept]
+
+
+def _failure_reason(e: BaseException | None) -> str:
+    """One short reason for a failed save: a full disk said plainly, else the first line."""
+    seen: list[BaseException] = []
+    stack = [e] if e is not None else []
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.append(x)
+        if getattr(x, "errno", None) == errno.ENOSPC or "No space left on device" in str(x):
+            return "no space left on device"
+        stack += [y for y in (x.__cause__, x.__context__) if y is not None]
+        failures = getattr(x, "failures", None)  # DCP's CheckpointException: rank -> error
+        if isinstance(failures, dict):
+            stack += [y for y in failures.values() if isinstance(y, BaseException)]
+    if e is None:
+        return "a rank's save failed (see its log)"
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _test_hold(step: int) -> None:
+    """Test hook (DTRAIN_TEST_CKPT_HOLD=STEP:FILE): with every rank's shards written and the
+    marker not yet, rank 0 creates FILE and waits forever, so a test can kill a save midway."""
+    raw = os.environ.get("DTRAIN_TEST_CKPT_HOLD", "")
+    at, _, path = raw.partition(":")
+    if path and at.strip() == str(step):
+        Path(path).write_text(str(os.getpid()), encoding="utf-8")
+        log(f"test hook: holding checkpoint step={step} before its marker ({path})")
+        threading.Event().wait()
+
+
+class _Pending:
+    """A save that every rank started and not every rank has seen finish."""
+
+    def __init__(self, step: int, where: Path, t0: float) -> None:
+        self.step, self.dir, self.t0 = step, where, t0
+        self.future: Any = None
+        self.error: BaseException | None = None
+        self.t_done: float | None = None
+        self.stall = 0.0
+
+    def local_done(self) -> bool:
+        return self.future is None or bool(self.future.done())
+
+    def local_error(self) -> BaseException | None:
+        if self.error is None and self.future is not None and self.future.done():
+            self.error = self.future.exception()
+        return self.error
+
+
+class Checkpointer:
+    """Saves and resumes one run: DDP, FSDP (and the 3D smoke test, which runs as DDP) through
+    torch.distributed.checkpoint, sharded and asynchronous (``dcp.async_save`` on a gloo group of
+    its own, so its collectives never interleave with training's); DeepSpeed through its engine's
+    ``save_checkpoint``/``load_checkpoint``. Beside the shards every rank writes ``rank<R>.pt``
+    (step, RNG states, LR schedule, loss scaler, data position). A checkpoint counts once rank 0
+    has written ``COMPLETE`` after an all-reduce showed every rank's save succeeded."""
+
+    def __init__(
+        self, c: Config, rank: int, world: int, device: torch.device, parts: dict[str, Any]
+    ) -> None:
+        self.c, self.rank, self.world, self.device = c, rank, world, device
+        self.model = parts.get("model")
+        self.optimizer = parts.get("optimizer")
+        self.schedule = parts.get("schedule")
+        self.scaler = parts.get("scaler")
+        self.ds = parts.get("ds_engine")
+        self.root = c.ckpt_dir
+        self.pending: _Pending | None = None
+        complete, _ = ckpt_scan(self.root) if rank == 0 else ([], [])
+        self.last: int | None = complete[-1] if complete else None
+        self.pg: Any = None
+        if c.ckpt_every > 0 and self.ds is None and dist.is_initialized():
+            self.pg = dist.new_group(backend="gloo")
+
+    # ------------------------------------------------------------------ resume
+
+    def resume(self) -> int:
+        """Load the newest complete checkpoint (or DTRAIN_RESUME's), say which; the step to
+        continue after (0: a fresh run)."""
+        if self.c.resume == "never":
+            return 0
+        where = self._broadcast(self._pick_resume() if self.rank == 0 else None)
+        if where is None:
+            return 0
+        d = Path(where)
+        meta = json.loads((d / CKPT_MARKER).read_text(encoding="utf-8"))
+        self._check_compatible(d, meta)
+        if self.ds is not None:
+            self.ds.load_checkpoint(str(d), tag=DS_TAG)
+        else:
+            from torch.distributed.checkpoint import load
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
+            state = self._dcp_state()
+            load(state, checkpoint_id=str(d))
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+            )
+        self._load_extras(d)
+        step = int(meta["step"])
+        if self.rank == 0:
+            log(f"resumed from step={step} ({d})")
+        return step
+
+    def _pick_resume(self) -> str | None:
+        """Rank 0: the checkpoint to resume from; half-written ones under the root removed."""
+        target = self.c.resume
+        if target != "auto":
+            p = Path(target).expanduser()
+            if (p / CKPT_MARKER).is_file():
+                return str(p)
+            complete, _ = ckpt_scan(p)
+            if not complete:
+                sys.exit(
+                    f"{PREFIX} error: DTRAIN_RESUME={target}: no complete checkpoint there (a "
+                    f"step directory with {CKPT_MARKER}); set DTRAIN_RESUME=auto or never"
+                )
+            return str(ckpt_dir_of(p, complete[-1]))
+        complete, broken = ckpt_scan(self.root)
+        for d in broken:
+            log(f"removing half-written checkpoint {d}")
+            shutil.rmtree(d, ignore_errors=True)
+        self.last = complete[-1] if complete else None
+        return str(ckpt_dir_of(self.root, complete[-1])) if complete else None
+
+    def _broadcast(self, value: str | None) -> str | None:
+        if not dist.is_initialized():
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _check_compatible(self, d: Path, meta: dict[str, Any]) -> None:
+        saved = "deepspeed" if meta.get("format") == "deepspeed" else "dcp"
+        wanted = "deepspeed" if self.ds is not None else "dcp"
+        if saved != wanted:
+            sys.exit(
+                f"{PREFIX} error: checkpoint {d} was written by "
+                f"{'DeepSpeed' if saved == 'deepspeed' else 'torch.distributed.checkpoint'}, "
+                f"this run is {self.c.framework}; resume it with the same framework or start "
+                "afresh with --no-resume"
+            )
+        if self.ds is not None and int(meta.get("world", self.world)) != self.world:
+            sys.exit(
+                f"{PREFIX} error: checkpoint {d} was saved by {meta.get('world')} ranks and "
+                f"DeepSpeed's ZeRO checkpoints load only at the same world size ({self.world} "
+                "now); convert it with DeepSpeed's ds_to_universal.py, or --no-resume"
+            )
+
+    def _load_extras(self, d: Path) -> None:
+        own = d / f"rank{self.rank}.pt"
+        extras = torch.load(own if own.is_file() else d / "rank0.pt", weights_only=False)
+        if own.is_file():  # another world size: the random streams are not this rank's
+            torch.set_rng_state(extras["rng_cpu"])
+            random.setstate(extras["rng_python"])
+            if self.device.type == "cuda" and extras.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state(extras["rng_cuda"], self.device)
+        if self.schedule is not None and extras.get("schedule") is not None:
+            self.schedule.load_state_dict(extras["schedule"])
+        if self.scaler is not None and extras.get("scaler") is not None:
+            self.scaler.load_state_dict(extras["scaler"])
+
+    # ------------------------------------------------------------------ save
+
+    def after_step(self, step: int) -> None:
+        """Called by every rank after each optimizer step: see a running save through, and
+        start one when it is due (every N steps, and the last step)."""
+        if self.pending is not None:
+            self._poll(block=False)
+        every = self.c.ckpt_every
+        if every > 0 and (step % every == 0 or step == self.c.steps):
+            if self.pending is not None:
+                self._poll(block=True)
+            self._save(step)
+
+    def close(self) -> None:
+        """Wait for the save in flight (the run's last) and finish it."""
+        if self.pending is not None:
+            self._poll(block=True)
+
+    def _state_extras(self, step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "data_step": step,  # batch() is a function of (step, rank): the data position
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state(self.device)
+            if self.device.type == "cuda"
+            else None,
+            "rng_python": random.getstate(),
+            "schedule": self.schedule.state_dict() if self.schedule is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+    def _dcp_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        return {"model": msd, "optim": osd}
+
+    def _save(self, step: int) -> None:
+        t0 = time.perf_counter()
+        p = _Pending(step, ckpt_dir_of(self.root, step), t0)
+        try:
+            p.dir.mkdir(parents=True, exist_ok=True)
+            torch.save(self._state_extras(step), p.dir / f"rank{self.rank}.pt")
+        except OSError as e:
+            p.error = e
+        # Every rank enters the save whatever happened above: its collectives must match.
+        try:
+            if self.ds is not None:
+                self.ds.save_checkpoint(str(p.dir), tag=DS_TAG)
+            else:
+                from torch.distributed.checkpoint import async_save
+
+                p.future = async_save(
+                    self._dcp_state(), checkpoint_id=str(p.dir), process_group=self.pg
+                )
+                p.future.add_done_callback(lambda _f: setattr(p, "t_done", time.perf_counter()))
+        except (
+            BaseException
+        ) as e:  # DCP's CheckpointException is one; a failed save never ends the run
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            p.error = p.error or e
+        if p.t_done is None and p.future is None:
+            p.t_done = time.perf_counter()
+        p.stall += time.perf_counter() - t0
+        self.pending = p
+        if self.ds is not None:
+            self._poll(block=True)
+
+    def _poll(self, block: bool) -> None:
+        """Every rank together: once every rank's save has returned, rank 0 marks it complete
+        (or says why not and removes it)."""
+        p = self.pending
+        assert p is not None
+        t0 = time.perf_counter()
+        if block and p.future is not None:
+            # (DCP's CheckpointException is a BaseException: local_error() reads it below)
+            concurrent.futures.wait([p.future])
+        err = p.local_error() if p.local_done() else None
+        full = _failure_reason(err) == "no space left on device" if err is not None else False
+        flags = torch.tensor(
+            [float(p.local_done()), float(p.local_done() and err is None), float(full)],
+            device=self.device,
+        )
+        if dist.is_initialized():
+            dist.all_reduce(flags)
+        done, ok, full = (int(v) for v in flags.tolist())
+        p.stall += time.perf_counter() - t0
+        if done < self.world:
+            return
+        self.pending = None
+        if self.rank == 0:
+            if full and err is None:
+                err = OSError(errno.ENOSPC, "No space left on device")
+            self._finish(p, ok == self.world, err)
+
+    def _finish(self, p: _Pending, ok: bool, err: BaseException | None) -> None:
+        """Rank 0: write the marker (last), say so, prune; or say why the save failed."""
+        t0 = time.perf_counter()
+        if ok:
+            _test_hold(p.step)
+            meta = {
+                "step": p.step,
+                "world": self.world,
+                "framework": self.c.framework,
+                "format": "deepspeed" if self.ds is not None else "dcp",
+                "time": round(time.time(), 3),
+            }
+            try:
+                _write_atomic(p.dir / CKPT_MARKER, json.dumps(meta).encode())
+            except OSError as e:
+                ok, err = False, e
+        if not ok:
+            shutil.rmtree(p.dir, ignore_errors=True)
+            keeping = f"step={self.last}" if self.last is not None else "no checkpoint yet"
+            log(f"checkpoint step={p.step} failed: {_failure_reason(err)}; keeping {keeping}")
+            return
+        self.last = p.step
+        save_s = (p.t_done or time.perf_counter()) - p.t0
+        stall = p.stall + time.perf_counter() - t0
+        log(f"checkpoint step={p.step} dir={p.dir} save_s={save_s:.3f} stall_s={stall:.3f}")
+        complete, _ = ckpt_scan(self.root)
+        for s in ckpt_to_prune(complete, self.c.ckpt_keep, self.c.ckpt_milestone_every):
+            shutil.rmtree(ckpt_dir_of(self.root, s), ignore_errors=True)
+
+
+def make_schedule(optimizer: Any, c: Config) -> Any:
+    """The learning-rate schedule: a linear warm-up over ``training.warmup_steps`` (0: the
+    plan's rate throughout), saved and restored with every checkpoint."""
+    warmup = c.warmup_steps
+
+    def factor(i: int) -> float:
+        return min(1.0, (i + 1) / warmup) if warmup > 0 else 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -781,9 +1215,13 @@ def main(argv: list[str] | None = None) -> int:
             model = wrap_ddp(model, device, world)  # type: ignore[assignment]
         optimizer = make_optimizer(model.parameters(), c, device)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
+    schedule = make_schedule(optimizer, c) if optimizer is not None else None
+    parts = {"model": model, "optimizer": optimizer, "schedule": schedule, "scaler": scaler}
+    ckpt = Checkpointer(c, rank, world, device, parts | {"ds_engine": ds_engine})
+    first = ckpt.resume() + 1
     tokens_per_step = c.micro_batch * c.grad_accum * c.seq_len // c.cp
     t_start = time.perf_counter()
-    for step in range(1, c.steps + 1):
+    for step in range(first, c.steps + 1):
         t0 = time.perf_counter()
         if c.fail_at_step == step and rank == c.fail_rank:
             raise RuntimeError(f"injected failure at step {step} on rank {rank} (--fail-at-step)")
@@ -831,6 +1269,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            schedule.step()
         if c.sleep > 0:
             time.sleep(c.sleep)
         if device.type == "cuda":
@@ -848,6 +1287,8 @@ def main(argv: list[str] | None = None) -> int:
             f"step={step}/{c.steps} loss={avg:.4f} tokens_per_s={tokens_per_step / max(dt, 1e-9):.1f} "
             f"step_time_s={dt:.4f} mem_gb={peak_mem_gb(device):.3f}"
         )
+        ckpt.after_step(step)
+    ckpt.close()
     log(f"done steps={c.steps} time_s={time.perf_counter() - t_start:.3f}")
     if dist.is_initialized():
         # Every rank past its last collective before any tears its groups down, DeepSpeed's
