@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test check lint types format install system-deps test-snapshot-update golden-update bench clean
+.PHONY: run test check lint types format install system-deps test-snapshot-update golden-update bench docs screenshots clean
 
 install: $(STAMP)
 
@@ -63,8 +63,19 @@ test-snapshot-update: $(STAMP)
 golden-update: $(STAMP)
 	DTRAIN_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/engine -k golden
 
+# The documentation site (mkdocs.yml, docs/): the CLI reference is generated from the parser first.
+# Offline: no plugin fetches anything. `make test` builds it too, with --strict (tests/test_docs.py).
+docs: $(STAMP)
+	$(BIN)/python docs/gen_cli.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+	@echo "site: site/index.html"
+
+# The README's and the docs' pictures, made by the app itself under run_test (docs/images/*.svg).
+screenshots: $(STAMP)
+	$(BIN)/python docs/screenshots.py docs/images
+
 bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site

@@ -1,5 +1,7 @@
-"""Commands the README shows, run as a user runs them (a real ``python -m cli`` subprocess): what
-they print must agree with itself and with the README's claims."""
+"""Commands the documentation shows, run as a user runs them (a real ``python -m cli`` subprocess):
+what they print must agree with itself and with what the pages claim (docs/planning.md's usable
+memory, docs/monitor.md's stuck-rank example, the gpus table). That every command of the README
+and the docs runs as written is tests/test_docs.py's check."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def test_plan_table_states_the_usable_memory_the_decision_path_used() -> None:
 
 def test_launch_words_a_rank_exit_as_monitor_follow_does() -> None:
     """``launch`` printed ``[rank 0] exited: None stopped`` for a rank it stopped after a hang
-    (the README's stuck-rank example); it says ``stopped`` / ``failed SIGKILL (…)`` as
+    (the stuck-rank example of docs/monitor.md); it says ``stopped`` / ``failed SIGKILL (…)`` as
     ``monitor --follow`` does."""
     import io
 
