@@ -67,7 +67,7 @@ golden-update: $(STAMP)
 # Offline: no plugin fetches anything. `make test` builds it too, with --strict (tests/test_docs.py).
 docs: $(STAMP)
 	$(BIN)/python docs/gen_cli.py
-	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 	@echo "site: site/index.html"
 
 # The README's and the docs' pictures, made by the app itself under run_test (docs/images/*.svg).
