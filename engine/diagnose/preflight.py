@@ -266,104 +266,18 @@ def analyze(
     factor = GPU_SLOW_FACTOR if gpu_side else CPU_SLOW_FACTOR
     names = _node_hosts(raw, nodes, per_node, hosts)
     exp = expectation(raw, plan)
-    findings: list[Finding] = []
 
-    sweep = tuple(
-        SweepRow(
-            bytes=int(_num(r, "bytes")),
-            seconds=_num(r, "seconds"),
-            algbw_gbps=_num(r, "algbw_gbps"),
-            busbw_gbps=_num(r, "busbw_gbps"),
-        )
-        for r in _rows(raw, "allreduce")
-    )
-    if not sweep:
-        raise DtrainError("preflight result: no all-reduce sizes", field="preflight")
+    sweep = _sweep(raw)
     top = max(sweep, key=lambda r: r.bytes)
-    if world > 1 and exp.busbw_gbps > 0:
-        limit = exp.busbw_gbps if not gpu_side else exp.busbw_gbps * SLOW_FRACTION
-        if top.busbw_gbps < limit:
-            findings.append(
-                Finding(
-                    kind="fabric",
-                    where="world",
-                    message=f"all-reduce busbw {top.busbw_gbps:.2f} GB/s at {_size(top.bytes)} is "
-                    f"below {limit:.2f} GB/s ({exp.busbw_gbps:.2f} GB/s expected from {exp.basis})",
-                    hosts=tuple(names),
-                )
-            )
-
-    intra_raw = _rows(raw, "intra_node")
-    intra_bw = [_num(r, "busbw_gbps") for r in intra_raw]
-    intra_med = _median(intra_bw)
-    intra = tuple(
-        NodeRow(
-            node=int(_num(r, "node")),
-            host=names[int(_num(r, "node"))],
-            busbw_gbps=bw,
-            slow=bw * factor < _others(intra_bw, i),
-        )
-        for i, (r, bw) in enumerate(zip(intra_raw, intra_bw, strict=True))
-    )
-    findings.extend(
-        Finding(
-            kind="node",
-            where=f"node {row.node} ({row.host})",
-            message=f"its ranks' own all-reduce reaches {row.busbw_gbps:.2f} GB/s busbw, "
-            f"under 1/{factor:g} of the other nodes' median {_others(intra_bw, i):.2f} GB/s",
-            hosts=(row.host,),
-        )
-        for i, row in enumerate(intra)
-        if row.slow
-    )
-
-    pair_raw = _rows(raw, "pairs")
-    pair_med = _median([_num(r, "busbw_gbps") for r in pair_raw])
+    findings = _fabric_findings(top, world, gpu_side, exp, names)
+    intra, intra_findings = _intra_node(raw, names, factor)
+    findings += intra_findings
     pair_floor = exp.busbw_gbps * SLOW_FRACTION if gpu_side else exp.busbw_gbps
-    pairs: list[PairRow] = []
-    for r in pair_raw:
-        a, b = (int(x) for x in r.get("nodes", [0, 0])[:2])
-        bw = _num(r, "busbw_gbps")
-        pairs.append(
-            PairRow(
-                round=int(_num(r, "round")),
-                nodes=(a, b),
-                hosts=(names[a], names[b]),
-                busbw_gbps=bw,
-                slow=bw * factor < pair_med or bw < pair_floor,
-            )
-        )
+    pairs = _pairs(raw, names, factor, pair_floor)
     findings += _pair_findings(pairs, nodes, {f.where for f in findings})
-
-    gemm_raw = _rows(raw, "gemm")
-    tf = [_num(r, "tflops") for r in gemm_raw]
-    gemm_med = _median(tf)
-    gemm: list[GemmRow] = []
-    for i, (r, t) in enumerate(zip(gemm_raw, tf, strict=True)):
-        rank = int(_num(r, "rank"))
-        node = rank // per_node
-        of_peak = t / exp.gemm_tflops if exp.gemm_tflops else None
-        peers = _others(tf, i)
-        slow = t * factor < peers or (of_peak is not None and of_peak < SLOW_FRACTION)
-        gemm.append(
-            GemmRow(rank=rank, node=node, host=names[node], tflops=t, of_peak=of_peak, slow=slow)
-        )
-        if slow:
-            why = f"GEMM {t:.3g} TFLOP/s, under 1/{factor:g} of the other ranks' median {peers:.3g}"
-            if of_peak is not None and of_peak < SLOW_FRACTION:
-                why = f"GEMM {t:.3g} TFLOP/s, {of_peak:.0%} of the catalog's {exp.gemm_tflops:.0f}"
-            findings.append(
-                Finding(
-                    kind="gpu",
-                    where=f"rank {rank} on node {node} ({names[node]})",
-                    message=why,
-                    hosts=(names[node],),
-                )
-            )
-    shape = ""
-    if gemm_raw:
-        n = gemm_raw[0].get("n", "?")
-        shape = f"{gemm_raw[0].get('dtype', '?')} {n}x{n}x{n}"
+    gemm, gemm_findings = _gemm(raw, names, per_node, factor, exp.gemm_tflops)
+    findings += gemm_findings
+    intra_med = _median([row.busbw_gbps for row in intra])
 
     return PreflightReport(
         verdict="slow" if findings else "ok",
@@ -378,16 +292,148 @@ def analyze(
             allreduce_busbw_gbps=top.busbw_gbps,
             inter_node_busbw_gbps=top.busbw_gbps if nodes > 1 else None,
             intra_node_busbw_gbps=(intra_med or None) if nodes > 1 else top.busbw_gbps,
-            gemm_tflops=gemm_med,
+            gemm_tflops=_median([g.tflops for g in gemm]),
         ),
         allreduce=sweep,
         intra_node=intra,
         pairs=tuple(pairs),
         gemm=tuple(gemm),
-        gemm_shape=shape,
+        gemm_shape=_gemm_shape(_rows(raw, "gemm")),
         findings=tuple(findings),
         raw=dict(raw),
     )
+
+
+def _sweep(raw: Mapping[str, Any]) -> tuple[SweepRow, ...]:
+    """The whole world's all-reduce, one row per message size (at least one)."""
+    sweep = tuple(
+        SweepRow(
+            bytes=int(_num(r, "bytes")),
+            seconds=_num(r, "seconds"),
+            algbw_gbps=_num(r, "algbw_gbps"),
+            busbw_gbps=_num(r, "busbw_gbps"),
+        )
+        for r in _rows(raw, "allreduce")
+    )
+    if not sweep:
+        raise DtrainError("preflight result: no all-reduce sizes", field="preflight")
+    return sweep
+
+
+def _fabric_findings(
+    top: SweepRow, world: int, gpu_side: bool, exp: Expectation, names: Sequence[str]
+) -> list[Finding]:
+    """The world's busbw at the largest size below the plan's figure (gloo: below its floor)."""
+    if world <= 1 or exp.busbw_gbps <= 0:
+        return []
+    limit = exp.busbw_gbps if not gpu_side else exp.busbw_gbps * SLOW_FRACTION
+    if top.busbw_gbps >= limit:
+        return []
+    return [
+        Finding(
+            kind="fabric",
+            where="world",
+            message=f"all-reduce busbw {top.busbw_gbps:.2f} GB/s at {_size(top.bytes)} is "
+            f"below {limit:.2f} GB/s ({exp.busbw_gbps:.2f} GB/s expected from {exp.basis})",
+            hosts=tuple(names),
+        )
+    ]
+
+
+def _intra_node(
+    raw: Mapping[str, Any], names: Sequence[str], factor: float
+) -> tuple[tuple[NodeRow, ...], list[Finding]]:
+    """Each node's own all-reduce, slow against the median of the other nodes."""
+    intra_raw = _rows(raw, "intra_node")
+    bws = [_num(r, "busbw_gbps") for r in intra_raw]
+    rows = tuple(
+        NodeRow(
+            node=int(_num(r, "node")),
+            host=names[int(_num(r, "node"))],
+            busbw_gbps=bw,
+            slow=bw * factor < _others(bws, i),
+        )
+        for i, (r, bw) in enumerate(zip(intra_raw, bws, strict=True))
+    )
+    findings = [
+        Finding(
+            kind="node",
+            where=f"node {row.node} ({row.host})",
+            message=f"its ranks' own all-reduce reaches {row.busbw_gbps:.2f} GB/s busbw, "
+            f"under 1/{factor:g} of the other nodes' median {_others(bws, i):.2f} GB/s",
+            hosts=(row.host,),
+        )
+        for i, row in enumerate(rows)
+        if row.slow
+    ]
+    return rows, findings
+
+
+def _pairs(
+    raw: Mapping[str, Any], names: Sequence[str], factor: float, floor: float
+) -> list[PairRow]:
+    """Each pair of nodes, slow against the median of the pairs or below ``floor``."""
+    pair_raw = _rows(raw, "pairs")
+    median = _median([_num(r, "busbw_gbps") for r in pair_raw])
+    pairs: list[PairRow] = []
+    for r in pair_raw:
+        a, b = (int(x) for x in r.get("nodes", [0, 0])[:2])
+        bw = _num(r, "busbw_gbps")
+        pairs.append(
+            PairRow(
+                round=int(_num(r, "round")),
+                nodes=(a, b),
+                hosts=(names[a], names[b]),
+                busbw_gbps=bw,
+                slow=bw * factor < median or bw < floor,
+            )
+        )
+    return pairs
+
+
+def _gemm(
+    raw: Mapping[str, Any],
+    names: Sequence[str],
+    per_node: int,
+    factor: float,
+    expected: float | None,
+) -> tuple[list[GemmRow], list[Finding]]:
+    """Each rank's GEMM, slow against the other ranks' median or the catalog's ``expected``."""
+    gemm_raw = _rows(raw, "gemm")
+    tf = [_num(r, "tflops") for r in gemm_raw]
+    rows: list[GemmRow] = []
+    findings: list[Finding] = []
+    for i, (r, t) in enumerate(zip(gemm_raw, tf, strict=True)):
+        rank = int(_num(r, "rank"))
+        node = rank // per_node
+        of_peak = t / expected if expected else None
+        peers = _others(tf, i)
+        slow = t * factor < peers or (of_peak is not None and of_peak < SLOW_FRACTION)
+        rows.append(
+            GemmRow(rank=rank, node=node, host=names[node], tflops=t, of_peak=of_peak, slow=slow)
+        )
+        if not slow:
+            continue
+        why = f"GEMM {t:.3g} TFLOP/s, under 1/{factor:g} of the other ranks' median {peers:.3g}"
+        if of_peak is not None and of_peak < SLOW_FRACTION:
+            why = f"GEMM {t:.3g} TFLOP/s, {of_peak:.0%} of the catalog's {expected:.0f}"
+        findings.append(
+            Finding(
+                kind="gpu",
+                where=f"rank {rank} on node {node} ({names[node]})",
+                message=why,
+                hosts=(names[node],),
+            )
+        )
+    return rows, findings
+
+
+def _gemm_shape(gemm_raw: Sequence[Mapping[str, Any]]) -> str:
+    """``bfloat16 4096x4096x4096``: the dtype and size of the first rank's GEMM ('' without)."""
+    if not gemm_raw:
+        return ""
+    n = gemm_raw[0].get("n", "?")
+    return f"{gemm_raw[0].get('dtype', '?')} {n}x{n}x{n}"
 
 
 def _pair_findings(pairs: Sequence[PairRow], nodes: int, named: set[str]) -> list[Finding]:
