@@ -701,93 +701,114 @@ def _efa_causes(
 def _iface_findings(
     nodes: dict[str, NodeTransport], expect: TransportExpectation | None, multi: bool
 ) -> list[Finding]:
-    out: list[Finding] = []
+    """What is wrong with the socket interfaces NCCL picked (between nodes: which ones)."""
     ifname = _env_value(nodes, expect, "NCCL_SOCKET_IFNAME")
-    # nccl#1837: an NCCL_SOCKET_IFNAME naming no interface is not reported as such.
-    broken = [label for label, st in nodes.items() if st.iface_errors]
-    if broken:
-        first = nodes[broken[0]].iface_errors[0]
-        if ifname is not None:
-            title = f"NCCL_SOCKET_IFNAME={ifname[0]} names no interface NCCL could use"
-            cause = (
-                f"NCCL_SOCKET_IFNAME={ifname[0]} ({ifname[1]}) matches no interface with an "
-                f"address on {_names(broken)} (NCCL said: {first}); NCCL does not say so "
-                "plainly (NVIDIA/nccl#1837)"
-            )
-        else:
-            title = "NCCL found no socket interface to use"
-            cause = f"NCCL said on {_names(broken)}: {first}"
-        out.append(
-            Finding(
-                FindingKind.IFNAME_NOT_FOUND,
-                Severity.ERROR,
-                title,
-                (cause,),
-                "list the node's real interfaces (`ip -br addr`) and set NCCL_SOCKET_IFNAME "
-                "(the wizard's Network step, `network.socket_ifname`) to one that exists on "
-                "every node, e.g. `eth0` or a list `eth0,ens5`",
-                tuple(broken),
-            )
-        )
+    out = _ifname_not_found(nodes, ifname)
     if not multi:
         return out
+    return out + _loopback_iface(nodes, ifname) + _bridge_iface(nodes) + _ifaces_differ(nodes)
+
+
+def _ifname_not_found(
+    nodes: dict[str, NodeTransport], ifname: tuple[str, str] | None
+) -> list[Finding]:
+    # nccl#1837: an NCCL_SOCKET_IFNAME naming no interface is not reported as such.
+    broken = [label for label, st in nodes.items() if st.iface_errors]
+    if not broken:
+        return []
+    first = nodes[broken[0]].iface_errors[0]
+    if ifname is not None:
+        title = f"NCCL_SOCKET_IFNAME={ifname[0]} names no interface NCCL could use"
+        cause = (
+            f"NCCL_SOCKET_IFNAME={ifname[0]} ({ifname[1]}) matches no interface with an "
+            f"address on {_names(broken)} (NCCL said: {first}); NCCL does not say so "
+            "plainly (NVIDIA/nccl#1837)"
+        )
+    else:
+        title = "NCCL found no socket interface to use"
+        cause = f"NCCL said on {_names(broken)}: {first}"
+    return [
+        Finding(
+            FindingKind.IFNAME_NOT_FOUND,
+            Severity.ERROR,
+            title,
+            (cause,),
+            "list the node's real interfaces (`ip -br addr`) and set NCCL_SOCKET_IFNAME "
+            "(the wizard's Network step, `network.socket_ifname`) to one that exists on "
+            "every node, e.g. `eth0` or a list `eth0,ens5`",
+            tuple(broken),
+        )
+    ]
+
+
+def _loopback_iface(
+    nodes: dict[str, NodeTransport], ifname: tuple[str, str] | None
+) -> list[Finding]:
     lo = [label for label, st in nodes.items() if any(is_loopback(i) for i in st.data_ifaces)]
-    if lo:
-        why = (
-            f"NCCL_SOCKET_IFNAME={ifname[0]} ({ifname[1]}) selects it"
-            if ifname is not None and ifname_matches(ifname[0], "lo")
-            else "no other interface with an address was found (NCCL only takes lo then)"
+    if not lo:
+        return []
+    why = (
+        f"NCCL_SOCKET_IFNAME={ifname[0]} ({ifname[1]}) selects it"
+        if ifname is not None and ifname_matches(ifname[0], "lo")
+        else "no other interface with an address was found (NCCL only takes lo then)"
+    )
+    return [
+        Finding(
+            FindingKind.LOOPBACK_IFACE,
+            Severity.ERROR,
+            "NCCL uses the loopback interface (lo) between nodes",
+            (why,),
+            "set NCCL_SOCKET_IFNAME to the node's network interface (`ip -br addr`), "
+            "e.g. `eth0`, or `^lo,docker` to skip loopback and docker bridges",
+            tuple(lo),
         )
-        out.append(
-            Finding(
-                FindingKind.LOOPBACK_IFACE,
-                Severity.ERROR,
-                "NCCL uses the loopback interface (lo) between nodes",
-                (why,),
-                "set NCCL_SOCKET_IFNAME to the node's network interface (`ip -br addr`), "
-                "e.g. `eth0`, or `^lo,docker` to skip loopback and docker bridges",
-                tuple(lo),
-            )
-        )
+    ]
+
+
+def _bridge_iface(nodes: dict[str, NodeTransport]) -> list[Finding]:
     dock = {
         label: [i for i in st.data_ifaces if is_container_bridge(i)] for label, st in nodes.items()
     }
     dock = {k: v for k, v in dock.items() if v}
-    if dock:
-        names = sorted({i for v in dock.values() for i in v})
-        out.append(
-            Finding(
-                FindingKind.DOCKER_IFACE,
-                Severity.WARNING,
-                f"NCCL uses a container bridge interface ({', '.join(names)})",
-                (
-                    "docker, veth and br- interfaces only reach this machine's containers; "
-                    "NCCL's default skips `docker*` but not `veth*` or `br-*`",
-                ),
-                "set NCCL_SOCKET_IFNAME to the interface that reaches the other nodes, e.g. "
-                "`eth0`, or `^lo,docker,veth,br-`",
-                tuple(dock),
-            )
+    if not dock:
+        return []
+    names = sorted({i for v in dock.values() for i in v})
+    return [
+        Finding(
+            FindingKind.DOCKER_IFACE,
+            Severity.WARNING,
+            f"NCCL uses a container bridge interface ({', '.join(names)})",
+            (
+                "docker, veth and br- interfaces only reach this machine's containers; "
+                "NCCL's default skips `docker*` but not `veth*` or `br-*`",
+            ),
+            "set NCCL_SOCKET_IFNAME to the interface that reaches the other nodes, e.g. "
+            "`eth0`, or `^lo,docker,veth,br-`",
+            tuple(dock),
         )
+    ]
+
+
+def _ifaces_differ(nodes: dict[str, NodeTransport]) -> list[Finding]:
     used = {label: tuple(st.data_ifaces) for label, st in nodes.items() if st.data_ifaces}
-    if len(set(used.values())) > 1:
-        desc = "; ".join(f"{label}: {','.join(ifs)}" for label, ifs in used.items())
-        out.append(
-            Finding(
-                FindingKind.IFACES_DIFFER,
-                Severity.WARNING,
-                "nodes use different network interfaces",
-                (
-                    f"{desc}: a node may be on a management or slower network, or the nodes "
-                    "name their NICs differently",
-                ),
-                "check that these interfaces are on the same network; set "
-                "NCCL_SOCKET_IFNAME to a list naming each node's data interface "
-                "(e.g. `eth0,ens5`)",
-                tuple(used),
-            )
+    if len(set(used.values())) <= 1:
+        return []
+    desc = "; ".join(f"{label}: {','.join(ifs)}" for label, ifs in used.items())
+    return [
+        Finding(
+            FindingKind.IFACES_DIFFER,
+            Severity.WARNING,
+            "nodes use different network interfaces",
+            (
+                f"{desc}: a node may be on a management or slower network, or the nodes "
+                "name their NICs differently",
+            ),
+            "check that these interfaces are on the same network; set "
+            "NCCL_SOCKET_IFNAME to a list naming each node's data interface "
+            "(e.g. `eth0,ens5`)",
+            tuple(used),
         )
-    return out
+    ]
 
 
 def _env_findings(
