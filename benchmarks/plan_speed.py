@@ -5,6 +5,10 @@ wizard re-plans), whether planning imported torch, and the same wall time for th
 scenarios at scale (the largest searches: DeepSeek-V3 on 2048 GPUs, 405B on 8192, ...).
 Target: ``cli_wall_s`` and ``scale_worst_s`` < 0.5 on an otherwise idle 2-core CI machine.
 
+With ``--presets``: every built-in model preset on the catalog's largest cluster the issue
+names (2,048 H100 SXM, 256 nodes of 8 on InfiniBand NDR, 4K tokens, a global batch of 4,096),
+one fresh ``plan --json`` process each (the best of three, and its CPU time), one line a preset.
+
 Last line, for scripts: ``cli_wall_s=0.27 cli_best_s=0.24 cli_cpu_s=0.27 plan_ms=18.0
 scale_worst_s=0.45 torch_imported=0``.
 """
@@ -74,7 +78,42 @@ def _cli() -> list[str]:
     return [found] if found else [sys.executable, "-m", "cli"]
 
 
+LARGEST = ["--gpu", "h100", "--gpus-per-node", "8", "--nodes", "256", "--network", "ib-ndr"]
+LARGEST += ["--seq-len", "4096", "--global-batch", "4096"]
+
+
+def presets() -> int:
+    """Each built-in preset's ``plan --json`` wall and CPU time on :data:`LARGEST`."""
+    from engine.plan.models import list_presets
+
+    cli = _cli()
+    worst = ("", 0.0)
+    for name in list_presets():
+        walls: list[float] = []
+        cpus: list[float] = []
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            r = subprocess.run(
+                [*cli, "plan", "--model", name, *LARGEST, "--json"],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            )
+            walls.append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        status = "ok" if r.returncode == 0 else r.stderr.strip().splitlines()[-1][:60]
+        print(f"{name:20s} wall {min(walls):.3f} s  cpu {min(cpus):.3f} s  {status}")
+        if min(walls) > worst[1]:
+            worst = (name, min(walls))
+    print(f"presets_worst_s={worst[1]:.3f} presets_worst={worst[0]}")
+    return 0
+
+
 def main() -> int:
+    if "--presets" in sys.argv[1:]:
+        return presets()
     cli = _cli()
     walls: list[float] = []
     cpus: list[float] = []

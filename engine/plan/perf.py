@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, NamedTuple
 
 from engine.plan.dims import ModelDims
@@ -44,7 +44,15 @@ from engine.plan.frameworks import (
     shared_expert_overlap,
 )
 from engine.plan.memory import LayoutDraft, mtp_modules, stage_params
-from engine.plan.names import CpComm, Framework, Offload, Precision, Recompute, Strategy
+from engine.plan.names import (
+    CpComm,
+    Framework,
+    Offload,
+    PPSchedule,
+    Precision,
+    Recompute,
+    Strategy,
+)
 from engine.plan.stages import stage_layers
 
 
@@ -937,6 +945,52 @@ def _layer_costs(
     return per_layer, layer_bwd, comm
 
 
+_LAYER_CACHE: dict[tuple[object, ...], tuple[object, ...]] = {}
+"""One layer's costs by the layout fields they read (:func:`_layer_key`): the search times
+thousands of layouts that differ only in their data-parallel degree, strategy, pipeline depth
+or accumulation, which leave a layer's forward and backward as they are."""
+_LAYER_CACHE_MAX = 20_000
+
+
+def _layer_key(d: LayoutDraft) -> LayoutDraft:
+    """``d`` with the fields one layer's costs (:func:`_layer_costs`) never read set to their
+    defaults: the data-parallel degree, the accumulation, the strategy and offload, and the
+    pipeline's shape and the ZeRO stage except where they decide something of the layer (a
+    block recompute's share of the stage, the all-to-all overlap's schedule)."""
+    block = d.recompute == Recompute.FULL and d.recompute_layers > 0
+    keep_pp = block or d.a2a_overlap
+    return replace(
+        d,
+        strategy=Strategy.DDP,
+        dp=1,
+        grad_accum=1,
+        offload=Offload.NONE,
+        zero_stage=(3 if d.zero_stage >= 3 else 0) if d.a2a_overlap else 0,
+        pp=d.pp if block else (1 if d.pp == 1 or d.virtual_stages > 1 else 2) if keep_pp else 1,
+        virtual_stages=d.virtual_stages if block else 1,
+        first_stage_layers=d.first_stage_layers if block else 0,
+        last_stage_layers=d.last_stage_layers if block else 0,
+        pp_schedule=PPSchedule.ONE_F_ONE_B,
+    )
+
+
+def _layer_costs_cached(
+    dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """(MoE or dense layer, leading dense layer) costs of ``d`` (:func:`_layer_costs`), cached
+    on the objects themselves (``dims`` and ``hw`` by identity, checked on a hit)."""
+    key = (id(dims), id(hw), seq_len, _layer_key(d))
+    hit = _LAYER_CACHE.get(key)
+    if hit is not None and hit[0] is dims and hit[1] is hw:
+        return hit[2], hit[3]  # type: ignore[return-value]
+    moe = _layer_costs(dims, d, hw, seq_len)
+    dense = _layer_costs(dims.dense_view(), d, hw, seq_len) if dims.dense_layers else moe
+    if len(_LAYER_CACHE) >= _LAYER_CACHE_MAX:
+        _LAYER_CACHE.clear()
+    _LAYER_CACHE[key] = (dims, hw, moe, dense)
+    return moe, dense
+
+
 def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> MicroBatch:
     """One micro-batch's forward and backward on the heaviest pipeline stage: its layers (the
     last stage's plus the LM head when that is heavier), the exposed TP/CP/EP traffic, and the
@@ -945,8 +999,7 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     they are; multi-token prediction modules (:func:`mtp_modules`) on the last, each one more
     layer, its ``2h -> h`` projection and one more pass through the head."""
     split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
-    moe = _layer_costs(dims, d, hw, seq_len)
-    dense = _layer_costs(dims.dense_view(), d, hw, seq_len) if dims.dense_layers else moe
+    moe, dense = _layer_costs_cached(dims, d, hw, seq_len)
     mtp = mtp_modules(dims, d)
     head = 3 * _head_forward(dims, d, hw, seq_len)
     head += mtp * (head + 3 * _mtp_projection_forward(dims, d, hw, seq_len))
