@@ -13,8 +13,8 @@ file):
 
 - ``plan.json``: ``model`` (layers, hidden, heads, kv_heads, vocab, ffn, gated_mlp,
   tie_embeddings), the layout (``recommended`` or ``layout``: framework, zero_stage, micro_batch,
-  grad_accum, precision, recompute), and ``training`` (or ``spec.training``: seq_len, steps, lr,
-  grad_clip);
+  grad_accum, precision, recompute), ``training`` (or ``spec.training``: seq_len, steps, lr,
+  grad_clip, optimizer, warmup_steps) and ``checkpoint`` (dir, every, keep, milestone_every);
 - ``ds_config.json`` for DeepSpeed plans (ZeRO 1/2/3, offload, precision, clipping);
 - ``fsdp.json`` for FSDP plans (``fsdp_version`` 1 or 2, ``sharding_strategy``,
   ``mixed_precision``, ``activation_checkpointing``, ``cpu_offload``, ``reshard_after_forward``).
@@ -26,6 +26,28 @@ without CUDA it runs on CPU over gloo. Every rank prints one line per optimizer 
 
 (``tokens_per_s`` is this rank's tokens per second; ``mem_gb`` the peak GPU memory allocated, or
 the process's peak RSS on CPU) and at the end ``[dtrain] done steps=<n> time_s=<float>``.
+
+Checkpoints (:class:`Checkpointer`): every ``--ckpt-every N`` steps and at the last step (0, the
+default, saves none) into ``--ckpt-dir`` (default ``checkpoints/`` in the bundle), one
+``step_<00000N>/`` directory each: DDP, FSDP and the 3D smoke test through
+``torch.distributed.checkpoint`` (sharded, ``dcp.async_save``: the loop waits only while the
+state is copied), DeepSpeed through its engine's ``save_checkpoint``; beside them each rank's
+``rank<R>.pt`` (RNG states, LR schedule, loss scaler, step: the data position). A checkpoint
+counts once rank 0 has written ``COMPLETE`` in it, last, after every rank's save returned. Rank 0
+keeps the newest ``--ckpt-keep K`` (3) and every step ``--ckpt-milestone-every M`` divides, and
+prints one line per save::
+
+    [dtrain] checkpoint step=<n> dir=<path> save_s=<float> stall_s=<float>
+
+(``stall_s``: how long the training loop was blocked) or, when a save fails (a full disk), one
+line ``[dtrain] checkpoint step=<n> failed: <reason>; keeping step=<m>``, and trains on. A run
+started again with the same command resumes from the newest complete checkpoint, removing
+half-written ones, and says ``[dtrain] resumed from step=<n> (<dir>)``; ``--no-resume`` starts
+afresh. The environment sets the same (DTRAIN_CKPT_DIR, DTRAIN_CKPT_EVERY, DTRAIN_RESUME:
+``auto``, ``never`` or a checkpoint's path), as does plan.json's ``checkpoint`` section (dir,
+every, keep, milestone_every); the command line overrides the environment, which overrides the
+plan. DCP checkpoints reshard on load (FSDP2 saved by 2 ranks resumes on 1); DeepSpeed's ZeRO
+ones load only at the world size that wrote them. Every rank must see the same directory.
 
 Flight Recorder on demand: ``kill -USR1 <rank pid>`` makes the rank print one line
 ``[dtrain] fr {json}`` (its rank, node, host, the last collectives it entered per process group
@@ -928,14 +950,13 @@ class Checkpointer:
 
     def resume(self) -> int:
         """Load the newest complete checkpoint (or DTRAIN_RESUME's), say which; the step to
-        continue after (0: a fresh run)."""
-        if self.c.resume == "never":
+        continue after (0: a fresh run). Rank 0 decides, every rank loads."""
+        found = self._broadcast(self._pick_resume() if self.rank == 0 else None)
+        if found is None:
             return 0
-        where = self._broadcast(self._pick_resume() if self.rank == 0 else None)
-        if where is None:
-            return 0
-        d = Path(where)
-        meta = json.loads((d / CKPT_MARKER).read_text(encoding="utf-8"))
+        if "error" in found:
+            sys.exit(found["error"])
+        d, meta = Path(found["dir"]), found["meta"]
         self._check_compatible(d, meta)
         if self.ds is not None:
             self.ds.load_checkpoint(str(d), tag=DS_TAG)
@@ -957,28 +978,47 @@ class Checkpointer:
             log(f"resumed from step={step} ({d})")
         return step
 
-    def _pick_resume(self) -> str | None:
-        """Rank 0: the checkpoint to resume from; half-written ones under the root removed."""
+    def _pick_resume(self) -> dict[str, Any] | None:
+        """Rank 0: the checkpoint to resume from and its marker, or the error every rank
+        leaves with; half-written checkpoints under the root removed."""
         target = self.c.resume
+        complete, broken = ckpt_scan(self.root)
+        if target == "never":
+            if self.c.ckpt_every > 0 and complete:
+                # Saving beside an earlier run's checkpoints would mix the two (and pruning,
+                # newest first, would delete this run's): keep theirs, ask for a place.
+                return {
+                    "error": f"{PREFIX} error: --no-resume, but {self.root} holds an earlier "
+                    f"run's checkpoints (newest step={complete[-1]}); move them or set "
+                    "--ckpt-dir (DTRAIN_CKPT_DIR) to a new directory"
+                }
+            return None
         if target != "auto":
             p = Path(target).expanduser()
-            if (p / CKPT_MARKER).is_file():
-                return str(p)
-            complete, _ = ckpt_scan(p)
+            if not (p / CKPT_MARKER).is_file():
+                found, _ = ckpt_scan(p)
+                if not found:
+                    return {
+                        "error": f"{PREFIX} error: DTRAIN_RESUME={target}: no complete "
+                        f"checkpoint there (a step directory with {CKPT_MARKER}); set "
+                        "DTRAIN_RESUME=auto or never"
+                    }
+                p = ckpt_dir_of(p, found[-1])
+        else:
+            for d in broken:
+                log(f"removing half-written checkpoint {d}")
+                shutil.rmtree(d, ignore_errors=True)
             if not complete:
-                sys.exit(
-                    f"{PREFIX} error: DTRAIN_RESUME={target}: no complete checkpoint there (a "
-                    f"step directory with {CKPT_MARKER}); set DTRAIN_RESUME=auto or never"
-                )
-            return str(ckpt_dir_of(p, complete[-1]))
-        complete, broken = ckpt_scan(self.root)
-        for d in broken:
-            log(f"removing half-written checkpoint {d}")
-            shutil.rmtree(d, ignore_errors=True)
-        self.last = complete[-1] if complete else None
-        return str(ckpt_dir_of(self.root, complete[-1])) if complete else None
+                return None
+            p = ckpt_dir_of(self.root, complete[-1])
+        try:
+            meta = json.loads((p / CKPT_MARKER).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            return {"error": f"{PREFIX} error: cannot read {p / CKPT_MARKER}: {e}"}
+        self.last = int(meta["step"]) if p.parent == self.root else self.last
+        return {"dir": str(p), "meta": meta}
 
-    def _broadcast(self, value: str | None) -> str | None:
+    def _broadcast(self, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if not dist.is_initialized():
             return value
         box = [value]
@@ -1057,6 +1097,8 @@ class Checkpointer:
         p = _Pending(step, ckpt_dir_of(self.root, step), t0)
         try:
             p.dir.mkdir(parents=True, exist_ok=True)
+            # A marker left from an earlier save of this step must not vouch for this one.
+            (p.dir / CKPT_MARKER).unlink(missing_ok=True)
             torch.save(self._state_extras(step), p.dir / f"rank{self.rank}.pt")
         except OSError as e:
             p.error = e

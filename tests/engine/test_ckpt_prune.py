@@ -121,3 +121,36 @@ def test_bad_settings_are_one_line_naming_the_field(
     message = str(exc.value)
     assert message.startswith("[dtrain] error: ") and "\n" not in message
     assert names in message
+
+
+def _complete(root: Path, step: int, marker: str) -> None:
+    d = root / f"step_{step:08d}"
+    d.mkdir(parents=True)
+    (d / marker).write_text(json.dumps({"step": step}))
+
+
+def test_a_fresh_run_never_saves_beside_an_earlier_runs_checkpoints(
+    train: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _complete(tmp_path / "checkpoints", 20, train.CKPT_MARKER)
+    c = _config(train, tmp_path, ["--no-resume", "--ckpt-every", "2"], monkeypatch)
+    ckpt = train.Checkpointer(c, 0, 1, train.torch.device("cpu"), {})
+    with pytest.raises(SystemExit) as exc:
+        ckpt.resume()
+    message = str(exc.value)
+    assert "\n" not in message and "step=20" in message and "--ckpt-dir" in message
+    assert (tmp_path / "checkpoints" / "step_00000020" / train.CKPT_MARKER).is_file()
+    # Not saving (no --ckpt-every): nothing to mix, the run starts afresh.
+    c = _config(train, tmp_path, ["--no-resume"], monkeypatch)
+    assert train.Checkpointer(c, 0, 1, train.torch.device("cpu"), {}).resume() == 0
+
+
+def test_a_resume_path_without_a_complete_checkpoint_is_one_line(
+    train: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "empty").mkdir()
+    c = _config(train, tmp_path, [], monkeypatch, DTRAIN_RESUME=str(tmp_path / "empty"))
+    with pytest.raises(SystemExit) as exc:
+        train.Checkpointer(c, 0, 1, train.torch.device("cpu"), {}).resume()
+    message = str(exc.value)
+    assert message.startswith("[dtrain] error: DTRAIN_RESUME=") and "\n" not in message
