@@ -10,11 +10,15 @@ need them are imported when the user asks for what needs them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from textual import events
 from textual.app import App
 from textual.binding import Binding
+from textual.message_pump import MessagePump
 from textual.screen import Screen
 
 from engine.plan.specs import Spec, demo_spec
@@ -28,6 +32,9 @@ from tui.session import Step, WizardSession
 
 if TYPE_CHECKING:
     from profiles.schema import Profile
+
+_NEVER_HELD = frozenset({"ctrl+q", "ctrl+c"})
+"""Keys that go through at once even while a step is being entered."""
 
 DEFAULT_PROFILE = "local-cpu-demo"
 """The built-in profile the wizard opens on when no ``--profile`` is given."""
@@ -70,6 +77,10 @@ class DtrainApp(RunningApp):
         self._starts_on_demo = spec is None and profile_name is None
         """Opened on the built-in local CPU demo (no spec, no profile given)."""
         self._saved_spec: Spec | None = spec
+        self._type_ahead: list[events.Key] = []
+        self._replaying = False
+        self._keys_released = asyncio.Event()
+        """Keys that arrived while the wizard was entering a step, in order (see on_event)."""
         """The spec as loaded or last saved: the header says "unsaved changes" when the
         session's differs (None: the session's first spec, read after the first frame)."""
 
@@ -77,6 +88,50 @@ class DtrainApp(RunningApp):
         from tui.screens.wizard import WizardScreen
 
         return WizardScreen(self.session)
+
+    # --- type-ahead -------------------------------------------------------------------------
+    async def on_event(self, event: events.Event) -> None:
+        """Keys that arrive while the wizard builds or enters a step are held, then handed in
+        order to the field that gets the focus (:meth:`_replay_type_ahead`); Ctrl+Q and Ctrl+C
+        are never held."""
+        if (
+            isinstance(event, events.Key)
+            and not event.is_forwarded
+            and event.key not in _NEVER_HELD
+            and (self._replaying or self._wizard_holds_keys())
+        ):
+            self._type_ahead.append(event)
+            if not self._replaying:
+                self._replaying = True
+                self.run_worker(self._replay_type_ahead(), group="type-ahead", exit_on_error=False)
+            return
+        await super().on_event(event)
+
+    def _wizard_holds_keys(self) -> bool:
+        screens = self.screen_stack
+        top = screens[-1] if screens else None
+        return top is not None and top is self.wizard and top.holding_keys
+
+    def release_type_ahead(self) -> None:
+        """The wizard's step has the focus now (called by the wizard screen)."""
+        self._keys_released.set()
+
+    async def _replay_type_ahead(self) -> None:
+        """Hand the held keys on one at a time, each once it has been handled in full (a key
+        a binding handles reaches it only after bubbling up: the next key must not overtake
+        it); a key that enters another step holds the rest until that step has the focus."""
+        try:
+            while self._type_ahead:
+                if self._wizard_holds_keys():
+                    self._keys_released.clear()
+                    await self._keys_released.wait()
+                    continue
+                key = self._type_ahead.pop(0)
+                target = self.focused or self.screen
+                await super().on_event(key)
+                await _handled(target)
+        finally:
+            self._replaying = False
 
     # --- the header ---------------------------------------------------------------------------
     @property
@@ -173,6 +228,23 @@ class DtrainApp(RunningApp):
         pane = wiz.pane(Step.CONFIGS)
         if pane is not None:
             await pane.run_action(action)
+
+
+_SETTLE_S = 2.0
+"""How long a held key may take to be handled before the next one goes anyway (a widget
+removed meanwhile never runs the callback that says it is done)."""
+
+
+async def _handled(target: MessagePump) -> None:
+    """Until ``target`` and each node above it has handled what was posted to it so far: a
+    key forwarded to ``target`` has then been handled, bubbling included."""
+    node: MessagePump | None = target
+    while node is not None:
+        done = asyncio.Event()
+        node.call_later(done.set)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), _SETTLE_S)
+        node = node._parent
 
 
 def _wizard_commands() -> Any:

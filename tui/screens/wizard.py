@@ -63,6 +63,9 @@ class WizardScreen(Screen[None]):
         super().__init__(id="wizard")
         self.session = session
         self._status: tuple[str, bool] = ("", False)
+        self.holding_keys = True
+        """A step is being entered (the first one from the start): the app holds the keys
+        that arrive meanwhile and hands them, in order, to the field that gets the focus."""
 
     @property
     def current(self) -> Step:
@@ -255,6 +258,21 @@ class WizardScreen(Screen[None]):
         return True
 
     async def _enter(self, step: Step) -> None:
+        self.holding_keys = True
+        try:
+            await self._build_and_show(step)
+        finally:
+            # After the focus callback that ``focus()`` queued on the app: the held keys go to
+            # the field that has it by then.
+            self.app.call_later(self._release_keys)
+
+    def _release_keys(self) -> None:
+        self.holding_keys = False
+        release = getattr(self.app, "release_type_ahead", None)
+        if release is not None:
+            release()
+
+    async def _build_and_show(self, step: Step) -> None:
         switcher = self.query_one(ContentSwitcher)
         pane = self.pane(step)
         if pane is None:
