@@ -109,8 +109,8 @@ class DtrainApp(RunningApp):
 
     def _wizard_holds_keys(self) -> bool:
         screens = self.screen_stack
-        top = screens[-1] if screens else None
-        return top is not None and top is self.wizard and top.holding_keys
+        wiz = self.wizard
+        return wiz is not None and bool(screens) and screens[-1] is wiz and wiz.holding_keys
 
     def release_type_ahead(self) -> None:
         """The wizard's step has the focus now (called by the wizard screen)."""
