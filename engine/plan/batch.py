@@ -199,3 +199,43 @@ def faster_choices(ctx: PlanContext, chosen: Candidate) -> list[BatchChoice]:
         if gain >= 1 / (1 - CLEARLY_FASTER):
             out.append(_choice(c, f"{gain:.1f}x the tokens/s of the plan at {batch}"))
     return out
+
+
+def fewer_gpus(ctx: PlanContext, chosen: Candidate) -> list[str]:
+    """Where the batch does not split over every GPU (7 sequences on 8) and a plan on fewer of
+    them trains clearly faster (the batch's largest pure data parallelism, or one GPU), one
+    line offers it: the plan would leave the other GPUs idle, which the search itself never
+    does. Only on one node, or on whole nodes, so the offer is a ``--gpus-per-node`` or
+    ``--nodes`` the user can pass."""
+    if not chosen.fits or not chosen.est or ctx.spec.layout.is_forced or ctx.batch % ctx.world == 0:
+        return []
+    counts = [w for w in range(ctx.world - 1, 0, -1) if ctx.batch % w == 0 and _whole(ctx, w)]
+    tried = ([counts[0]] if counts else []) + ([1] if counts and counts[0] != 1 else [])
+    for w in tried:
+        c = _pick(_on(ctx, w), ctx.batch)
+        if c is None or not c.fits:
+            continue
+        gain = chosen.time_per_sequence / evaluate(_on(ctx, w), c).time_per_sequence
+        if gain < 1 / (1 - CLEARLY_FASTER):
+            continue
+        gpus = "1 GPU" if w == 1 else f"{w} of the {ctx.world} GPUs"
+        how = f"--gpus-per-node {w}" if w <= ctx.gpn else f"--nodes {w // ctx.gpn}"
+        return [
+            f"hardware.gpus: {gpus} would train the batch of {ctx.batch} at {gain:.1f}x the "
+            f"tokens/s ({describe(c.draft)} instead of {describe(chosen.draft)}), leaving "
+            f"{ctx.world - w} idle: {ctx.batch} sequences do not split over {ctx.world} "
+            f"replicas; pass {how} to take it"
+        ]
+    return []
+
+
+def _whole(ctx: PlanContext, world: int) -> bool:
+    """Whether ``world`` GPUs are part of one node or whole nodes."""
+    return world <= ctx.gpn if ctx.nodes == 1 else world % ctx.gpn == 0
+
+
+def _on(ctx: PlanContext, world: int) -> PlanContext:
+    """``ctx`` on ``world`` of its GPUs (part of one node, or whole nodes)."""
+    gpn, nodes = (world, 1) if world <= ctx.gpn else (ctx.gpn, world // ctx.gpn)
+    hw = dataclasses.replace(ctx.hw, gpus_per_node=gpn, nodes=nodes)
+    return dataclasses.replace(ctx, world=world, gpn=gpn, nodes=nodes, hw=hw)

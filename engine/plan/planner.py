@@ -26,7 +26,7 @@ from engine.plan.annotate import (
     mistakes,
     notes,
 )
-from engine.plan.batch import faster_choices, settle
+from engine.plan.batch import faster_choices, fewer_gpus, settle
 from engine.plan.calibration import Calibration, apply_gpu
 from engine.plan.catalog import GpuType, get_gpu
 from engine.plan.context import PlanContext, resolve_precision
@@ -74,6 +74,7 @@ def plan(spec: Spec) -> Plan:
     if not choices:
         choices = faster_choices(ctx, chosen)
         warnings += [_offer(ctx, recommended, c) for c in choices]
+        warnings += fewer_gpus(ctx, chosen)
     warnings += mistakes(ctx, recommended)
     warnings += _overlap_offer(ctx, cands, chosen)
     return Plan(
