@@ -44,7 +44,7 @@ from engine.plan.calibration import (
     solve_compute,
     steady_step_time,
 )
-from engine.plan.catalog import get_gpu, get_network
+from engine.plan.catalog import GpuType, get_gpu, get_network
 from engine.plan.planner import plan
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import LayoutSpec, Spec
@@ -247,60 +247,22 @@ def calibrate_run(
         )
     run = run_dir.resolve().name
     spec, rec = read_run_plan(run_dir)
-    try:
-        gpu = get_gpu(spec.hardware.gpu)
-    except ValueError as e:
-        raise CalibrationError(f"run {run}'s plan: {e}", field="RUN_DIR") from None
-    try:
-        expected = None if expect_gpu is None else get_gpu(expect_gpu).key
-    except ValueError as e:
-        raise CalibrationError(str(e), field="--profile") from None
-    if expected is not None and expected != gpu.key:
-        raise CalibrationError(
-            f"run {run} was planned for {gpu.key}, not {expected}; calibrate a profile from a "
-            "run on its own cluster",
-            field="--profile",
-        )
+    gpu = _run_gpu(spec, run, expect_gpu)
     steps = read_steps(run_dir)
-    world = spec.hardware.world_size
-    if steps.ranks and max(steps.ranks) >= world:
-        raise CalibrationError(
-            f"run {run}'s logs have rank {max(steps.ranks)} but its plan.json is for {world} "
-            "rank(s): the logs belong to another plan; calibrate from a run launched from its "
-            "own bundle",
-            field="RUN_DIR",
-        )
+    _check_ranks(steps, spec.hardware.world_size, run)
     measured, used, skipped = steady_step_time(
         {s: list(r.values()) for s, r in steps.times.items()}, run
     )
     forced = _forced(spec, rec, run)
-    try:
-        before = plan(forced)
-    except DtrainError as e:
-        raise CalibrationError(
-            f"run {run}'s layout cannot be planned by this dtrain-tui ({e}); calibrate from a "
-            "run written by this version",
-            field="RUN_DIR",
-        ) from None
-    if not _same_layout(before.recommended, rec):
-        raise CalibrationError(
-            f"run {run}'s plan.json records {rec.get('strategy')} with degrees this dtrain-tui "
-            f"plans as {describe(before.recommended)}: a different plan; calibrate from a run "
-            "written by this version",
-            field="RUN_DIR",
-        )
+    before = _replan(forced, rec, run)
 
-    measured_what = ["step time"]
     busbw = read_preflight(preflight) if preflight is not None else None
-    net = get_network(spec.network.tier)
-    factor_net = 1.0
-    if busbw is not None:
-        nominal = spec.network.bandwidth_gbps or net.gbps_per_node
-        factor_net = network_factor(busbw, nominal, net.efficiency)
-        measured_what.append("inter-node bus bandwidth")
-    tier = spec.network.tier.value if (spec.hardware.nodes > 1 or busbw is not None) else ""
+    factor_net, tier = _network_fit(spec, busbw)
     mem_gib = steps.peak_mem_gb * 1e9 / GIB if steps.peak_mem_gb > 0 else None
     predicted_gib = before.recommended.memory_per_gpu.total / GIB
+    measured_what = ["step time"]
+    if busbw is not None:
+        measured_what.append("inter-node bus bandwidth")
     if mem_gib is not None:
         measured_what.append("peak memory")
     stamp = (now or datetime.now(UTC)).astimezone(UTC).replace(microsecond=0)
@@ -310,7 +272,7 @@ def calibrate_run(
         run_dir=str(run_dir),
         date=stamp.isoformat().replace("+00:00", "Z"),
         layout=describe(before.recommended),
-        world_size=world,
+        world_size=spec.hardware.world_size,
         measured=measured_what,
         steps=used,
         warmup_steps=skipped,
@@ -330,6 +292,75 @@ def calibrate_run(
         memory_overhead_gib=None if mem_gib is None else round(mem_gib - predicted_gib, 4),
         source=source,
     )
+    return _fit_compute(base, forced, before, measured, run, gpu)
+
+
+def _run_gpu(spec: Spec, run: str, expect_gpu: str | None) -> GpuType:
+    """The GPU the run was planned for; refused when it is not ``expect_gpu``."""
+    try:
+        gpu = get_gpu(spec.hardware.gpu)
+    except ValueError as e:
+        raise CalibrationError(f"run {run}'s plan: {e}", field="RUN_DIR") from None
+    try:
+        expected = None if expect_gpu is None else get_gpu(expect_gpu).key
+    except ValueError as e:
+        raise CalibrationError(str(e), field="--profile") from None
+    if expected is not None and expected != gpu.key:
+        raise CalibrationError(
+            f"run {run} was planned for {gpu.key}, not {expected}; calibrate a profile from a "
+            "run on its own cluster",
+            field="--profile",
+        )
+    return gpu
+
+
+def _network_fit(spec: Spec, busbw: float | None) -> tuple[float, str]:
+    """The network factor a preflight's measured ``busbw`` gives (1.0 without one) and the tier
+    it is for ('' for a one-node run measured by none)."""
+    net = get_network(spec.network.tier)
+    factor = 1.0
+    if busbw is not None:
+        nominal = spec.network.bandwidth_gbps or net.gbps_per_node
+        factor = network_factor(busbw, nominal, net.efficiency)
+    tier = spec.network.tier.value if (spec.hardware.nodes > 1 or busbw is not None) else ""
+    return factor, tier
+
+
+def _check_ranks(steps: RunSteps, world: int, run: str) -> None:
+    """Refuse logs of more ranks than the run's plan has (they are another plan's)."""
+    if steps.ranks and max(steps.ranks) >= world:
+        raise CalibrationError(
+            f"run {run}'s logs have rank {max(steps.ranks)} but its plan.json is for {world} "
+            "rank(s): the logs belong to another plan; calibrate from a run launched from its "
+            "own bundle",
+            field="RUN_DIR",
+        )
+
+
+def _replan(forced: Spec, rec: dict[str, Any], run: str) -> Plan:
+    """The run's layout planned again with the catalog's figures; it must be the one recorded."""
+    try:
+        before = plan(forced)
+    except DtrainError as e:
+        raise CalibrationError(
+            f"run {run}'s layout cannot be planned by this dtrain-tui ({e}); calibrate from a "
+            "run written by this version",
+            field="RUN_DIR",
+        ) from None
+    if not _same_layout(before.recommended, rec):
+        raise CalibrationError(
+            f"run {run}'s plan.json records {rec.get('strategy')} with degrees this dtrain-tui "
+            f"plans as {describe(before.recommended)}: a different plan; calibrate from a run "
+            "written by this version",
+            field="RUN_DIR",
+        )
+    return before
+
+
+def _fit_compute(
+    base: Calibration, forced: Spec, before: Plan, measured: float, run: str, gpu: GpuType
+) -> CalibrationResult:
+    """``base`` with the compute factor at which the planner's step time is ``measured``."""
 
     def predict(c: float) -> float:
         cal = base.model_copy(update={"compute": c, "memory_overhead_gib": None})
@@ -340,7 +371,7 @@ def calibrate_run(
     after = plan(forced.model_copy(update={"calibration": cal}))
     cal = cal.model_copy(
         update={
-            "source": source.model_copy(
+            "source": base.source.model_copy(
                 update={"calibrated_step_time_s": after.recommended.step_time_s}
             )
         }
