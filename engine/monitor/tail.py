@@ -114,6 +114,170 @@ def _run_info(rec: RunRecord) -> _RunInfo:
     return info
 
 
+class _LogFiles:
+    """The run directory's log files, followed: which there are (looked for again every
+    ``rescan_s``), what each gave since the last read, a truncated or rotated one read again,
+    and one note for each file not read. ``chunk_bytes`` bounds what one file gives to one
+    :meth:`drain` and ``poll_bytes`` what all files do."""
+
+    def __init__(self, run_dir: Path, chunk_bytes: int, poll_bytes: int, rescan_s: float) -> None:
+        self.run_dir = run_dir
+        self.chunk_bytes = chunk_bytes
+        self.poll_bytes = poll_bytes
+        self.rescan_s = rescan_s
+        self._rr = 0
+        self._notes: list[str] = []
+        self._logs_refused = False
+        self._tails: dict[str, _Tail] = {}
+        self._last_scan = 0.0
+
+    def close(self) -> None:
+        for t in self._tails.values():
+            if t.fh is not None:
+                t.fh.close()
+                t.fh = None
+
+    def _note(self, text: str) -> None:
+        self._notes.append(NOTE + safe_line(text))
+
+    def take_notes(self) -> list[Event]:
+        if not self._notes:
+            return []
+        notes, self._notes = tuple(self._notes), []
+        return [LineBatch(0, None, STDOUT, notes, time.time())]
+
+    def scan(self, info: _RunInfo) -> None:
+        self._last_scan = time.monotonic()
+        logs = self.run_dir / LOGS
+        if self._logs_refused:
+            return
+        try:
+            st = os.lstat(logs)
+        except OSError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            self._logs_refused = True
+            what = "is a symlink" if stat.S_ISLNK(st.st_mode) else "is not a directory"
+            self._note(f"{LOGS}: {what}; its files are not read")
+            return
+        try:
+            names = sorted(os.listdir(logs))
+        except OSError:
+            return
+        for name in names:
+            if name in self._tails:
+                continue
+            m = _FILE_RE.match(name)
+            if m is None:
+                continue
+            if int(m[1] or m[3]) >= (MAX_RANKS if m[1] is not None else MAX_NODES):
+                continue  # no run has that many ranks (or nodes): not one of ours
+            if m[1] is not None:
+                rank = int(m[1])
+                node = info.rank_node.get(rank, 0)
+                stream = STDERR if m[2] == "stderr" else STDOUT
+                self._tails[name] = _Tail(logs / name, rank, node, stream)
+            else:
+                self._tails[name] = _Tail(logs / name, None, int(m[3]), STDOUT)
+
+    def drain(self, info: _RunInfo) -> tuple[list[Event], bool]:
+        """Events for what the files gave, and whether any file gave a byte."""
+        rescan = time.monotonic() - self._last_scan >= self.rescan_s
+        if rescan:
+            self.scan(info)
+        events: list[Event] = []
+        now = time.time()
+        tails = list(self._tails.values())
+        # Round-robin start, and a cap per poll, so one poll stays short (the reader posts
+        # to the screen between polls) and no rank's file waits behind the others.
+        start = self._rr % len(tails) if tails else 0
+        self._rr += 1
+        budget = self.poll_bytes
+        busy = False
+        for t in tails[start:] + tails[:start]:
+            if budget <= 0:
+                break
+            if t.refused or (t.fh is None and not self._open(t)):
+                continue
+            assert t.fh is not None
+            data = t.fh.read(min(self.chunk_bytes, max(budget, 4096)))
+            if not data:
+                if rescan:
+                    events += self._reopened(t, info)
+                continue
+            budget -= len(data)
+            busy = True
+            buf = t.rest + data if t.rest else data
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                t.keep(buf)
+                continue
+            lines = _decode_lines(buf[:cut], t.cut)
+            t.cut = 0
+            t.keep(buf[cut + 1 :])
+            if t.rank is not None:
+                t.node = info.rank_node.get(t.rank, t.node)
+            host = info.rank_host.get(t.rank, "") if t.rank is not None else ""
+            events.append(LineBatch(t.node, t.rank, t.stream, tuple(lines), now, host))
+        return events, busy
+
+    def _open(self, t: _Tail) -> bool:
+        """Open ``t``'s file, a regular file inside the run directory; a refusal is said once."""
+        try:
+            fd = open_regular(t.path, within=self.run_dir, label=f"{LOGS}/{t.path.name}")
+        except DtrainError as e:
+            t.refused = True
+            self._note(f"{e}")
+            return False
+        except OSError:
+            return False  # not there yet
+        t.fh = os.fdopen(fd, "rb")  # kept open while tailing
+        return True
+
+    def _reopened(self, t: _Tail, info: _RunInfo) -> list[Event]:
+        """At the end of ``t``'s file: start again from 0 when it shrank (truncated), or follow
+        the new file of its name when the name now holds another one (rotated). A line without
+        its newline so far is shown first, so nothing read is lost."""
+        assert t.fh is not None
+        try:
+            mine = os.fstat(t.fh.fileno())
+            pos = t.fh.tell()
+        except (OSError, ValueError):
+            return []
+        try:
+            now = os.stat(t.path, follow_symlinks=False)
+        except OSError:
+            return []  # renamed, the new one not there yet: keep the old one
+        rotated = (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev)
+        if not rotated and mine.st_size >= pos:
+            return []
+        events = _flush_one(t, info)
+        if rotated:
+            t.fh.close()
+            t.fh = None
+            self._open(t)
+        else:
+            t.fh.seek(0)
+        return events
+
+    def flush_rests(self, info: _RunInfo) -> list[Event]:
+        """At the end, a last line without its newline is still a line."""
+        events: list[Event] = []
+        for t in self._tails.values():
+            events += _flush_one(t, info)
+        return events
+
+
+def _flush_one(t: _Tail, info: _RunInfo) -> list[Event]:
+    """``t``'s line still without its newline, as a line of its own (none: nothing held)."""
+    if not t.rest:
+        return []
+    text = _cut_text(t.rest, t.cut)
+    t.rest, t.cut = b"", 0
+    host = info.rank_host.get(t.rank, "") if t.rank is not None else ""
+    return [LineBatch(t.node, t.rank, t.stream, (text,), time.time(), host)]
+
+
 class RunDirSource:
     """An EventSource over a run directory. ``chunk_bytes`` bounds what one file contributes to
     one poll and ``poll_bytes`` what all files do, so a huge finished log streams in steps
@@ -130,19 +294,12 @@ class RunDirSource:
         no_launcher_quiet_s: float = NO_LAUNCHER_QUIET_S,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.chunk_bytes = chunk_bytes
-        self.poll_bytes = poll_bytes
-        self._rr = 0
-        self.rescan_s = rescan_s
         self.idle_sleep_s = idle_sleep_s
         self.no_launcher_quiet_s = no_launcher_quiet_s
+        self._logs = _LogFiles(self.run_dir, chunk_bytes, poll_bytes, rescan_s)
         self._last_change = time.monotonic()
-        self._notes: list[str] = []
-        self._logs_refused = False
-        self._tails: dict[str, _Tail] = {}
         self._info = _RunInfo()
         self._run_mtime: int = -1
-        self._last_scan = 0.0
         self._alive_checked = 0.0
         self._reported_exits: set[int] = set()
         self._reported_state = ""
@@ -158,7 +315,7 @@ class RunDirSource:
         self._info = _run_info(read_record(self.run_dir))  # a dead launcher's run reads failed
         self._run_mtime = self._mtime()
         self._started = True
-        self._scan()
+        self._logs.scan(self._info)
 
     @property
     def done(self) -> bool:
@@ -188,10 +345,7 @@ class RunDirSource:
         """Stop tailing (the run itself belongs to its launcher); idempotent."""
         self._stopped = True
         self._done = True
-        for t in self._tails.values():
-            if t.fh is not None:
-                t.fh.close()
-                t.fh = None
+        self._logs.close()
 
     def poll(self, timeout: float) -> list[Event]:
         if not self._started:
@@ -199,8 +353,8 @@ class RunDirSource:
         deadline = time.monotonic() + max(0.0, timeout)
         while not self._done:
             final = self._refresh_run_json()
-            events, busy = self._drain()
-            events = self._take_notes() + events  # a file not read is said where it would be
+            events, busy = self._logs.drain(self._info)
+            events = self._logs.take_notes() + events  # a file not read is said where it would be
             if busy:
                 self._last_change = time.monotonic()
             elif not final and self._orphaned():
@@ -209,7 +363,7 @@ class RunDirSource:
             # no event, yet the files are not drained (else the lines after it were lost).
             drained = not busy
             if final and drained:
-                events += self._flush_rests()
+                events += self._logs.flush_rests(self._info)
             events += self._exits(drained)
             if final and drained:
                 events += self._state_event()
@@ -267,144 +421,6 @@ class RunDirSource:
         )
         self._info = _run_info(rec.model_copy(update={"state": RunState.FAILED, "reason": why}))
         return True
-
-    def _note(self, text: str) -> None:
-        self._notes.append(NOTE + safe_line(text))
-
-    def _take_notes(self) -> list[Event]:
-        if not self._notes:
-            return []
-        notes, self._notes = tuple(self._notes), []
-        return [LineBatch(0, None, STDOUT, notes, time.time())]
-
-    def _scan(self) -> None:
-        self._last_scan = time.monotonic()
-        logs = self.run_dir / LOGS
-        if self._logs_refused:
-            return
-        try:
-            st = os.lstat(logs)
-        except OSError:
-            return
-        if not stat.S_ISDIR(st.st_mode):
-            self._logs_refused = True
-            what = "is a symlink" if stat.S_ISLNK(st.st_mode) else "is not a directory"
-            self._note(f"{LOGS}: {what}; its files are not read")
-            return
-        try:
-            names = sorted(os.listdir(logs))
-        except OSError:
-            return
-        for name in names:
-            if name in self._tails:
-                continue
-            m = _FILE_RE.match(name)
-            if m is None:
-                continue
-            if int(m[1] or m[3]) >= (MAX_RANKS if m[1] is not None else MAX_NODES):
-                continue  # no run has that many ranks (or nodes): not one of ours
-            if m[1] is not None:
-                rank = int(m[1])
-                node = self._info.rank_node.get(rank, 0)
-                stream = STDERR if m[2] == "stderr" else STDOUT
-                self._tails[name] = _Tail(logs / name, rank, node, stream)
-            else:
-                self._tails[name] = _Tail(logs / name, None, int(m[3]), STDOUT)
-
-    def _drain(self) -> tuple[list[Event], bool]:
-        """Events for what the files gave, and whether any file gave a byte."""
-        rescan = time.monotonic() - self._last_scan >= self.rescan_s
-        if rescan:
-            self._scan()
-        events: list[Event] = []
-        now = time.time()
-        tails = list(self._tails.values())
-        # Round-robin start, and a cap per poll, so one poll stays short (the reader posts
-        # to the screen between polls) and no rank's file waits behind the others.
-        start = self._rr % len(tails) if tails else 0
-        self._rr += 1
-        budget = self.poll_bytes
-        busy = False
-        for t in tails[start:] + tails[:start]:
-            if budget <= 0:
-                break
-            if t.refused or (t.fh is None and not self._open(t)):
-                continue
-            assert t.fh is not None
-            data = t.fh.read(min(self.chunk_bytes, max(budget, 4096)))
-            if not data:
-                if rescan:
-                    events += self._reopened(t)
-                continue
-            budget -= len(data)
-            busy = True
-            buf = t.rest + data if t.rest else data
-            cut = buf.rfind(b"\n")
-            if cut < 0:
-                t.keep(buf)
-                continue
-            lines = _decode_lines(buf[:cut], t.cut)
-            t.cut = 0
-            t.keep(buf[cut + 1 :])
-            if t.rank is not None:
-                t.node = self._info.rank_node.get(t.rank, t.node)
-            host = self._info.rank_host.get(t.rank, "") if t.rank is not None else ""
-            events.append(LineBatch(t.node, t.rank, t.stream, tuple(lines), now, host))
-        return events, busy
-
-    def _open(self, t: _Tail) -> bool:
-        """Open ``t``'s file, a regular file inside the run directory; a refusal is said once."""
-        try:
-            fd = open_regular(t.path, within=self.run_dir, label=f"{LOGS}/{t.path.name}")
-        except DtrainError as e:
-            t.refused = True
-            self._note(f"{e}")
-            return False
-        except OSError:
-            return False  # not there yet
-        t.fh = os.fdopen(fd, "rb")  # kept open while tailing
-        return True
-
-    def _reopened(self, t: _Tail) -> list[Event]:
-        """At the end of ``t``'s file: start again from 0 when it shrank (truncated), or follow
-        the new file of its name when the name now holds another one (rotated). A line without
-        its newline so far is shown first, so nothing read is lost."""
-        assert t.fh is not None
-        try:
-            mine = os.fstat(t.fh.fileno())
-            pos = t.fh.tell()
-        except (OSError, ValueError):
-            return []
-        try:
-            now = os.stat(t.path, follow_symlinks=False)
-        except OSError:
-            return []  # renamed, the new one not there yet: keep the old one
-        rotated = (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev)
-        if not rotated and mine.st_size >= pos:
-            return []
-        events = self._flush_one(t)
-        if rotated:
-            t.fh.close()
-            t.fh = None
-            self._open(t)
-        else:
-            t.fh.seek(0)
-        return events
-
-    def _flush_one(self, t: _Tail) -> list[Event]:
-        if not t.rest:
-            return []
-        text = _cut_text(t.rest, t.cut)
-        t.rest, t.cut = b"", 0
-        host = self._info.rank_host.get(t.rank, "") if t.rank is not None else ""
-        return [LineBatch(t.node, t.rank, t.stream, (text,), time.time(), host)]
-
-    def _flush_rests(self) -> list[Event]:
-        """At the end, a last line without its newline is still a line."""
-        events: list[Event] = []
-        for t in self._tails.values():
-            events += self._flush_one(t)
-        return events
 
     def _exits(self, drained: bool) -> list[Event]:
         if not drained:
