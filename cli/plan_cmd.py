@@ -42,9 +42,26 @@ def run(args: argparse.Namespace) -> int:
         json.dump(result.to_json_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        render(result, sys.stdout)
+        render(result, sys.stdout, forcing=_forcing(result))
     # Scripts can gate on it: 1 when the recommended (or forced) layout does not fit.
     return 0 if result.recommended.fits else 1
+
+
+def _forcing(forced: Plan) -> str:
+    """With a forced layout: the auto plan of the same spec and what forcing costs ("" when
+    nothing is forced)."""
+    if not forced.forced:
+        return ""
+    from engine.errors import SpecError, one_line
+    from engine.plan.annotate import forcing_cost
+    from engine.plan.planner import plan
+    from engine.plan.specs import LayoutSpec
+
+    try:
+        auto = plan(forced.spec.model_copy(update={"layout": LayoutSpec()}))
+    except SpecError as e:
+        return forcing_cost(forced, None, one_line(e))
+    return forcing_cost(forced, auto)
 
 
 def _gib(n: int) -> str:
@@ -59,15 +76,14 @@ def _count(n: float) -> str:
 
 
 def _duration(s: float) -> str:
-    if s < 1:
-        return f"{s * 1000:.0f} ms"
-    if s < 120:
-        return f"{s:.2f} s"
-    return f"{s / 60:.1f} min"
+    """A time as the plan's step times read (``84 ms``, ``57.1 s``, ``2.0 min``)."""
+    from engine.plan.annotate import step_time_text
+
+    return step_time_text(s).removesuffix("/step")
 
 
-def render(p: Plan, out: TextIO) -> None:
-    """The human report."""
+def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
+    """The human report; ``forcing``: the line that says what a forced layout costs."""
     from engine.plan.annotate import describe, recompute_text
     from engine.plan.models import architecture_notes
 
@@ -95,9 +111,11 @@ def render(p: Plan, out: TextIO) -> None:
         + (f"Estimates {p.calibration.label()}\n" if p.calibration is not None else "")
         + "\n"
     )
-    status = "fits" if r.fits else "DOES NOT FIT"
+    status = p.margin_text()
     label = "Forced" if p.forced else "Plan"
     w(f"{label}: {describe(r)}  [{status}]\n")
+    if forcing:
+        w(f"  {forcing}\n")
     w(
         f"  micro-batch {r.micro_batch} x grad-accum {r.grad_accum} x dp {r.dp} = global batch "
         f"{r.global_batch}; {recompute_text(r)}"
@@ -134,7 +152,8 @@ def render(p: Plan, out: TextIO) -> None:
         vals.append("yes" if lay.fits else "no")
         vals.append(_duration(lay.step_time_s) if lay.fits else "-")
         w(f"  {name:<{width}} " + " ".join(f"{v:>8}" for v in vals) + "\n")
-    w(f"  (usable: {_gib(p.usable_bytes)} GiB of {_gib(p.gpu.memory_bytes)})\n")
+    kept = f"; {_gib(p.headroom_bytes)} GiB more kept free" if p.headroom_bytes else ""
+    w(f"  (usable: {_gib(p.usable_bytes)} GiB of {_gib(p.gpu.memory_bytes)}{kept})\n")
     if p.alternatives:
         w("\nAlternatives\n")
         for a in p.alternatives:

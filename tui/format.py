@@ -5,11 +5,45 @@ from __future__ import annotations
 import re
 
 GIB = 1024**3
+MIB = 1024**2
 
 
 def gb(n_bytes: float) -> str:
     """Bytes as GB with one decimal (binary GiB, as nvidia-smi and torch report memory)."""
     return f"{n_bytes / GIB:.1f} GB"
+
+
+def size(n_bytes: float) -> str:
+    """Bytes in GiB with one decimal, or in MiB below 1 GiB, so a small model's memory reads
+    ``79.0 MiB``, never ``0.0 GiB`` (binary units, as nvidia-smi and torch count memory)."""
+    if abs(n_bytes) >= GIB:
+        return f"{n_bytes / GIB:.1f} GiB"
+    return f"{n_bytes / MIB:.1f} MiB"
+
+
+def step_time(s: float) -> str:
+    """A step time, one rule everywhere: ``84 ms/step`` below a second, ``57.1 s/step`` (three
+    significant digits) below 100 s, ``2.0 min/step`` above."""
+    return f"{duration(s)}/step"
+
+
+def duration(s: float) -> str:
+    """A short time as :func:`step_time` writes it, without ``/step``."""
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 100:
+        return f"{s:.3g} s"
+    return f"{s / 60:.1f} min"
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``1 line``, ``3 lines``, ``2 matches``: a count with its noun agreed (thousands
+    separated)."""
+    if n == 1:
+        return f"1 {noun}"
+    if many is None:
+        many = noun + "es" if noun.endswith(("s", "x", "ch", "sh")) else noun + "s"
+    return f"{n:,} {many}"
 
 
 def count(n: float) -> str:
@@ -18,18 +52,6 @@ def count(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g} {unit}"
     return f"{n:.0f}"
-
-
-def seconds(s: float) -> str:
-    if s < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if s < 1:
-        return f"{s * 1e3:.0f} ms"
-    if s < 120:
-        return f"{s:.2f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def money(x: float | None) -> str:

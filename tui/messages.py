@@ -48,6 +48,9 @@ class PlanComputed(Message):
     plan: Plan
     generation: int
     elapsed_s: float
+    forcing: str = ""
+    """What forcing the layout costs against the auto plan (``engine.plan.annotate.
+    forcing_cost``); "" when nothing is forced."""
 
 
 @dataclass

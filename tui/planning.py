@@ -51,6 +51,8 @@ class PlanningApp(App[int]):
         self.session = session
         self.plan_delay_s = plan_delay_s
         self._plan_timer: Timer | None = None
+        self._auto_plan: tuple[Spec, Plan | None, str] | None = None
+        """The last unforced spec planned for a forced one's cost line, its plan or refusal."""
 
     @property
     def wizard(self) -> WizardScreen | None:
@@ -121,9 +123,29 @@ class PlanningApp(App[int]):
         except Exception as e:  # noqa: BLE001 - every refusal becomes one line on screen
             self.post_message(PlanFailed(one_line(e) or type(e).__name__, generation))
             return
-        self.post_message(PlanComputed(plan, generation, time.perf_counter() - t0))
+        elapsed = time.perf_counter() - t0
+        self.post_message(PlanComputed(plan, generation, elapsed, self._forcing(plan)))
         if self.session.bundle_wanted:
             self._render(plan, generation)
+
+    def _forcing(self, plan: Plan) -> str:
+        """With a forced layout, the auto plan of the same spec and what forcing costs (in the
+        worker thread; the last auto plan is kept, so forcing one degree after another plans
+        the unforced spec once)."""
+        if not plan.forced:
+            return ""
+        from engine.plan.annotate import forcing_cost
+        from engine.plan.specs import LayoutSpec
+
+        auto_spec = plan.spec.model_copy(update={"layout": LayoutSpec()})
+        cached = self._auto_plan
+        if cached is None or cached[0] != auto_spec:
+            try:
+                cached = (auto_spec, services.make_plan(auto_spec), "")
+            except Exception as e:  # noqa: BLE001 - the refusal is shown in the line
+                cached = (auto_spec, None, one_line(e) or type(e).__name__)
+            self._auto_plan = cached
+        return forcing_cost(plan, cached[1], cached[2])
 
     @work(thread=True, exclusive=True, group="render", exit_on_error=False, description="rendering")
     def _render_worker(self, plan: Plan | None, generation: int) -> None:
@@ -145,7 +167,9 @@ class PlanningApp(App[int]):
             self.wizard.show_plan_pending()
 
     def on_plan_computed(self, message: PlanComputed) -> None:
-        if self.session.plan_computed(message.plan, message.generation, message.elapsed_s):
+        if self.session.plan_computed(
+            message.plan, message.generation, message.elapsed_s, message.forcing
+        ):
             self.session.planning = self._plan_timer is not None
             self._show_plan_state()
 

@@ -17,7 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tui.format import count, seconds, wizard_words
+from tui.format import count, step_time, wizard_words
 
 if TYPE_CHECKING:
     from engine.plan.result import Plan
@@ -79,6 +79,8 @@ class WizardSession:
         self.step_errors: dict[Step, list[str]] = {}
         self.plan: Plan | None = None
         self.plan_elapsed_s = 0.0
+        self.forcing = ""
+        """With a forced layout: the auto plan and what forcing costs, in one line."""
         self.plan_failure = ""
         self.planning = False
         """A plan is scheduled or running for the current spec."""
@@ -173,11 +175,14 @@ class WizardSession:
         self._planned_spec = self.spec
         return self.spec, self.generation
 
-    def plan_computed(self, plan: Plan, generation: int, elapsed_s: float) -> bool:
+    def plan_computed(
+        self, plan: Plan, generation: int, elapsed_s: float, forcing: str = ""
+    ) -> bool:
         """Take the planner's result; False (ignored) when it is stale."""
         if generation != self.generation:
             return False
         self.plan = plan
+        self.forcing = forcing
         self.plan_failure = ""
         self.bundle_error = ""
         self.plan_elapsed_s = elapsed_s
@@ -235,5 +240,5 @@ class WizardSession:
             name += f" · {lay.framework.value}"
         return (
             f"{'fits' if lay.fits else 'does NOT fit'} · {name} · "
-            f"{seconds(lay.step_time_s)}/step · {count(lay.tokens_per_s)} tok/s"
+            f"{step_time(lay.step_time_s)} · {count(lay.tokens_per_s)} tok/s"
         )

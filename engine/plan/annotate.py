@@ -32,7 +32,7 @@ from engine.plan.perf import (
     padded_vocab,
     unpadded_vocab_seconds,
 )
-from engine.plan.result import Layout, MemoryBreakdown
+from engine.plan.result import Layout, MemoryBreakdown, Plan
 from engine.plan.search import (
     CLEARLY_FASTER,
     LONG_SEQUENCE,
@@ -64,6 +64,67 @@ def gib(n: float) -> str:
     if abs(n) < 1024**3:
         return f"{n / 1024**2:.1f} MiB"
     return f"{n / 1024**3:.1f} GiB"
+
+
+def step_time_text(s: float) -> str:
+    """A step time, one rule for the plan's text, the CLI and the wizard: ``84 ms/step`` below a
+    second, ``57.1 s/step`` (three significant digits) below 100 s, ``2.0 min/step`` above."""
+    if s < 1:
+        return f"{s * 1e3:.3g} ms/step"
+    if s < 100:
+        return f"{s:.3g} s/step"
+    return f"{s / 60:.1f} min/step"
+
+
+def forcing_cost(forced: Plan, auto: Plan | None, refusal: str = "") -> str:
+    """What forcing a layout costs, in one line: ``auto plan: 3d · megatron · tp8 pp2 dp2,
+    2.0 min/step; forcing costs +103 %`` (``auto``: the plan of the same spec with nothing
+    forced; None with ``refusal`` when the planner refused that spec). "" when nothing is
+    forced."""
+    if not forced.forced:
+        return ""
+    if auto is None:
+        return f"auto plan: none ({refusal})" if refusal else "auto plan: none"
+    a, f = auto.recommended, forced.recommended
+    head = f"auto plan: {describe(a)}, {step_time_text(a.step_time_s)}"
+    if not a.fits:
+        return f"{head} (does not fit either)"
+    if not f.fits:
+        return f"{head}; the forced layout does not fit"
+    if describe(a) == describe(f):
+        return f"{head}; forcing changes nothing"
+    extra = f.step_time_s / a.step_time_s - 1 if a.step_time_s > 0 else 0.0
+    if abs(extra) < SAME_SPEED:
+        return f"{head}; forcing costs nothing (within {SAME_SPEED:.0%})"
+    return f"{head}; forcing costs {100 * extra:+.0f} %"
+
+
+def short_reason(plan: Layout, alt: Layout, *, flow_pick: bool = False) -> str:
+    """Why ``alt`` is not the plan, in a few words for a table row (the full sentence is
+    ``alt.rejected_because``): ``does not fit``, ``23% slower``, ``as fast, simpler kept``,
+    ``8% faster, under 15%``, ``offload: last resort``."""
+    if not alt.fits:
+        return "does not fit"
+    if not plan.fits:
+        return "fits; not the forced layout"
+    ratio = alt.step_time_s / plan.step_time_s if plan.step_time_s > 0 else 1.0
+    offload = alt.offload != Offload.NONE and plan.offload == Offload.NONE
+    if flow_pick:
+        return f"flowchart's pick, {ratio - 1:.0%} slower"
+    if ratio > 1 + SAME_SPEED:
+        return f"{ratio - 1:.0%} slower"
+    if offload:
+        return "offload: last resort"
+    if ratio >= 1 - SAME_SPEED:
+        return "as fast; simpler plan kept"
+    why = alt.rejected_because or ""
+    if "fused kernels" in why:
+        return f"{1 - ratio:.0%} faster, by fused kernels only"
+    if "does not split" in why:
+        return f"{1 - ratio:.0%} faster, breaks a flowchart rule"
+    if "micro-batches for" in why:
+        return f"{1 - ratio:.0%} faster, pipeline too shallow"
+    return f"{math.floor((1 - ratio) * 100):.0f}% faster, under {CLEARLY_FASTER:.0%}"
 
 
 def mem_line(m: MemoryBreakdown) -> str:

@@ -12,7 +12,7 @@ answer and reason is appended to the plan's path as a :class:`PathStep`. Called 
 
 from __future__ import annotations
 
-from engine.plan.annotate import describe, gib, mem_line, shortfall
+from engine.plan.annotate import describe, gib, mem_line, shortfall, step_time_text
 from engine.plan.context import PlanContext
 from engine.plan.frameworks import cp_comm_of
 from engine.plan.memory import LayoutDraft, mtp_modules
@@ -198,6 +198,8 @@ def _need(
                 f"pure data parallelism needs dp={ctx.world}, and a global batch of {ctx.batch} "
                 f"does not split into {ctx.world} replicas of whole sequences"
             )
+        if ctx.spec.layout.is_forced:
+            return f"the forced {ctx.spec.layout.given_text()} rules it out"
         return "no such layout applies to this world size"
     c = smallest(pool)
     if set_aside and c.fits:
@@ -275,8 +277,14 @@ def choose(
                 question="Is a nearby layout clearly faster?",
                 answer="no",
                 reason=(
-                    f"searched {len(cands)} layouts; none is {CLEARLY_FASTER:.0%} faster than "
-                    f"{describe(flow.draft)} ({flow.time:.3g} s/step)"
+                    (
+                        f"of the {len(cands)} layouts the forced "
+                        f"{ctx.spec.layout.given_text()} allows, none"
+                        if ctx.spec.layout.is_forced
+                        else f"searched {len(cands)} layouts; none"
+                    )
+                    + f" is {CLEARLY_FASTER:.0%} faster than {describe(flow.draft)} "
+                    f"({step_time_text(flow.time)})"
                 ),
             )
         )

@@ -115,7 +115,10 @@ async def _layouts(tmp_path: Path) -> None:
         await _open_decision(app, pilot)
         plan = app.plan
         assert plan is not None
-        table = text_of(app, "#metrics")
+        # The table's first line is its header (step time, memory, why not the plan, layout);
+        # each row ends on the layout's full name.
+        rows = text_of(app, "#metrics").splitlines()[1:]
+        table = "\n".join(row[:2] + row[2:].rsplit("  ", 1)[-1].strip() for row in rows)
         names = [line[2:].split("  ")[0] for line in table.splitlines() if line[:1] in "★◆ "]
         names = [n for n in names if n and not n.startswith(" ")]
         assert len(names) == 1 + len(plan.alternatives)
@@ -130,7 +133,7 @@ async def _layouts(tmp_path: Path) -> None:
         # Memory in GiB, the usable limit marked and named, the margin shown.
         cards = list(app.screen.query("MemoryBars"))
         assert any(c.border_subtitle == "◆ flowchart's pick" for c in cards)
-        card = text_of(app, "MemoryBars")
+        card = text_of(app, "#plan-card MemoryBars")
         assert " GB" not in card and "GiB" in card
         assert "│ usable 75.6 GiB of 80.0 GiB" in card
         total = next(line for line in card.splitlines() if line.startswith("total"))
@@ -206,6 +209,6 @@ async def _calibrated_usable(tmp_path: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await _open_decision(app, pilot)
         assert app.plan is not None and app.plan.calibration == cal
-        card = text_of(app, "MemoryBars")
+        card = text_of(app, "#plan-card MemoryBars")
         assert "│ usable 67.6 GiB of 80.0 GiB" in card
         assert "of 67.6 GiB usable" in text_of(app, "#headline")

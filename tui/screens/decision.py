@@ -13,21 +13,24 @@ from typing import Any
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
-from textual.containers import Horizontal, ItemGrid
+from textual.containers import Horizontal, ItemGrid, Vertical
 from textual.widget import Widget
 from textual.widgets import Button, Select, Static
 
-from engine.plan.annotate import NameForm, describe, recompute_text
-from engine.plan.names import Offload, Recompute, Strategy
+from engine.plan.annotate import NameForm, describe, short_reason
+from engine.plan.names import Offload, Strategy
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import LayoutSpec
-from tui.format import count, money, seconds
+from tui.format import count, money, size, step_time
 from tui.screens.step import AUTO, StepPane
 from tui.session import Step, WizardSession
 from tui.widgets.field_row import FieldRow
 from tui.widgets.flowchart import FlowChart
 from tui.widgets.forced_badge import ForcedBadge
-from tui.widgets.memory_bars import MemoryBars, gib
+from tui.widgets.memory_bars import MemoryBars
+
+gib = size
+"""Memory as the step shows it: GiB, MiB below 1 GiB (one rule with the cards)."""
 
 MAX_ALTERNATIVES = 3
 """Memory cards shown next to the recommended layout's (every alternative is in the table)."""
@@ -53,47 +56,73 @@ def compared(plan: Plan) -> list[Layout]:
 
 
 def metrics_table(plan: Plan) -> Text:
-    """The layouts compared, one entry each: its full name (strategy, framework, degrees, ZeRO
-    stage, offload) marked ★ for the plan and ◆ for the flowchart's own pick when a faster
-    layout replaced it, its figures, and why it lost."""
-    out = Text()
+    """The layouts compared as a fixed-width table, one row each: ★ the plan, ◆ the
+    flowchart's own pick when a faster layout replaced it; its step time, memory per GPU, one
+    short reason it is not the plan (the full sentence is in the plan's JSON and the CLI
+    report), then its full name (strategy, framework, degrees, ZeRO stage, offload), last so a
+    narrow screen cuts the name's tail, not the figures. A layout that fits is never marked ✗."""
+    rec = plan.recommended
+    rows: list[tuple[Layout, str, str]] = []
     for i, lay in enumerate(compared(plan)):
-        flow = is_flow_pick(lay)
-        mark = "★ " if i == 0 else ("◆ " if flow else "  ")
-        out.append(mark, style="bold")
-        out.append(describe(lay, NameForm.FULL), style="bold" if i == 0 else "")
         if i == 0:
-            out.append("  the plan" + (" (forced)" if plan.forced else ""), style="dim")
-        elif flow:
-            out.append("  the flowchart's pick", style="dim")
-        out.append("\n    ")
-        out.append(
-            f"step time {seconds(lay.step_time_s)} · {count(lay.tokens_per_s)} tokens/s · "
-            f"MFU {100 * lay.mfu:.1f}% · {gib(lay.memory_per_gpu.total)}/GPU · "
-            f"mb {lay.micro_batch}×{lay.grad_accum} · "
-            + (f"{recompute_text(lay)} · " if lay.recompute != Recompute.NONE else "")
-            + ("fits" if lay.fits else "does NOT fit")
-        )
-        if i and lay.rejected_because:
-            why = lay.rejected_because
-            if flow:
-                why = why.removeprefix(FLOW_PICK).lstrip(", ")
-            out.append(f"\n    {why}", style="dim italic")
+            why = "the plan" + (" (forced)" if plan.forced else "")
+            if not lay.fits:
+                why += ", does NOT fit"
+        else:
+            why = ("✗ " if not lay.fits else "") + short_reason(
+                rec, lay, flow_pick=is_flow_pick(lay)
+            )
+        rows.append((lay, why, describe(lay, NameForm.FULL)))
+    why_w = max(len("why not the plan"), *(len(why) for _, why, _ in rows))
+    out = Text(no_wrap=True, overflow="ellipsis")
+    out.append(
+        f"  {'step time':>13} {'mem/GPU':>10}  {'why not the plan':<{why_w}}  layout\n",
+        style="bold",
+    )
+    for i, (lay, why, name) in enumerate(rows):
+        mark = "★ " if i == 0 else ("◆ " if is_flow_pick(lay) else "  ")
+        out.append(mark, style="bold")
+        out.append(f"{step_time(lay.step_time_s):>13} {gib(lay.memory_per_gpu.total):>10}  ")
+        out.append(f"{why:<{why_w}}  ", style="dim" if i else "bold")
+        out.append(name, style="bold" if i == 0 else "")
         out.append("\n")
     out.rstrip()
     return out
 
 
+def answer(plan: Plan) -> str:
+    """The plan in one line: its layout, whether it fits and by what margin, its step time and
+    its cost (or what it needs for one)."""
+    lay = plan.recommended
+    usable = plan.usable_bytes
+    margin = usable - lay.memory_per_gpu.total
+    if lay.fits:
+        fit = f"fits, margin {gib(margin)} ({100 * margin / max(usable, 1):.0f}%)"
+    elif margin < 0:
+        fit = f"does NOT fit: over by {gib(-margin)}"
+    else:
+        fit = "does NOT fit"
+    forced = " (forced)" if plan.forced else ""
+    parts = [
+        f"★ {describe(lay)}{forced}",
+        fit,
+        step_time(lay.step_time_s),
+        f"{count(lay.tokens_per_s)} tokens/s",
+    ]
+    if lay.cost_usd is not None:
+        parts.append(f"cost {money(lay.cost_usd)}")
+    return " · ".join(parts)
+
+
 def headline(plan: Plan) -> str:
-    """Days to train the token budget, cost, MFU and memory margin of the plan, in one line."""
+    """Days to train the token budget, cost, MFU and memory margin of the plan, in one line;
+    without a token budget it ends on a short note of where to set one."""
     lay = plan.recommended
     tokens = plan.spec.training.tokens
     parts: list[str] = []
     if tokens and lay.tokens_per_s > 0:
         days = tokens / lay.tokens_per_s / 86400
         parts.append(f"{_days(days)} to train {count(tokens)} tokens")
-    else:
-        parts.append("days to train: set a token budget in Training")
     price = plan.spec.training.price_per_gpu_hour or plan.gpu.price_per_gpu_hour
     if lay.cost_usd is not None:
         parts.append(f"cost {money(lay.cost_usd)} at ${price:g}/GPU-hour" if price else "")
@@ -106,6 +135,8 @@ def headline(plan: Plan) -> str:
         parts.append(f"memory margin {gib(margin)} of {gib(usable)} usable")
     else:
         parts.append(f"memory: over by {gib(-margin)} of {gib(usable)} usable")
+    if not (tokens and lay.tokens_per_s > 0):
+        parts.append("days: set a token budget in Training")
     return " · ".join(p for p in parts if p)
 
 
@@ -116,7 +147,18 @@ def _days(days: float) -> str:
 
 
 class DecisionStep(StepPane):
+    """The answer first (the plan in one line, what forcing costs, the headline and warnings,
+    with the plan's memory card beside them), then the alternatives' table, the flowchart with
+    each step's reason, the alternatives' memory cards and the force controls."""
+
     STEP = Step.DECISION
+    DEFAULT_CSS = """
+    DecisionStep #answer-row { height: auto; }
+    DecisionStep #answer { width: 1fr; height: auto; }
+    DecisionStep #plan-card { width: 46; height: auto; }
+    DecisionStep #forcing { color: $warning; }
+    DecisionStep #metrics { margin: 1 0; }
+    """
 
     def __init__(self, session: WizardSession) -> None:
         super().__init__(session)
@@ -128,11 +170,15 @@ class DecisionStep(StepPane):
     def compose(self) -> ComposeResult:
         yield Static("Decision", classes="step-title")
         yield ForcedBadge(id="forced-badge")
-        yield Static("", id="headline", markup=False)
-        yield Static("Planning…", id="plan-status", classes="summary", markup=False)
-        yield FlowChart(id="flowchart")
+        with Horizontal(id="answer-row"):
+            with Vertical(id="answer"):
+                yield Static("Planning…", id="plan-status", classes="summary", markup=False)
+                yield Static("", id="forcing", markup=False)
+                yield Static("", id="headline", markup=False)
+                yield Static("", id="warnings", markup=False)
+            yield Vertical(id="plan-card")
         yield Static("", id="metrics")
-        yield Static("", id="warnings", markup=False)
+        yield FlowChart(id="flowchart")
         yield ItemGrid(id="mem-cards", min_column_width=36)
         yield Static("Force a layout (empty or auto: the planner chooses)", classes="section-title")
         yield Static("Strategy", classes="select-label")
@@ -242,6 +288,8 @@ class DecisionStep(StepPane):
         self.failure = message
         self.query_one("#plan-status", Static).update(Text(f"✗ {message}", style="bold"))
         self.query_one("#headline", Static).update("")
+        self.query_one("#forcing", Static).update("")
+        self.query_one("#plan-card", Vertical).remove_children()
         self.query_one(FlowChart).show(None)
         self.query_one("#metrics", Static).update("")
         self.query_one("#warnings", Static).update("")
@@ -277,16 +325,14 @@ class DecisionStep(StepPane):
         self.failure = ""
         self._show_force_errors("")
         lay = plan.recommended
-        forced = " (forced)" if plan.forced else ""
-        status = (
-            f"{plan.model.name}: {lay.strategy.value} with {lay.framework.value}{forced} on "
-            f"{plan.world_size} × {plan.gpu.name} · {seconds(lay.step_time_s)}/step · "
-            f"{count(lay.tokens_per_s)} tokens/s · MFU {100 * lay.mfu:.1f}%"
-        )
+        status = answer(plan)
         if self.session.show_timings:
             status += f" · planned in {elapsed_s * 1000:.0f} ms"
-        self.query_one("#plan-status", Static).update(status)
-        self.query_one("#headline", Static).update(Text(headline(plan), style="bold"))
+        self.query_one("#plan-status", Static).update(Text(status, style="bold"))
+        forcing = self.session.forcing if plan.forced else ""
+        self.query_one("#forcing", Static).update(forcing)
+        self.query_one("#forcing", Static).display = bool(forcing)
+        self.query_one("#headline", Static).update(headline(plan))
         self.query_one(FlowChart).show(plan)
         self.query_one("#metrics", Static).update(metrics_table(plan))
         warnings = [w for w in plan.warnings if not w.startswith(BATCH_WARNING)]
@@ -295,22 +341,25 @@ class DecisionStep(StepPane):
         warn = "\n".join(f"⚠ {w}" for w in warnings) if warnings else "No warnings."
         self.query_one("#warnings", Static).update(warn)
         self.query_one("#warnings", Static).set_class(bool(warnings), "-warn")
-        cards = self.query_one("#mem-cards", ItemGrid)
-        cards.remove_children()
         usable = plan.usable_bytes
         memory = plan.gpu.memory_bytes
+        card = self.query_one("#plan-card", Vertical)
+        card.remove_children()
+        card.mount(MemoryBars(lay, memory, recommended=True, usable=usable))
+        cards = self.query_one("#mem-cards", ItemGrid)
+        cards.remove_children()
         shown = plan.alternatives[:MAX_ALTERNATIVES]
         pick = next((a for a in plan.alternatives if is_flow_pick(a)), None)
         if pick is not None and pick not in shown:
             shown = [*shown[: MAX_ALTERNATIVES - 1], pick]
-        widgets: list[Any] = [MemoryBars(lay, memory, recommended=True, usable=usable)]
-        widgets += [
+        widgets: list[Any] = [
             MemoryBars(
                 alt,
                 memory,
                 recommended=False,
                 usable=usable,
                 mark="◆ flowchart's pick" if alt is pick else "",
+                reason=short_reason(lay, alt, flow_pick=alt is pick),
             )
             for alt in shown
         ]

@@ -2,7 +2,7 @@
 optimizer, activations and buffers, then the total with the usable limit marked (``│``: the
 plan's ``usable_bytes``, what the planner judged every layout by: the GPU's memory less the CUDA
 context, NCCL's buffers, fragmentation and a calibration's measured overhead) and the margin left
-under it. Sizes are GiB (2^30 bytes), as nvidia-smi and torch count them."""
+under it. Sizes are GiB (2^30 bytes), as nvidia-smi and torch count them, MiB below 1 GiB."""
 
 from __future__ import annotations
 
@@ -14,24 +14,23 @@ from textual.widget import Widget
 
 from engine.plan.annotate import NameForm, describe
 from engine.plan.result import Layout
+from tui.format import size
 
 _PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 _LABEL_W = 12
 _VALUE_W = 9
 
 
-GIB = 1024**3
-
-
 def gib(n_bytes: float) -> str:
-    """Bytes as GiB with one decimal (the unit nvidia-smi and torch report memory in)."""
-    return f"{n_bytes / GIB:.1f} GiB"
+    """Bytes as GiB with one decimal, MiB below 1 GiB (``tui.format.size``)."""
+    return size(n_bytes)
 
 
 class MemoryBars(Widget):
     """One card: title, five bars and a total bar, scaled to max(GPU memory, total); ``usable``
     (bytes) is marked on the total bar and the margin is measured against it; ``mark`` is added
-    to the title (``flowchart's pick``)."""
+    to the title (``flowchart's pick``); ``reason`` (default: the layout's ``rejected_because``)
+    says why an alternative is not the plan, marked ✗ only when it does not fit."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         *(f"memory-bars--{part}" for part in _PARTS),
@@ -59,12 +58,15 @@ class MemoryBars(Widget):
         recommended: bool,
         usable: int | None = None,
         mark: str = "",
+        reason: str = "",
     ) -> None:
         super().__init__()
         self.layout_ = layout
         self.gpu_memory = gpu_memory
         self.usable = usable if usable is not None else gpu_memory
         self.recommended = recommended
+        self.reason = reason or (layout.rejected_because or "")
+        """Why this layout is not the plan (short), shown under its bars."""
         self.set_class(recommended, "-recommended")
         self.set_class(not layout.fits, "-nofit")
         title = f"★ {layout.strategy.value}" if recommended else layout.strategy.value
@@ -101,9 +103,12 @@ class MemoryBars(Widget):
         out.append(text, style=fits_style)
         if mem.cpu_bytes:
             out.append(f" · {gib(mem.cpu_bytes)} on CPU", style="dim")
-        if lay.rejected_because:
+        if self.reason and not self.recommended:
             out.append("\n")
-            out.append(f"✗ {lay.rejected_because}", style="italic")
+            if lay.fits:
+                out.append(f"not the plan: {self.reason}", style="dim italic")
+            else:
+                out.append(f"✗ {self.reason}", style=fits_style + Style(italic=True))
         return out
 
 
