@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from engine.plan.names import NetworkTier
 from engine.plan.result import Plan
+from engine.plan.specs import LaunchSpec, NetworkSpec
 from engine.write.quoting import env_line
 
 Entry = tuple[str, str, str]
@@ -21,66 +22,74 @@ Entry = tuple[str, str, str]
 
 def nccl_env_entries(plan: Plan) -> list[Entry]:
     """The variables, in file order."""
-    launch = plan.spec.launch
-    net = plan.spec.network
     gloo = plan.gpu.dist_backend == "gloo"
     multi = plan.nodes > 1
-    out: list[Entry] = []
-    # torchrun defaults it to 1 with a warning; say so explicitly (raise it for data loaders).
-    out.append(
-        ("OMP_NUM_THREADS", "1", "one OpenMP thread per rank, so ranks do not oversubscribe cores")
-    )
-    # The Flight Recorder: every rank keeps its last collectives, so a hang can be diagnosed
-    # (which rank never entered which collective). Gloo records too.
-    out.append(
+    out = _every_run()
+    if not gloo:
+        out += _nccl_watchdog(plan.spec.launch)
+    out += _sockets(plan.spec.network, multi=multi, gloo=gloo)
+    if multi and not gloo:
+        out += _fabric(plan)
+    return out
+
+
+def _every_run() -> list[Entry]:
+    """What every rank gets, gloo or NCCL."""
+    return [
+        # torchrun defaults it to 1 with a warning; say so explicitly (raise it for data loaders).
+        ("OMP_NUM_THREADS", "1", "one OpenMP thread per rank, so ranks do not oversubscribe cores"),
+        # The Flight Recorder: every rank keeps its last collectives, so a hang can be diagnosed
+        # (which rank never entered which collective). Gloo records too.
         (
             "TORCH_FR_BUFFER_SIZE",
             "2000",
             "Flight Recorder: keep each rank's last 2000 collectives to name a stuck rank",
+        ),
+    ]
+
+
+def _nccl_watchdog(launch: LaunchSpec) -> list[Entry]:
+    """NCCL's logging, and what turns a failed or hung collective into a dump and an exit."""
+    out: list[Entry] = [
+        (
+            "NCCL_DEBUG",
+            launch.nccl_debug or "WARN",
+            "NCCL log level (INFO prints the chosen transport per ring)",
         )
-    )
-    if not gloo:
-        level = launch.nccl_debug or "WARN"
+    ]
+    if launch.nccl_debug_subsys:
         out.append(
-            ("NCCL_DEBUG", level, "NCCL log level (INFO prints the chosen transport per ring)")
+            ("NCCL_DEBUG_SUBSYS", launch.nccl_debug_subsys, "limit NCCL logs to these subsystems")
         )
-        if launch.nccl_debug_subsys:
-            out.append(
-                (
-                    "NCCL_DEBUG_SUBSYS",
-                    launch.nccl_debug_subsys,
-                    "limit NCCL logs to these subsystems",
-                )
-            )
-        out.append(
-            (
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                "1",
-                "a failed or timed-out collective aborts the process instead of hanging every rank",
-            )
-        )
-        out.append(
-            (
-                "TORCH_NCCL_DUMP_ON_TIMEOUT",
-                "1",
-                "on a collective timeout, dump the flight recorder so the stuck rank can be found",
-            )
-        )
-        out.append(
-            (
-                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-                "logs/nccl_trace_rank_",
-                "where those dumps go: one file per rank in the bundle's logs/",
-            )
-        )
-    if not gloo:
-        out.append(
-            (
-                "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",
-                f"{max(60, round(launch.hang_timeout_s))}",
-                "kill a rank whose NCCL watchdog stalls this long (launch.hang_timeout_s)",
-            )
-        )
+    out += [
+        (
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            "1",
+            "a failed or timed-out collective aborts the process instead of hanging every rank",
+        ),
+        (
+            "TORCH_NCCL_DUMP_ON_TIMEOUT",
+            "1",
+            "on a collective timeout, dump the flight recorder so the stuck rank can be found",
+        ),
+        (
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+            "logs/nccl_trace_rank_",
+            "where those dumps go: one file per rank in the bundle's logs/",
+        ),
+        (
+            "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",
+            f"{max(60, round(launch.hang_timeout_s))}",
+            "kill a rank whose NCCL watchdog stalls this long (launch.hang_timeout_s)",
+        ),
+    ]
+    return out
+
+
+def _sockets(net: NetworkSpec, *, multi: bool, gloo: bool) -> list[Entry]:
+    """The interfaces NCCL and gloo use: the one named, else (TCP between nodes) any but
+    loopback and docker bridges."""
+    out: list[Entry] = []
     if net.socket_ifname:
         if not gloo:
             out.append(
@@ -101,8 +110,6 @@ def nccl_env_entries(plan: Plan) -> list[Entry]:
                 "never route inter-node traffic over loopback or docker bridges",
             )
         )
-    if multi and not gloo:
-        out.extend(_fabric(plan))
     return out
 
 
