@@ -254,20 +254,10 @@ class ProfileStore:
         a built-in starts from the built-in's file (and its comments). Returns the path."""
         name = check_name(name or profile.profile.name)
         path = self.user_path(name)
-        prof = profile.model_copy(deep=True)
-        prof.profile.name = name
-        if prof.profile.created is None:
-            prof.profile.created = now_utc()
-        check_secrets(prof.model_dump(mode="json", exclude_none=True), where=f"profile {name!r}")
+        prof = _named_copy(profile, name)
         # Temp files of a save that was killed outright (SIGKILL) are no one's: clear them.
         sweep_stale_temps(self.profiles_dir)
-        # Whole-model validation (model_copy skips it): catches a spec assembled field by field.
-        try:
-            prof = Profile.model_validate(prof.model_dump())
-        except ValidationError as e:
-            raise ProfileError(
-                "; ".join(validation_messages(e)), field=f"profile {name!r}"
-            ) from None
+        prof = _validated_whole(prof, name)
         builtin = self.builtin_path(name) if self.is_builtin(name) else None
         doc, old = _doc_to_edit(path, builtin, name, overwrite=overwrite)
         if old is not None and old.profile.created is not None and profile.profile.created is None:
@@ -404,6 +394,26 @@ class ProfileStore:
                 mark_builtin(self.profiles_dir, name, when)
         except (ProfileError, OSError):
             return
+
+
+def _named_copy(profile: Profile, name: str) -> Profile:
+    """A copy of ``profile`` named ``name``, created now unless it says when; refused when it
+    holds a secret."""
+    prof = profile.model_copy(deep=True)
+    prof.profile.name = name
+    if prof.profile.created is None:
+        prof.profile.created = now_utc()
+    check_secrets(prof.model_dump(mode="json", exclude_none=True), where=f"profile {name!r}")
+    return prof
+
+
+def _validated_whole(prof: Profile, name: str) -> Profile:
+    """``prof`` validated as a whole (model_copy skips it): catches a spec assembled field by
+    field."""
+    try:
+        return Profile.model_validate(prof.model_dump())
+    except ValidationError as e:
+        raise ProfileError("; ".join(validation_messages(e)), field=f"profile {name!r}") from None
 
 
 def _valid_name(stem: str) -> bool:
