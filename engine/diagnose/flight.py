@@ -5,8 +5,9 @@ Called by the launch backends' supervision when a run hangs or a monitor asks
 :class:`Diagnosis` out; no torch, no I/O (reading dump files is :func:`read_trace_file`, the one
 function that opens a file).
 
-Each rank's dump comes either as the line the example trainer prints on SIGUSR1
-(``[dtrain] fr {json}``, :func:`parse_fr_line`) or as a whole Flight Recorder buffer
+Each rank's dump comes either as the line the bundle's rank agent (``engine/trainer/agent.py``,
+which runs every rank's script) prints when the launcher asks (``[dtrain] fr {json}``,
+:func:`parse_fr_line`) or as a whole Flight Recorder buffer
 (``_dump_fr_trace_json``: JSON, its ``pg_status`` numbers as strings; ``_dump_fr_trace`` and
 NCCL's dump-on-timeout files: a pickle, numbers as ints; :func:`dump_from_trace`). Per process
 group, every member's last *enqueued* collective sequence number is compared (gloo never marks
@@ -30,7 +31,21 @@ from engine.errors import DtrainError
 from engine.fsio import DUMP_LIMIT, read_regular_bytes
 
 FR_PREFIX = "[dtrain] fr "
-"""What the example trainer's dump line starts with (the rest is one JSON object)."""
+"""What the rank agent's dump line starts with (the rest is one JSON object); the agent, which
+cannot import dtrain-tui, has the same constant (a test checks they agree)."""
+TELEMETRY_PREFIX = "[dtrain] telemetry "
+"""What the rank agent's telemetry line starts with (:mod:`engine.monitor.telemetry` reads it);
+here, below both launch and monitor, because the launcher's hang clock must not take a
+telemetry line for a sign of life (:func:`only_agent_lines`)."""
+
+
+def only_agent_lines(lines: Iterable[str]) -> bool:
+    """True when every line is the rank agent's telemetry: the agent's clock speaking, not the
+    script; no progress, no sign of life (stops at the first other line: O(1) for a normal
+    batch)."""
+    return all(TELEMETRY_PREFIX in line for line in lines)
+
+
 NO_DUMP = "no dump: likely dead or stuck outside a collective"
 """Said of a rank that printed no dump when asked."""
 
@@ -101,6 +116,8 @@ class RankDump(BaseModel, frozen=True):
     entries: list[Collective] = Field(default_factory=list)
     stack: list[str] = Field(default_factory=list)
     """The training thread's innermost Python frames, ``file:line function``."""
+    threads: dict[str, list[str]] = Field(default_factory=dict)
+    """Every thread's innermost frames (library ones too), by ``name (ident)``."""
 
     def last(self, pg: str) -> int:
         """The last collective this rank entered in ``pg`` (-1: none)."""
@@ -271,8 +288,15 @@ def parse_fr_line(line: str) -> RankDump | None:
     )
     t = body.get("time")
     pid = _int(body.get("pid"))
+    raw = body.get("threads")
+    threads = (
+        {str(k): [str(f) for f in v] for k, v in raw.items() if isinstance(v, list)}
+        if isinstance(raw, dict)
+        else {}
+    )
     return d.model_copy(
         update={
+            "threads": threads,
             "recorder": body.get("recorder") is not False,
             "time": float(t) if isinstance(t, int | float) else None,
             "pid": pid if pid >= 0 else None,

@@ -3,11 +3,15 @@
 Called by the supervision of every launch backend (:mod:`engine.launch.supervise`) when a run
 hangs, before it is stopped, and when a monitor asks (``RUN/diagnose.request``,
 :mod:`engine.diagnose.request`). A backend that can reach its ranks defines
-``_ask_dumps(node) -> int``: it sends SIGUSR1 to the node's rank processes and returns how many
-it signalled (local: :func:`signal_local`; SSH: :func:`remote_dump_command` over a fresh
-channel); or ``_ask_all_dumps() -> int`` when one request reaches every node (Slurm: one
-``srun --overlap`` step in the job running :func:`dump_script` on each node). Only processes that block SIGUSR1 are signalled (``SigBlk`` in /proc/PID/status): the
-example trainer does, to take it in its dump thread; any other program would be killed by it.
+``_ask_dumps(node) -> int``: it sends the request signal (:func:`dump_signal`,
+``SIGRTMIN+7``) to the node's rank processes and returns how many it signalled (local:
+:func:`signal_local`; SSH: :func:`remote_dump_command` over a fresh channel); or
+``_ask_all_dumps() -> int`` when one request reaches every node (Slurm: one ``srun --overlap``
+step in the job running :func:`dump_script` on each node). Only processes that block the signal
+are signalled (``SigBlk`` in /proc/PID/status): every rank started through the bundle's rank
+agent (``engine/trainer/agent.py``, whatever its script) blocks it and takes it in a thread of
+its own; any other program would be killed by it. A real-time signal, not SIGUSR1: that one is
+the script's (Lightning's Slurm requeue installs a handler for it).
 
 The ranks answer on stdout with one ``[dtrain] fr {json}`` line each, which reaches the run
 directory like any other line on every backend: the answers are read from each rank's stdout log
@@ -45,43 +49,64 @@ from engine.rundir.files import rank_log
 
 DUMP_WAIT_S = 15.0
 """Longest wait for the ranks' answers (each answers in milliseconds when it can)."""
-USR1_MASK = 1 << (signal.SIGUSR1 - 1)
-"""SIGUSR1's bit in /proc/PID/status's SigBlk."""
+DUMP_SIGNAL_OFFSET = 7
+"""The request is ``SIGRTMIN + DUMP_SIGNAL_OFFSET``: the rank agent's constant of the same name
+(``engine/trainer/agent.py``, which cannot import this module; a test checks they agree). A
+remote node's bash names it ``RTMIN+7``, so its own C library's SIGRTMIN counts there."""
+DUMP_SIGNAL_NAME = f"RTMIN+{DUMP_SIGNAL_OFFSET}"
+"""The request signal as ``kill -s`` names it."""
+_RTMIN = 34
+"""glibc's SIGRTMIN, where Python has none (not Linux): no rank runs there anyway."""
+
+
+def dump_signal() -> int:
+    """The request signal's number on this machine."""
+    return int(getattr(signal, "SIGRTMIN", _RTMIN)) + DUMP_SIGNAL_OFFSET
+
+
+def dump_signal_mask() -> int:
+    """The request signal's bit in /proc/PID/status's SigBlk."""
+    return 1 << (dump_signal() - 1)
+
+
 NCCL_TRACE_PREFIX = "nccl_trace_rank_"
 """File name prefix of NCCL's dumps in the bundle's logs/ (nccl.env's
 TORCH_NCCL_DEBUG_INFO_TEMP_FILE); the rank number follows."""
 
 
 def takes_dump_signal(pid: int) -> bool:
-    """True when ``pid`` blocks SIGUSR1 (it takes it with sigwait: the example trainer)."""
+    """True when ``pid`` blocks the request signal (the rank agent takes it with sigwait)."""
+    mask = dump_signal_mask()
     try:
         with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("SigBlk:"):
-                    return bool(int(line.split()[1], 16) & USR1_MASK)
+                    return bool(int(line.split()[1], 16) & mask)
     except (OSError, ValueError, IndexError):
         return False
     return False
 
 
 def signal_local(run_id: str, node: int) -> int:
-    """SIGUSR1 to the rank processes of ``node`` of the run on this machine; how many."""
+    """The request signal to the rank processes of ``node`` of the run on this machine; how
+    many."""
+    sig = dump_signal()
     sent = 0
     for pid in pids_with_env("DTRAIN_RUN_ID", run_id):
         if node_of(pid) == node and takes_dump_signal(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGUSR1)
+                os.kill(pid, sig)
                 sent += 1
     return sent
 
 
 def dump_script(run_id: str, node: int | None, *, node_var: str = "DTRAIN_NODE") -> str:
-    """Bash: SIGUSR1 to every rank process of the run on ``node`` that blocks it (found through
-    /proc by ``DTRAIN_RUN_ID`` and ``node_var``, compared as whole strings, and a ``LOCAL_RANK``:
-    torchrun and DeepSpeed's launcher give one to each rank, never to themselves); prints how
-    many. A process that blocks SIGUSR1 without being a rank is left alone: srun blocks every
-    signal in its main thread and forwards what it gets to its tasks (torchrun, which dies of
-    it).
+    """Bash: the request signal (``RTMIN+7`` by the node's own numbering) to every rank process
+    of the run on ``node`` that blocks it (found through /proc by ``DTRAIN_RUN_ID`` and
+    ``node_var``, compared as whole strings, and a ``LOCAL_RANK``: torchrun and DeepSpeed's
+    launcher give one to each rank, never to themselves); prints how many. A process that
+    blocks it without being a rank is left alone: srun blocks every signal in its main thread
+    and forwards what it gets to its tasks (torchrun, which dies of it).
 
     ``node_var`` is the variable that numbers the node in the ranks' environment: the SSH
     backend's ``DTRAIN_NODE``, Slurm's ``SLURM_NODEID``. ``node`` None: the node the script
@@ -92,6 +117,7 @@ def dump_script(run_id: str, node: int | None, *, node_var: str = "DTRAIN_NODE")
     where = str(node) if node is not None else '"${SLURM_NODEID:-none}"'
     return (
         f"RID={shlex.quote(run_id)}; NODE={where}; n=0; "
+        f"S=$(kill -l {DUMP_SIGNAL_NAME}) || exit 1; M=$((1 << (S - 1))); "
         "for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; r=; m=; l=; "
         "while IFS= read -r -d '' v; do "
         f'[[ "$v" == "DTRAIN_RUN_ID=$RID" ]] && r=1; [[ "$v" == "{node_var}=$NODE" ]] && m=1; '
@@ -100,7 +126,7 @@ def dump_script(run_id: str, node: int | None, *, node_var: str = "DTRAIN_NODE")
         '[ -n "$r" ] && [ -n "$m" ] && [ -n "$l" ] || continue; '
         "blk=$(sed -n 's/^SigBlk:[[:space:]]*//p' /proc/$p/status 2>/dev/null); "
         '[ -n "$blk" ] || continue; '
-        f'if (( 0x$blk & {USR1_MASK} )); then kill -USR1 "$p" 2>/dev/null && n=$((n+1)); fi; '
+        'if (( 0x$blk & M )); then kill -s "$S" "$p" 2>/dev/null && n=$((n+1)); fi; '
         'done; echo "$n"'
     )
 
@@ -178,8 +204,8 @@ def collect_diagnosis(run: Any, why: str, *, ask_ranks: bool = True) -> Diagnosi
                 run._say(st.node, f"could not ask node {st.node} for its dump: {e}")
     got: dict[int, RankDump] = {}
     deadline = time.monotonic() + DUMP_WAIT_S
-    # Every rank answering ends the wait (a rank's forked children inherit its blocked SIGUSR1
-    # and are signalled too, but never answer).
+    # Every rank answering ends the wait (a rank's forked children inherit its blocked request
+    # signal and are signalled too, but never answer).
     want = min(asked, m.world_size)
     while want and len(got) < want and time.monotonic() < deadline:
         if run._final.wait(0.1) or run.force.is_set():
@@ -279,7 +305,11 @@ __all__ = [
     "diagnose_safely",
     "diagnose_timeout",
     "dump_script",
+    "dump_signal",
+    "dump_signal_mask",
     "note_timeout",
+    "DUMP_SIGNAL_NAME",
+    "DUMP_SIGNAL_OFFSET",
     "DUMP_WAIT_S",
     "collect_diagnosis",
     "nccl_trace_dumps",

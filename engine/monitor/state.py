@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
+from engine.diagnose.flight import TELEMETRY_PREFIX, only_agent_lines
 from engine.diagnose.nccl_facts import TransportNotes
 from engine.diagnose.transport import TransportReport
 from engine.monitor.logparse import (
@@ -28,6 +29,7 @@ from engine.monitor.logparse import (
     StepTracker,
     scan_batch,
 )
+from engine.monitor.telemetry import Telemetry, parse_telemetry_line
 from engine.rundir.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.rundir.record import FINAL_STATES, RunState
 
@@ -79,6 +81,8 @@ class RankState:
     samples_per_s: float | None = None
     lr: float | None = None
     val_loss: float | None = None
+    telemetry: Telemetry | None = None
+    """The rank agent's latest sample (CPU, memory, the GPU through NVML)."""
     step_source: StepSource | None = None
     """The format of the rank's step lines (the example trainer's, a framework's)."""
     throughput_unit: str = "tokens/s"
@@ -275,6 +279,13 @@ class MonitorState:
         st = self.rank(rank, node, host)
         base = st.lines
         st.lines += len(lines)
+        if TELEMETRY_PREFIX in "\n".join(lines):
+            for line in lines:
+                sample = parse_telemetry_line(line)
+                if sample is not None:
+                    st.telemetry = sample
+            if only_agent_lines(lines):  # the agent's clock, not the script: no sign of life
+                return []
         st.last_line_ts = now
         if st.status is RankStatus.STARTING:
             st.status = RankStatus.RUNNING

@@ -45,7 +45,12 @@ from engine.write.common import (
 from engine.write.ds_config import Scheduler, ds_config
 from engine.write.fsdp import FSDP_VERSION, accelerate_config, fsdp_settings
 from engine.write.hostfile import hostfile
-from engine.write.launch_scripts import PREFLIGHT_SCRIPT, node_script_name, node_scripts
+from engine.write.launch_scripts import (
+    AGENT_SCRIPT,
+    PREFLIGHT_SCRIPT,
+    node_script_name,
+    node_scripts,
+)
 from engine.write.manifest import MANIFEST, BundleManifest, plain_name
 from engine.write.megatron import PRETRAIN_GPT, megatron_args, pretrain_gpt_script
 from engine.write.nccl_env import nccl_env
@@ -134,6 +139,18 @@ def preflight_text() -> str:
         ) from None
 
 
+def agent_text() -> str:
+    """The shipped rank agent, ``engine/trainer/agent.py`` (in every bundle as
+    ``dtrain_agent.py``: every rank starts through it)."""
+    try:
+        return resources.files("engine").joinpath("trainer/agent.py").read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        raise DtrainError(
+            "the rank agent engine/trainer/agent.py is not installed; reinstall dtrain-tui",
+            field="bundle",
+        ) from None
+
+
 def _check(plan: Plan) -> None:
     check_world(plan)
     check_batch(plan.recommended)
@@ -176,6 +193,8 @@ def render_bundle(plan: Plan, options: WriteOptions | None = None) -> dict[str, 
         files["train.py"] = BundleFile(example_trainer_text())
     # Every bundle, whatever its training script: `dtrain-tui preflight` runs it in this world.
     files[PREFLIGHT_SCRIPT] = BundleFile(preflight_text())
+    # Every bundle: every rank, whatever its script, starts through the rank agent.
+    files[AGENT_SCRIPT] = BundleFile(agent_text())
     files["README.md"] = BundleFile(bundle_readme(plan, [*files, MANIFEST]))
     return {name: files[name] for name in sorted(files, key=natural_key)}
 

@@ -11,6 +11,11 @@ position. ``MASTER_ADDR`` and ``MASTER_PORT`` from the environment override the 
 (the local backend picks a free port this way). ``DTRAIN_PREFLIGHT=1`` runs the bundle's
 ``preflight.py`` in place of the training script (``dtrain-tui preflight``), in the same world.
 
+Every rank starts through the bundle's rank agent (:data:`AGENT_SCRIPT`, ``torchrun ...
+dtrain_agent.py SCRIPT ARGS...``), which runs the script as ``__main__`` with its own
+arguments and answers the launcher's diagnosis request and samples telemetry, whatever the
+script (``engine/trainer/agent.py``).
+
 Every spec value in a script is shell-quoted (:func:`engine.write.common.q`) or refused.
 """
 
@@ -39,6 +44,10 @@ PREFLIGHT_VAR = "DTRAIN_PREFLIGHT"
 """Set to 1 in a node script's environment, it runs :data:`PREFLIGHT_SCRIPT` in the run's world."""
 PREFLIGHT_SCRIPT = "preflight.py"
 """The rank-side preflight (``engine/trainer/preflight.py``), in every bundle."""
+AGENT_SCRIPT = "dtrain_agent.py"
+"""The rank agent (``engine/trainer/agent.py``), in every bundle: torchrun's training script,
+the real script and its arguments after it (a script never starts with ``-``: refused by
+:func:`engine.write.common.script_path`, so the agent never takes it for an option of its own)."""
 
 
 def node_script_name(node: int) -> str:
@@ -75,6 +84,7 @@ def torchrun_argv(plan: Plan, node: int) -> list[str]:
         "logs",
         "--tee",
         str(TEE_ALL),
+        AGENT_SCRIPT,
         script_path(plan),
         *script_args(plan),
     ]
@@ -143,16 +153,18 @@ def node_script(plan: Plan, node: int) -> str:
         ]
     lines.append("mkdir -p logs")
     argv = torchrun_argv(plan, node)
-    # Options as "--flag value" per line, then the script and its arguments on the last line.
+    # Options as "--flag value" per line, then the agent, the script and its arguments on the
+    # last line.
     split = argv.index("--tee") + 2
     body = [" ".join(_render_word(w) for w in argv[i : i + 2]) for i in range(0, split, 2)]
+    split += 1  # AGENT_SCRIPT
     lines += [
         f"# {PREFLIGHT_VAR}=1 (set by `dtrain-tui preflight`): this same world runs the bundle's",
         f"# {PREFLIGHT_SCRIPT} (all-reduce sweep, node pairs, GEMM) instead of the training script.",
         f"ENTRY={q(argv[split])}",
         f'if [[ "${{{PREFLIGHT_VAR}:-}}" == 1 ]]; then ENTRY={PREFLIGHT_SCRIPT}; fi',
     ]
-    tail = " ".join(['"$ENTRY"', *(q(w) for w in argv[split + 1 :])])  # literal arguments
+    tail = " ".join([AGENT_SCRIPT, '"$ENTRY"', *(q(w) for w in argv[split + 1 :])])
     if megatron:
         tail += ' "${MEGATRON_ARGS[@]}"'
     body.append(tail)

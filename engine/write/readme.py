@@ -32,6 +32,9 @@ _WHAT = {
     "train.py": "the example trainer (a small GPT on generated tokens; torch only)",
     "preflight.py": "the preflight (`dtrain-tui preflight .`: all-reduce busbw, node pairs, GEMM "
     "per GPU); node scripts run it instead of the training script when DTRAIN_PREFLIGHT=1",
+    "dtrain_agent.py": "the rank agent: every rank runs its script through it (`torchrun ... "
+    "dtrain_agent.py SCRIPT ARGS`), unchanged; it answers the launcher's stuck-rank request "
+    "and prints CPU/GPU telemetry every DTRAIN_TELEMETRY_S seconds (default 5, 0: off)",
 }
 
 

@@ -27,7 +27,7 @@ from engine.write.common import (
     script_args,
     script_path,
 )
-from engine.write.launch_scripts import PREFLIGHT_SCRIPT, PREFLIGHT_VAR, TEE_ALL
+from engine.write.launch_scripts import AGENT_SCRIPT, PREFLIGHT_SCRIPT, PREFLIGHT_VAR, TEE_ALL
 from engine.write.quoting import comment_text, env_name
 from engine.write.yamlio import dump_yaml
 
@@ -81,7 +81,8 @@ def _setup(plan: Plan) -> str:
 def _run(plan: Plan) -> str:
     gloo = plan.gpu.dist_backend == "gloo"
     nproc = str(plan.gpus_per_node) if gloo else '"$SKYPILOT_NUM_GPUS_PER_NODE"'
-    words = " ".join(['"$ENTRY"', *(q(w) for w in script_args(plan))])
+    # Through the bundle's rank agent, as the node scripts start every rank.
+    words = " ".join([AGENT_SCRIPT, '"$ENTRY"', *(q(w) for w in script_args(plan))])
     return (
         "\n".join(
             [

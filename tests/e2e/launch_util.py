@@ -17,6 +17,7 @@ from engine.write.manifest import BundleManifest
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "engine" / "trainer" / "train.py"
+AGENT = REPO / "engine" / "trainer" / "agent.py"
 
 
 def free_port() -> int:
@@ -36,10 +37,18 @@ def make_bundle(
     script_args: list[str] | None = None,
     zero_stage: int = 2,
     name: str = "t",
+    script: Path | None = None,
 ) -> Path:
-    """A minimal bundle a real launch can run: tiny GPT, CPU, gloo, torchrun --tee 3."""
+    """A minimal bundle a real launch can run: tiny GPT, CPU, gloo, torchrun --tee 3, every rank
+    through the rank agent (``dtrain_agent.py``) as the writers start them. ``script``: a user's
+    own script copied in and run in place of the example trainer."""
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(TRAINER, out / "train.py")
+    shutil.copy(AGENT, out / "dtrain_agent.py")
+    entry = "train.py"
+    if script is not None:
+        entry = script.name
+        shutil.copy(script, out / entry)
     plan: dict[str, Any] = {
         "model": {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "vocab": 256, "ffn": 256},
         "recommended": {
@@ -80,7 +89,7 @@ export MASTER_ADDR MASTER_PORT
 mkdir -p logs
 exec ${{TORCHRUN:-torchrun}} --nnodes {nodes} --nproc-per-node {gpus_per_node} --node-rank {i} \\
   {rdzv} --max-restarts 0 --log-dir logs --tee 3 \\
-  train.py {shlex.join(args)}
+  dtrain_agent.py {entry} {shlex.join(args)}
 """
         p = out / f"launch_node{i}.sh"
         p.write_text(text)
@@ -94,7 +103,7 @@ exec ${{TORCHRUN:-torchrun}} --nnodes {nodes} --nproc-per-node {gpus_per_node} -
         gpus_per_node=gpus_per_node,
         hosts=hosts or [],
         node_scripts=scripts,
-        script="train.py",
+        script=entry,
         script_args=args,
         backend="local",
     )

@@ -124,8 +124,8 @@ def test_the_training_script_is_the_script_for_torchruns_own_parser() -> None:
         argv = [w.replace("$MASTER_PORT", "29500") for w in torchrun_argv(plan, 0)]
         argv = [w.replace("$MASTER_ADDR", "10.0.0.1") for w in argv]
         a = get_args_parser().parse_args(argv)
-        assert a.training_script == script
-        assert a.training_script_args == args
+        assert a.training_script == "dtrain_agent.py"  # the rank agent, which runs the script
+        assert a.training_script_args == [script, *args]
         assert a.nnodes == str(nodes)
     # A script that begins with "-" would be one of torchrun's options: refused, one line.
     for script in ("--rdzv-endpoint=evil:1", "-m", "-"):

@@ -127,11 +127,12 @@ def test_every_torchrun_line_parses_with_torchruns_parser(name: str, tmp_path: P
             assert a.master_addr == (launch.master_addr or first)
             assert a.master_port == port
             assert got["env"]["MASTER_ADDR"] == a.master_addr
+        # Every rank starts through the rank agent, the real script its first argument.
+        assert a.training_script == "dtrain_agent.py"
         if launch.script is None:
-            assert a.training_script == "train.py"
-            assert a.training_script_args[:2] == ["--bundle", "."]
+            assert a.training_script_args[:3] == ["train.py", "--bundle", "."]
         else:
-            assert a.training_script == launch.script
+            assert a.training_script_args[0] == launch.script
         if plan.recommended.framework.value == "megatron":
             words = [
                 w
@@ -139,9 +140,9 @@ def test_every_torchrun_line_parses_with_torchruns_parser(name: str, tmp_path: P
                 if not line.startswith("#")
                 for w in line.split()
             ]
-            assert a.training_script_args == launch.script_args + words
+            assert a.training_script_args[1:] == launch.script_args + words
         elif launch.script is not None:
-            assert a.training_script_args == launch.script_args
+            assert a.training_script_args[1:] == launch.script_args
 
 
 def test_bundles_for_real_planner_output(tmp_path: Path) -> None:

@@ -9,14 +9,18 @@ from pathlib import Path
 import pytest
 
 from engine.write import example_trainer_text, manifest_for, render_bundle
-from engine.write.bundle import manifest_text, preflight_text
+from engine.write.bundle import agent_text, manifest_text, preflight_text
 from tests.engine.writers_fixtures import golden_plans
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("DTRAIN_UPDATE_GOLDEN") == "1"
-# The example trainer and the preflight are shipped scripts (engine/trainer/), pinned by their
-# own tests: checked by content equality below, not by golden copies.
-SHIPPED = {"train.py": example_trainer_text, "preflight.py": preflight_text}
+# The example trainer, the preflight and the rank agent are shipped scripts (engine/trainer/),
+# pinned by their own tests: checked by content equality below, not by golden copies.
+SHIPPED = {
+    "train.py": example_trainer_text,
+    "preflight.py": preflight_text,
+    "dtrain_agent.py": agent_text,
+}
 
 
 @pytest.mark.parametrize("name", sorted(golden_plans()))

@@ -34,4 +34,4 @@ exec ${TORCHRUN:-torchrun} \
   --max-restarts 0 \
   --log-dir logs \
   --tee 3 \
-  "$ENTRY" "${MEGATRON_ARGS[@]}"
+  dtrain_agent.py "$ENTRY" "${MEGATRON_ARGS[@]}"

@@ -28,4 +28,4 @@ exec ${TORCHRUN:-torchrun} \
   --max-restarts 0 \
   --log-dir logs \
   --tee 3 \
-  "$ENTRY" --bundle .
+  dtrain_agent.py "$ENTRY" --bundle .
