@@ -64,8 +64,7 @@ class LaunchBackend(SupervisedRun):
 
     @property
     def done(self) -> bool:
-        with self._cond:
-            return self._final.is_set() and not self._events
+        return self._final.is_set() and self.pump.empty()
 
     def start(self) -> None:
         """Create the run directory and start every node (all or nothing); a failure ends the
@@ -80,7 +79,7 @@ class LaunchBackend(SupervisedRun):
             )
         try:
             self.run.create(self.bundle_dir)
-            self._nodes = [NodeState(node=i, host=hosts[i]) for i in range(m.nodes)]
+            self._nodes[:] = [NodeState(node=i, host=hosts[i]) for i in range(m.nodes)]
             self.run.begin(self._first_record(hosts))
             self._emit(
                 RunStateChanged(
@@ -170,14 +169,7 @@ class LaunchBackend(SupervisedRun):
         raise LaunchError(msg) from None
 
     def poll(self, timeout: float) -> list[Event]:
-        with self._cond:
-            if not self._events and not self._final.is_set():
-                self._cond.wait(timeout)
-            out, self._events = self._events, []
-            if self._pending_bytes:
-                self._pending_bytes = 0
-                self._cond.notify_all()
-            return out
+        return self.pump.take(timeout)
 
     def stop(self) -> None:
         """Stop every node (SIGTERM to each process group, SIGKILL after a grace period) and end

@@ -268,25 +268,25 @@ TIMEOUT_GATE = ("Watchdog caught", "Timed out waiting")
 """Substrings one of which every :data:`TIMEOUT_LINE_RE` line holds (the streams' cheap gate)."""
 
 
-def note_timeout(run: Any, groups: Mapping[tuple[int, int | None], Sequence[str]]) -> None:
-    """Called by the stream readers (:mod:`engine.launch.streams`) for lines that passed
-    :data:`TIMEOUT_GATE`: remember the run's first collective-timeout line, with its rank and
-    node, for :func:`diagnose_timeout` (the supervisor's thread: a reader must not wait for the
-    dumps, which may come through its own stream)."""
-    if getattr(run, "_timeout_line", None) is not None:
-        return
+def find_timeout_line(
+    groups: Mapping[tuple[int, int | None], Sequence[str]],
+) -> tuple[int, int | None, str] | None:
+    """For the stream readers (:mod:`engine.launch.pump`), on lines that passed
+    :data:`TIMEOUT_GATE`: the first collective-timeout line with its node and rank, which the
+    pump keeps for :func:`diagnose_timeout` (the supervisor's thread: a reader must not wait for
+    the dumps, which may come through its own stream); None when there is none."""
     for (node, rank), lines in groups.items():
         for line in lines:
             if TIMEOUT_LINE_RE.search(line):
-                run._timeout_line = (node, rank, line.strip())
-                return
+                return node, rank, line.strip()
+    return None
 
 
 def diagnose_timeout(run: Any) -> Diagnosis | None:
     """Once per run, while it is neither failing nor stopping: a rank printed a collective
-    timeout (:func:`note_timeout`), so ask every rank for its dump as a hang would, before the
+    timeout (:func:`find_timeout_line`), so ask every rank for its dump as a hang would, before the
     timed-out rank's exit stops the others."""
-    seen = getattr(run, "_timeout_line", None)
+    seen = run.pump.timeout_line
     if seen is None or getattr(run, "_timeout_diagnosed", False):
         return None
     run._timeout_diagnosed = True
@@ -307,7 +307,7 @@ __all__ = [
     "dump_script",
     "dump_signal",
     "dump_signal_mask",
-    "note_timeout",
+    "find_timeout_line",
     "DUMP_SIGNAL_NAME",
     "DUMP_SIGNAL_OFFSET",
     "DUMP_WAIT_S",

@@ -189,9 +189,8 @@ class SkyPilotBackend(LaunchBackend):
             # Every node's lines come through one pipe, counted as node 0's stream, so the base
             # sees no open stream for this node: it is finished only once that pipe is drained,
             # or it would end before its torchrun failure table (its ranks' exit codes) arrived.
-            with self._cond:
-                if self._nodes[0].open_streams > 0:
-                    return False, None
+            if self.pump.open_streams(0) > 0:
+                return False, None
         code = self._result
         if code == JOB_CANCELLED and (self._cancelled or self._stop_requested):
             return True, -15

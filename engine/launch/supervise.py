@@ -67,7 +67,7 @@ class SupervisedRun(StreamingRun, ABC):
                     self.request_stop("stopped from the monitor")
                 if self._dir_error is not None and self._failure is None:
                     self._fail(None, None, dir_error_text(self._dir_error))
-                if getattr(self, "_timeout_line", None) is not None:  # a rank's timeout line
+                if self.pump.timeout_line is not None:  # a rank's timeout line
                     from engine.launch.frdump import diagnose_timeout
 
                     diagnose_timeout(self)  # once, before that rank's exit stops the others
@@ -108,8 +108,7 @@ class SupervisedRun(StreamingRun, ABC):
                 continue
             finished, code = self._node_exit(st.node)
             scripts_running = scripts_running or not finished
-            with self._cond:
-                streams_open = st.open_streams
+            streams_open = self.pump.open_streams(st.node)
             if st.lost and not finished:
                 self._fail(None, st.node, f"node {st.node} ({st.host}): {st.lost}")
                 finished, code = True, None
@@ -224,8 +223,7 @@ class SupervisedRun(StreamingRun, ABC):
                 return
             self._finishing = True
             self._state = state
-        for t in self._threads:
-            t.join(2.0)
+        self.pump.join(2.0)
         fr = self._failure
         self._record(
             state=state,
@@ -240,5 +238,4 @@ class SupervisedRun(StreamingRun, ABC):
             failed = (fr[0],) if fr is not None and fr[0] is not None else ()
             self._emit(RunStateChanged(state, message, time.time(), failed))
             self._final.set()
-            with self._cond:
-                self._cond.notify_all()
+            self.pump.wake()

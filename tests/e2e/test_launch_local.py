@@ -282,7 +282,7 @@ def test_odd_output_is_split_per_rank_exactly_on_disk_and_in_events(tmp_path: Pa
 
 
 def test_a_consumer_that_falls_behind_slows_the_readers_but_loses_nothing(tmp_path: Path) -> None:
-    # Past max_pending_bytes unread, the stream reader pauses (bounded): the run still ends
+    # Past the pump's max_pending_bytes unread, the stream reader pauses (bounded): the run still ends
     # while nobody polls, and then every line is there, in order, on disk and in the events.
     n = 3000
     body = (
@@ -292,7 +292,7 @@ def test_a_consumer_that_falls_behind_slows_the_readers_but_loses_nothing(tmp_pa
     )
     b = _fake_bundle(tmp_path, body)
     backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=60))
-    backend.max_pending_bytes = 4096
+    backend.pump.max_pending_bytes = 4096
     backend.start()
     assert backend.wait(60) == "succeeded"
     events = collect(backend, timeout=10)

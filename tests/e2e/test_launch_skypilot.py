@@ -289,7 +289,7 @@ def test_a_node_is_not_finished_before_the_shared_stream_delivered_its_table(
     b = _backend(bundle, tmp_path)
     checks = threading.Condition()
     count = [0]
-    real_check, real_ingest = b._check_nodes, b._ingest
+    real_check, real_add = b._check_nodes, b.pump.add_stream
 
     def check_nodes() -> None:
         real_check()
@@ -297,16 +297,20 @@ def test_a_node_is_not_finished_before_the_shared_stream_delivered_its_table(
             count[0] += 1
             checks.notify_all()
 
-    def ingest(node: int, stream: str, data: bytes) -> None:
-        if b"Failures:" in data:
-            assert b._finished.wait(30)
-            with checks:
-                seen = count[0]
-                assert checks.wait_for(lambda: count[0] >= seen + 2, 30)
-        real_ingest(node, stream, data)
+    def add_stream(node: int, stream: str, read: Callable[[], bytes]) -> None:
+        def held_read() -> bytes:
+            data = read()
+            if b"Failures:" in data:
+                assert b._finished.wait(30)
+                with checks:
+                    seen = count[0]
+                    assert checks.wait_for(lambda: count[0] >= seen + 2, 30)
+            return data
+
+        real_add(node, stream, held_read)
 
     monkeypatch.setattr(b, "_check_nodes", check_nodes)
-    monkeypatch.setattr(b, "_ingest", ingest)
+    monkeypatch.setattr(b.pump, "add_stream", add_stream)
     b.start()
     collect(b, timeout=60)
     info = read_run(tmp_path / "run")

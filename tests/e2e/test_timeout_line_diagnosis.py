@@ -88,7 +88,7 @@ def test_a_watchdog_line_names_the_stuck_rank_once(tmp_path: Path) -> None:
         # Both lines reached the log; the first one is the run's (one diagnosis a run).
         rank0 = (run / "logs" / "rank0.stdout.log").read_text()
         assert NCCL in rank0 and GLOO in rank0
-        assert getattr(backend, "_timeout_line", None) == (0, 0, NCCL)
+        assert backend.pump.timeout_line == (0, 0, NCCL)
         assert getattr(backend, "_timeout_diagnosed", False)
         assert read_run(run)["state"] == "running"  # a line alone does not end the run
     finally:

@@ -3,16 +3,14 @@
 ``[dtrain-tui] diagnosis: …`` (engine.launch.frdump) is an error line: the monitor's error list
 and ``monitor --follow --errors-only`` show it. A rank's collective-timeout line (NCCL's
 watchdog, gloo's ``Timed out waiting``) is recognised by :data:`TIMEOUT_LINE_RE` and remembered
-once per run by :func:`note_timeout` (the real launch path: tests/e2e/test_timeout_line_diagnosis).
+once per run by the output pump (:func:`find_timeout_line`) (the real launch path: tests/e2e/test_timeout_line_diagnosis).
 """
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
-from engine.launch.frdump import TIMEOUT_GATE, TIMEOUT_LINE_RE, note_timeout
+from engine.launch.frdump import TIMEOUT_GATE, TIMEOUT_LINE_RE, find_timeout_line
 from engine.monitor.logparse import ErrorKind, classify, classify_error, scan_batch
 from engine.monitor.state import MonitorState
 from engine.rundir.events import LineEvent
@@ -86,11 +84,7 @@ def test_other_timeouts_are_not_collective_timeouts(line: str) -> None:
     assert not TIMEOUT_LINE_RE.search(line)
 
 
-def test_the_first_timeout_line_of_a_run_is_kept() -> None:
-    run = types.SimpleNamespace()
-    note_timeout(run, {(0, 0): ["[dtrain] step=3/6", "x"]})
-    assert getattr(run, "_timeout_line", None) is None
-    note_timeout(run, {(0, 0): ["boom"], (1, 3): [NCCL_PG]})
-    assert run._timeout_line == (1, 3, NCCL_PG)
-    note_timeout(run, {(0, 1): [GLOO]})  # a later one does not replace it: one diagnosis a run
-    assert run._timeout_line == (1, 3, NCCL_PG)
+def test_the_first_timeout_line_of_a_batch_is_found() -> None:
+    assert find_timeout_line({(0, 0): ["[dtrain] step=3/6", "x"]}) is None
+    got = find_timeout_line({(0, 0): ["boom"], (1, 3): [NCCL_PG], (0, 1): [GLOO]})
+    assert got == (1, 3, NCCL_PG)

@@ -46,24 +46,26 @@ def test_cut_long_marks_what_it_cut() -> None:
 
 
 def test_a_10_mb_line_is_shown_cut_and_logged_whole(tmp_path: Path) -> None:
+    import threading
+
     from engine.launch.policy import NodeState
-    from engine.launch.streams import StreamingRun
+    from engine.launch.pump import OutputPump
     from engine.rundir.events import per_line
+    from engine.rundir.files import RunDir
     from tests.e2e.launch_util import make_bundle
 
     big = "x" * (10 << 20)
     stream = f"[default1]:{big}\n[default0]:small\n".encode()
     chunks = [stream[i : i + (256 << 10)] for i in range(0, len(stream), 256 << 10)] + [b""]
     bundle = make_bundle(tmp_path / "b")
-    run = StreamingRun(bundle, tmp_path / "run")
-    run.run.create(bundle)
-    run._nodes = [NodeState(node=0, host="localhost")]
-    run._add_stream(0, "stdout", lambda: chunks.pop(0))
-    for t in run._threads:
-        t.join(timeout=60)
-        assert not t.is_alive()
-    shown = {e.rank: e.line for e in per_line(run._events)}
+    run = RunDir(tmp_path / "run")
+    run.create(bundle)
+    pump = OutputPump(run, [NodeState(node=0, host="localhost")], 2, ended=threading.Event())
+    pump.add_stream(0, "stdout", lambda: chunks.pop(0))
+    pump.join(60)
+    assert pump.open_streams(0) == 0
+    shown = {e.rank: e.line for e in per_line(pump.take(0))}
     assert shown[1] == "x" * MAX_SHOWN_LINE + f"… [{len(big) - MAX_SHOWN_LINE} bytes cut]"
     assert shown[0] == "small"
-    run.run.close()
+    run.close()
     assert (tmp_path / "run" / "logs" / "rank1.stdout.log").read_text() == big + "\n"

@@ -9,7 +9,6 @@ CI, two CPU ranks under load, rank 0's step line filed as rank 1's."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -84,8 +83,8 @@ def test_split_tee_leaves_inner_prefixes_to_close_pieces() -> None:
     assert pending == {}
 
 
-def _prefixed_split(self: Any, node: int, raw: bytes) -> tuple[int, int | None, bytes]:
-    """``_split`` of a backend whose lines carry a prefix of their own before torchrun's, as
+def _prefixed_split(node: int, raw: bytes) -> tuple[int, int | None, bytes]:
+    """The ``split`` of a driver whose lines carry a prefix of their own before torchrun's, as
     SkyPilot's do: the reader's per-line path."""
     assert raw.startswith(b"(n0) "), raw
     return split_tee(0, 2, raw[5:])
@@ -98,12 +97,14 @@ def test_a_runs_logs_and_events_file_each_spliced_line_under_its_rank(
     # The launch backends' stream reader end to end, fed in 37-byte reads: a rank's partial
     # line with another rank's line inside, its end in a later read, and one left open when
     # the stream ends (the rank died mid-line).
+    import threading
+
     from engine.launch.policy import NodeState
-    from engine.launch.streams import StreamingRun
+    from engine.launch.pump import OutputPump
     from engine.rundir.events import per_line
+    from engine.rundir.files import RunDir
     from tests.e2e.launch_util import write_bundle
 
-    cls = type("Run", (StreamingRun,), {"_split": _prefixed_split}) if prefixed else StreamingRun
     lines_in = [
         f"[default1]:{_RANK1}[default0]:{_RANK0}",
         "[default1]:",
@@ -113,20 +114,24 @@ def test_a_runs_logs_and_events_file_each_spliced_line_under_its_rank(
     stream = "".join(("(n0) " if prefixed else "") + ln + "\n" for ln in lines_in).encode()
     chunks = [stream[i : i + 37] for i in range(0, len(stream), 37)] + [b""]
     bundle = write_bundle(tmp_path / "b")
-    run = cls(bundle, tmp_path / "run")
-    run.run.create(bundle)
-    run._nodes = [NodeState(node=0, host="localhost")]
-    run._add_stream(0, "stdout", lambda: chunks.pop(0))
-    for t in run._threads:
-        t.join(timeout=30)
-        assert not t.is_alive()
+    run = RunDir(tmp_path / "run")
+    run.create(bundle)
+    errors: list[OSError] = []
+    split = _prefixed_split if prefixed else None
+    nodes = [NodeState(node=0, host="localhost")]
+    pump = OutputPump(
+        run, nodes, 2, ended=threading.Event(), split=split, on_dir_error=errors.append
+    )
+    pump.add_stream(0, "stdout", lambda: chunks.pop(0))
+    pump.join(30)
+    assert pump.open_streams(0) == 0
     lines: dict[int | None, list[str]] = {0: [], 1: []}
-    for e in per_line(run._events):
+    for e in per_line(pump.take(0)):
         lines[e.rank].append(e.line)
     expected = {0: [_RANK0, "next", "cut off"], 1: [_RANK1, "last"]}
     assert lines == expected
-    run.run.close()
-    assert run._dir_error is None
+    run.close()
+    assert errors == []
     for rank, want in expected.items():
         log = tmp_path / "run" / "logs" / f"rank{rank}.stdout.log"
         assert log.read_text().splitlines() == want
