@@ -45,7 +45,10 @@ def validation_messages(exc: ValidationError, prefix: str = "") -> list[str]:
 
 
 def one_line(exc: BaseException, prefix: str = "") -> str:
-    """The single line a CLI prints for ``exc``."""
+    """The single line a CLI prints for ``exc``: its message, else (one raised without a
+    message, such as a bare ``KeyError()``) the name of its type, so the line is never empty."""
     if isinstance(exc, ValidationError):
-        return "; ".join(validation_messages(exc, prefix))
-    return str(exc)
+        text = "; ".join(validation_messages(exc, prefix))
+    else:
+        text = str(exc)
+    return text or type(exc).__name__

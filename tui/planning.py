@@ -121,7 +121,7 @@ class PlanningApp(App[int]):
         try:
             plan = services.make_plan(spec)
         except Exception as e:  # noqa: BLE001 - every refusal becomes one line on screen
-            self.post_message(PlanFailed(one_line(e) or type(e).__name__, generation))
+            self.post_message(PlanFailed(one_line(e), generation))
             return
         elapsed = time.perf_counter() - t0
         self.post_message(PlanComputed(plan, generation, elapsed, self._forcing(plan)))
@@ -143,7 +143,7 @@ class PlanningApp(App[int]):
             try:
                 cached = (auto_spec, services.make_plan(auto_spec), "")
             except Exception as e:  # noqa: BLE001 - the refusal is shown in the line
-                cached = (auto_spec, None, one_line(e) or type(e).__name__)
+                cached = (auto_spec, None, one_line(e))
             self._auto_plan = cached
         return forcing_cost(plan, cached[1], cached[2])
 
@@ -157,7 +157,7 @@ class PlanningApp(App[int]):
         try:
             files = services.render_bundle(plan)
         except Exception as e:  # noqa: BLE001
-            self.post_message(BundleRenderFailed(one_line(e) or type(e).__name__, generation))
+            self.post_message(BundleRenderFailed(one_line(e), generation))
             return
         self.post_message(BundleRendered(files, generation))
 

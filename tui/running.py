@@ -92,7 +92,7 @@ class RunningApp(PlanningApp):
                     return
             report = services.write_bundle(plan, out, force=confirmed)
         except Exception as e:  # noqa: BLE001
-            self.post_message(BundleWriteFailed(one_line(e) or type(e).__name__))
+            self.post_message(BundleWriteFailed(one_line(e)))
             return
         self.post_message(BundleWritten(out, write_summary(report, out)))
 
@@ -196,7 +196,7 @@ class RunningApp(PlanningApp):
             services.write_bundle(plan, out, force=confirmed)
             source, run_dir = self.backend_factory(plan.spec, out, run_root)
         except Exception as e:  # noqa: BLE001
-            self.post_message(LaunchFailed(one_line(e) or type(e).__name__))
+            self.post_message(LaunchFailed(one_line(e)))
             return
         self.post_message(RunStarted(source, run_dir))
 

@@ -73,7 +73,7 @@ class HardwareStep(StepPane):
             self.catalog_error = ""
         except Exception as e:  # noqa: BLE001
             self.gpus = []
-            self.catalog_error = one_line(e) or type(e).__name__
+            self.catalog_error = one_line(e)
         hw = self.session.spec.hardware
         rows = self.rows()
         rows["gpu"].value = hw.gpu

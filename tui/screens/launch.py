@@ -248,7 +248,7 @@ class LaunchStep(StepPane):
             backend, report = run_preflight(kind, out, run_dir, options)
             text, ok = f"{verdict_line(report)} ({backend.run.path})", report.verdict == "ok"
         except Exception as e:  # noqa: BLE001 - any failure is one line on the step
-            text, ok = f"preflight: {one_line(e) or type(e).__name__}", False
+            text, ok = f"preflight: {one_line(e)}", False
         self.app.call_from_thread(self.preflight_done, text, ok)
 
     def preflight_done(self, text: str, ok: bool) -> None:

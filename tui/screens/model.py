@@ -157,7 +157,7 @@ class ModelStep(StepPane):
             self.presets = services.presets()
         except Exception as e:  # noqa: BLE001 - presets are optional decoration
             self.presets = []
-            self.preset_error = one_line(e) or type(e).__name__
+            self.preset_error = one_line(e)
         m = self.session.spec.model
         rows = self.rows()
         # Every field from this spec, emptied where it has no value: a field left as an earlier
@@ -267,7 +267,6 @@ class ModelStep(StepPane):
         row = self.rows()["preset"]
         with row.input.prevent(Input.Changed):
             row.value = name
-        row.input.cursor_position = len(name)  # retyping goes on from the end, not mid-name
         self._fill_presets(name)
         self.revalidate()
 
@@ -357,7 +356,7 @@ class ModelStep(StepPane):
             set_text(summary, f"✗ {shown}{note}")
             return [text]
         except Exception as e:  # noqa: BLE001 - odd input must not crash the wizard
-            msg = one_line(e) or type(e).__name__
+            msg = one_line(e)
             set_text(summary, f"✗ {msg}{note}")
             return [msg]
         else:

@@ -111,7 +111,7 @@ class StepPane(VerticalScroll):
         try:
             errors = self.check()
         except Exception as e:  # noqa: BLE001 - odd input must never crash the wizard
-            errors = [one_line(e) or type(e).__name__]
+            errors = [one_line(e)]
         self.post_message(StepValidated(self.STEP, list(errors)))
 
     def on_input_changed(self, event: Input.Changed) -> None:
