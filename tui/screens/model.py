@@ -267,6 +267,7 @@ class ModelStep(StepPane):
         row = self.rows()["preset"]
         with row.input.prevent(Input.Changed):
             row.value = name
+        row.input.cursor_position = len(name)  # retyping goes on from the end, not mid-name
         self._fill_presets(name)
         self.revalidate()
 
