@@ -226,6 +226,36 @@ def _why_set_aside(ctx: PlanContext, c: Candidate) -> str:
     return "a layout the flowchart prefers is not clearly slower"
 
 
+BETTER_FASTER = 0.10
+"""A layout at least this much faster than the flowchart's (a 12 % faster Megatron layout
+kept out by the 15 % rule is a day lost on a long run; a 5 % one on a 7B model on one node is
+not worth leaving ZeRO-2's simplicity for) ..."""
+BETTER_LEANER = 0.05
+"""... that also needs at least this share of the usable memory less replaces it, however
+short of :data:`CLEARLY_FASTER` its gain (:func:`_dominating`). Both are beyond the time and
+memory models' noise: a 1 % gain or a few MiB saved is no reason to leave the simpler layout."""
+
+
+def _dominating(ctx: PlanContext, flow: Candidate, near: list[Candidate]) -> Candidate | None:
+    """The fastest layout of ``near`` that fits, is :data:`BETTER_FASTER` faster than ``flow``
+    and :data:`BETTER_LEANER` leaner: :data:`CLEARLY_FASTER` guards a simpler layout's ease of
+    running, but one that is slower and closer to running out of memory has nothing left to
+    guard. None when there is no such layout."""
+    flow = evaluate(ctx, flow)
+    leaner = flow.mem.total - BETTER_LEANER * ctx.usable
+    return best(
+        ctx,
+        [
+            c
+            for c in near
+            if c is not flow
+            and c.fits
+            and c.mem.total <= leaner
+            and evaluate(ctx, c).time <= flow.time * (1 - BETTER_FASTER)
+        ],
+    )
+
+
 def choose(
     ctx: PlanContext,
     flow: Candidate | None,
@@ -271,6 +301,21 @@ def choose(
             )
         )
         chosen = fastest
+    elif flow and (leaner := _dominating(ctx, flow, near)) is not None:
+        gain = 1 - leaner.time / flow.time
+        path.append(
+            PathStep(
+                question="Is a nearby layout clearly faster?",
+                answer=f"faster and leaner: {describe(leaner.draft)}",
+                reason=(
+                    f"{gain:.0%} shorter step ({leaner.time:.3g} s vs {flow.time:.3g} s) and "
+                    f"{gib(leaner.mem.total)} a GPU against {gib(flow.mem.total)} for the "
+                    f"flowchart's {describe(flow.draft)}: better on both counts, so the "
+                    f"{CLEARLY_FASTER:.0%} it takes to leave the flowchart's layout does not apply"
+                ),
+            )
+        )
+        chosen = leaner
     elif flow:
         path.append(
             PathStep(
