@@ -37,6 +37,16 @@ BackendFactory = Callable[[Spec, Path, Path | None], "tuple[EventSource, Path]"]
 a launch backend for the written bundle, not started yet (the monitor starts and watches it)."""
 
 
+def unfit_reason(plan: Plan) -> str:
+    """Why a plan that does not fit is not launched, and what to change: one line."""
+    need = plan.recommended.memory_per_gpu.total / 1024**3
+    have = (plan.usable_bytes + plan.headroom_bytes) / 1024**3
+    return (
+        f"the plan does not fit: it needs {need:.1f} GiB per GPU of {have:.1f} GiB; "
+        "use more or larger GPUs, a smaller model or batch (see 5 Decision)"
+    )
+
+
 class RunningApp(PlanningApp):
     """Writes and launches the session's plan; ``backend_factory`` makes the backend a
     launch runs."""
@@ -153,6 +163,9 @@ class RunningApp(PlanningApp):
             return
         if self.plan is None:
             wiz.show_result(Step.LAUNCH, "no plan yet: finish the earlier steps", ok=False)
+            return
+        if not self.plan.recommended.fits:
+            wiz.show_result(Step.LAUNCH, "not started: " + unfit_reason(self.plan), ok=False)
             return
         wiz.show_launch_progress("writing the bundle and starting…")
         # Like ^s: what the write would replace or remove is listed first; ^l again goes ahead.

@@ -153,3 +153,43 @@ def test_a_picked_preset_leaves_the_cursor_at_the_end(tmp_path: Path) -> None:
             assert field.cursor_position == len(field.value)
 
     asyncio.run(go())
+
+
+def test_launch_refuses_a_plan_that_does_not_fit_and_says_why(tmp_path: Path) -> None:
+    from engine.plan.specs import ModelSpec
+
+    unfit = demo_spec().model_copy(update={"model": ModelSpec(preset="llama-3-70b")})
+    started: list[object] = []
+
+    def factory(*args: object) -> object:
+        started.append(args)
+        raise AssertionError("a plan that does not fit was launched")
+
+    async def go() -> None:
+        app = DtrainApp(
+            unfit,
+            out_dir=tmp_path / "bundle",
+            run_root=tmp_path / "runs",
+            config_dir=tmp_path / "profiles",
+            plan_delay_s=0.0,
+            backend_factory=factory,  # type: ignore[arg-type]
+        )
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            assert app.plan is not None and not app.plan.recommended.fits
+            await pilot.press("ctrl+l")
+            await at_step(pilot, "launch")
+            await settle(pilot)
+            start = app.screen.query_one("#start")
+            assert "fit" in str(start.label).lower(), start.label  # not "Start run"
+            await pilot.press("ctrl+l")
+            await until(
+                pilot,
+                lambda: "does not fit" in text_of(app, "#launch-result"),
+                lambda: f"no refusal: {text_of(app, '#launch-result')!r}",
+            )
+            assert text_of(app, "#launch-result").startswith("✗")
+            assert not (tmp_path / "bundle").exists()
+
+    asyncio.run(go())
+    assert not started

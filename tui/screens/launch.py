@@ -132,6 +132,9 @@ class LaunchStep(StepPane):
         partition = str(data.get("slurm_partition") or "default")
         set_text(self.query_one("#launch-summary", Static), self.summary(backend, hosts, partition))
         label = "Start smoke test  ^l" if self.smoke_test else "Start run  ^l"
+        plan = self.session.plan
+        if plan is not None and not plan.recommended.fits:
+            label = "✗ Does not fit: see 5 Decision"  # ^l refuses it, and says why
         start = self.query_one("#start", Button)
         if str(start.label) != label:
             start.label = label
