@@ -8,6 +8,7 @@ the login node over SSH)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from tests.e2e.sshd import Sshd
 from tests.e2e.test_launch_slurm import _job_gone, _login_backend, login_node
 
 pytestmark = pytest.mark.slow
+USER_SCRIPT = (
+    Path(__file__).resolve().parents[2] / "tests" / "data" / "user_scripts" / "skip_allreduce.py"
+)
 __all__ = ["login_node", "slurm_cluster"]  # the fixtures, used by name
 
 HANG_S = 10.0
@@ -42,7 +46,12 @@ def _skipping(rank: int) -> list[str]:
 
 
 def _check(
-    cluster: SlurmCluster, backend: SlurmBackend, events: list[object], took: float, stuck: int
+    cluster: SlurmCluster,
+    backend: SlurmBackend,
+    events: list[object],
+    took: float,
+    stuck: int,
+    stall_line: str = "skips the all-reduce of step 3",
 ) -> None:
     info = read_run(backend.run.path)
     assert info["state"] == "failed" and info["reason"].startswith("hang: "), info["reason"]
@@ -63,7 +72,7 @@ def _check(
     # Only the ranks were signalled: srun passes a SIGUSR1 on to torchrun, which dies of it.
     assert not [e.line for e in lines if "User defined signal" in e.line]
     # Named within the hang timeout + 30 s of the stuck rank's last line (the issue's bound).
-    stalled = next(e.ts for e in lines if "skips the all-reduce of step 3" in e.line)
+    stalled = next(e.ts for e in lines if stall_line in e.line)
     assert diag["at"] - stalled < HANG_S + 30, diag["at"] - stalled
     # Start-up (the job, torch, two steps) + the hang timeout + the dumps + the cancel.
     assert took < HANG_S + 120, took
@@ -103,6 +112,39 @@ def test_hung_slurm_job_names_the_stuck_rank(slurm_cluster: SlurmCluster, tmp_pa
     finally:
         backend.stop()
     _check(slurm_cluster, backend, events, time.monotonic() - t0, stuck=2)
+
+
+def test_hung_slurm_job_of_a_user_script_names_the_stuck_rank(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A user's own script (no dtrain-tui code in it, its own SIGUSR1 handler), written with
+    ``--script``: its ranks start through the bundle's rank agent, which answers the one srun
+    step's request. Two nodes of two ranks; rank 2 (node 1, n2) never joins the all-reduce."""
+    args = ["--steps", "6", "--skip-at", "3", "--skip-rank", "2"]
+    bundle = write_bundle(
+        tmp_path / "b",
+        "--script",
+        USER_SCRIPT.name,
+        *(f"--script-arg={a}" for a in args),
+        nodes=2,
+        steps=6,
+    )
+    shutil.copy(USER_SCRIPT, bundle / USER_SCRIPT.name)
+    opts = LaunchOptions(
+        master_port=free_port(), hang_timeout_s=HANG_S, env={"DTRAIN_TELEMETRY_S": "1"}
+    )
+    backend = make_backend("slurm", bundle, tmp_path / "run", opts)
+    assert isinstance(backend, SlurmBackend)
+    t0 = time.monotonic()
+    backend.start()
+    try:
+        events = collect(backend, timeout=HANG_S + 180)
+    finally:
+        backend.stop()
+    took = time.monotonic() - t0
+    _check(slurm_cluster, backend, events, took, stuck=2, stall_line="waits for its data")
+    stacks = read_run(backend.run.path)["diagnosis"]["stacks"]
+    assert "wait_for_data_that_never_comes" in stacks["2"][0], stacks
 
 
 def test_hung_slurm_job_over_a_login_node_names_the_stuck_rank(
