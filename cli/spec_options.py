@@ -170,6 +170,16 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
             "a benchmark that forces balanced routing); default: 1.15 under dropless routing",
         },
     ),
+    (
+        "--headroom",
+        "training",
+        "headroom",
+        {
+            "type": number,
+            "help": "share of the usable GPU memory a plan keeps free (e.g. 0.05); default: "
+            "0.03, or 0.08 for dropless MoE",
+        },
+    ),
     ("--tokens", "training", "tokens", {"help": "token budget for the cost estimate, e.g. 1e12"}),
     ("--price", "training", "price_per_gpu_hour", {"type": number, "help": "USD per GPU-hour"}),
     ("--lr", "training", "lr", {"type": number}),

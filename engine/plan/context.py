@@ -12,7 +12,7 @@ from engine.errors import SpecError
 from engine.plan.calibration import Calibration, apply_network, calibrated_usable
 from engine.plan.catalog import GpuType, get_network, list_gpus
 from engine.plan.dims import ModelDims
-from engine.plan.memory import gpu_usable_bytes, usable_bytes
+from engine.plan.memory import default_headroom, gpu_usable_bytes, usable_bytes
 from engine.plan.names import Fp8Recipe, IntraNodeLink, Precision
 from engine.plan.perf import Hardware
 from engine.plan.result import PathStep
@@ -29,7 +29,10 @@ class PlanContext:
     hw: Hardware
     precision: Precision
     usable: int
-    """GPU memory a layout may use (bytes)."""
+    """GPU memory a layout may use (bytes): :func:`usable_memory` less the headroom."""
+    headroom_bytes: int
+    """What the plan keeps free of :func:`usable_memory` (``training.headroom``, else
+    :func:`engine.plan.memory.default_headroom`)."""
     cpu_usable: int
     """Host RAM per node offload may use (bytes)."""
     flash: bool
@@ -46,13 +49,19 @@ class PlanContext:
     def build(cls, spec: Spec, dims: ModelDims, gpu: GpuType, precision: Precision) -> PlanContext:
         """The context of ``spec``: host RAM for offload is the spec's, else twice the node's GPU
         memory."""
+        capacity = usable_memory(gpu, spec.calibration)
+        share = spec.training.headroom
+        if share is None:
+            share = default_headroom(dims, spec.training.moe_capacity_factor)
+        kept = 0 if gpu.is_cpu else int(capacity * share)
         return cls(
             spec=spec,
             dims=dims,
             gpu=gpu,
             hw=hardware(spec, gpu, precision),
             precision=precision,
-            usable=usable_memory(gpu, spec.calibration),
+            usable=capacity - kept,
+            headroom_bytes=kept,
             cpu_usable=usable_bytes(
                 int(spec.hardware.cpu_ram_gb * 1e9)
                 if spec.hardware.cpu_ram_gb

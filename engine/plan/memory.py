@@ -65,6 +65,22 @@ FRAGMENTATION = 0.04
 """Share of the remainder PyTorch's caching allocator loses to fragmentation (blocks cached but
 not reusable at the next size); 2-3 % with ``expandable_segments``, more without."""
 
+DENSE_HEADROOM = 0.03
+"""Share of the usable memory a dense plan keeps free by default: the allocator's peaks
+between the steady-state tensors this model counts (a collective's temporary, cuBLAS's
+workspace growing with a shape) are a few per cent of a step's peak."""
+MOE_HEADROOM = 0.08
+"""The same for dropless MoE: the busiest expert rank's load moves from step to step (the
+planner's :func:`expert_load` is its mean over steps, not its worst), and every routed copy it
+receives is held for the backward."""
+
+
+def default_headroom(dims: ModelDims, capacity_factor: float | None) -> float:
+    """The headroom a plan keeps unless the spec sets one (``training.headroom``):
+    :data:`MOE_HEADROOM` for dropless MoE, :data:`DENSE_HEADROOM` otherwise (a capacity factor
+    caps what any rank receives)."""
+    return MOE_HEADROOM if dims.is_moe and not capacity_factor else DENSE_HEADROOM
+
 
 @dataclass(frozen=True, slots=True)
 class LayoutDraft:
@@ -413,6 +429,8 @@ def layer_activation_bytes(
     fp8_linears: bool = False,
     eager: bool = False,
     fp32_residual: bool = False,
+    load: float = 1.0,
+    expert_tp: int = 0,
 ) -> float:
     """One layer's saved activations, Korthikanti's accounting generalised to the model's shape.
 
@@ -435,6 +453,10 @@ def layer_activation_bytes(
     shipped trainer), not Megatron-Core's fused ones, and keeps more (see the code).
     ``fp32_residual``: autocast over fp32 parameters (DDP's mixed precision), so the residual
     stream and the norms' inputs are fp32 and each linear keeps its own 16-bit cast of its input.
+
+    MoE layers also keep each routed copy of the MLP's input (:func:`_dispatched_values`) and
+    hold ``load`` times the mean routed tokens (the busiest expert-parallel rank); ``expert_tp``
+    is the experts' own tensor parallelism (0: ``t``).
     """
     sbh = s * b * dims.hidden
     scale = bytes_per_value / 2
@@ -448,7 +470,8 @@ def layer_activation_bytes(
         # The two norms' fp32 inputs (2 more bytes each), and the attention's input cast once
         # more (query and key-value projections each cast it).
         replicated += 4 + 2
-    split = _split_values(dims, t, recompute, fp8=fp8, light=light, eager=eager)
+    split = _split_values(dims, t, recompute, fp8=fp8, light=light, eager=eager, load=load)
+    split += _dispatched_values(dims, recompute, fp8=fp8, load=load) * (expert_tp or t)
     score = 0.0
     if recompute in (Recompute.NONE, Recompute.MLP) and not flash:
         score = (5 if dropout else 2) * dims.heads * s / dims.hidden
@@ -457,9 +480,64 @@ def layer_activation_bytes(
     return sbh * (replicated + (split + score) / t) * scale
 
 
-def _experts_a_token(dims: ModelDims) -> int:
-    """MLPs each token passes through: its top-k routed experts and the shared ones (1 dense)."""
-    return dims.experts_per_token + dims.shared_experts if dims.is_moe else 1
+def _experts_a_token(dims: ModelDims, load: float = 1.0) -> float:
+    """MLPs each token passes through: its top-k routed experts (``load`` times the mean on the
+    busiest expert rank) and the shared ones (1 dense)."""
+    return dims.experts_per_token * load + dims.shared_experts if dims.is_moe else 1
+
+
+MOE_INDEX_BYTES = 8
+"""Bytes a routed copy keeps beside its hidden vector: the permutation's row index (int32) and
+its routing probability (fp32), which the unpermute's backward reads."""
+
+
+def _dispatched_values(dims: ModelDims, recompute: Recompute, *, fp8: bool, load: float) -> float:
+    """16-bit values per ``sbh`` an MoE layer keeps for its routed copies, per expert-TP rank's
+    share of the tokens: each token is dispatched ``k`` times and every copy is the first
+    expert GEMM's input, saved for its weight gradient (Megatron-Core's ``GroupedMLP`` /
+    ``TEGroupedMLP`` after ``permute``; Hugging Face's expert loop indexes a copy per expert
+    the same way), plus the permutation's index and probability. That is +46 % a layer for
+    Qwen3-235B with no recompute and +80 % for DeepSeek-V3 under light recompute. FP8 experts
+    keep the FP8 cast (1 byte). An MLP recompute (the MLP redone from its input) or a full one
+    keeps none of it. Each rank's copies are its sequence-parallel share's; ``load``: the busiest
+    expert rank receives that many times the mean (:func:`expert_load`)."""
+    if not dims.is_moe or recompute in (Recompute.MLP, Recompute.FULL):
+        return 0.0
+    per_copy = (1 if fp8 else 2) + MOE_INDEX_BYTES / dims.hidden
+    return per_copy * dims.experts_per_token * load
+
+
+DROPLESS_IMBALANCE = 1.15
+"""Load of the busiest expert-parallel rank over the mean under dropless routing with load
+balancing, where the user states none (the time model's
+:data:`engine.plan.perf.MOE_IMBALANCE` is this figure)."""
+
+
+def expert_load(d: LayoutDraft) -> float:
+    """The busiest expert-parallel rank's routed tokens over the mean, by the time model's rule
+    (:func:`engine.plan.perf.moe_imbalance`): the user's ``--moe-imbalance``, else
+    :data:`DROPLESS_IMBALANCE`, capped by a capacity factor; 1 without expert parallelism."""
+    if d.ep <= 1:
+        return 1.0
+    load = d.imbalance or DROPLESS_IMBALANCE
+    return min(load, d.capacity) if d.capacity else load
+
+
+def held_expert_load(dims: ModelDims, d: LayoutDraft) -> float:
+    """The busiest expert rank's routed tokens over the mean, summed over what its peak holds:
+    the ``n`` MoE layers and micro-batches in flight on the heaviest stage, each routed on its
+    own. A step waits on each layer's busiest rank (:func:`expert_load`), but one rank is rarely
+    the busiest of all ``n``: its excess over the mean shrinks as ``1/√n`` (the spread of a sum
+    of ``n`` routings). What is left of step-to-step swings is in the MoE headroom
+    (:data:`MOE_HEADROOM`)."""
+    if not dims.is_moe:
+        return 1.0
+    load = expert_load(d)
+    if load <= 1.0:
+        return load
+    v = d.virtual_stages if d.pp_schedule == PPSchedule.INTERLEAVED else 1
+    held = math.ceil(dims.moe_layers / d.pp) * in_flight(d.pp, d.grad_accum, v, 0)
+    return 1.0 + (load - 1.0) / math.sqrt(max(1.0, held))
 
 
 def _replicated_values(dims: ModelDims, *, dropout: bool, fp8: bool, light: bool) -> int:
@@ -477,11 +555,13 @@ def _replicated_values(dims: ModelDims, *, dropout: bool, fp8: bool, light: bool
     return replicated
 
 
-def _mlp_values(dims: ModelDims, recompute: Recompute, *, fp8: bool, light: bool) -> float:
+def _mlp_values(
+    dims: ModelDims, recompute: Recompute, *, fp8: bool, light: bool, load: float = 1.0
+) -> float:
     """16-bit values per ``sbh`` the MLP's intermediates keep, split by ``t``
     (:func:`layer_activation_bytes`)."""
     f = dims.ffn / dims.hidden
-    k = _experts_a_token(dims)
+    k = _experts_a_token(dims, load)
     mlp = (6 * f if dims.gated_mlp else 4 * f) * k
     if recompute == Recompute.MLP:
         mlp = 0.0  # only the MLP's input (in the replicated values) is kept; the rest is recomputed
@@ -489,12 +569,19 @@ def _mlp_values(dims: ModelDims, recompute: Recompute, *, fp8: bool, light: bool
         mlp -= f * k if mlp else 0.0  # the second MLP matrix's input
     elif light:
         # The routed experts' activation is recomputed.
-        mlp -= 2 * f * dims.experts_per_token if dims.is_moe else 0.0
+        mlp -= 2 * f * dims.experts_per_token * load if dims.is_moe else 0.0
     return mlp
 
 
 def _split_values(
-    dims: ModelDims, t: int, recompute: Recompute, *, fp8: bool, light: bool, eager: bool
+    dims: ModelDims,
+    t: int,
+    recompute: Recompute,
+    *,
+    fp8: bool,
+    light: bool,
+    eager: bool,
+    load: float = 1.0,
 ) -> float:
     """16-bit values per ``sbh`` a layer keeps split by ``t`` (before the attention scores):
     Q, K, V, the output projection's input, the MLP's intermediates, MLA's latents
@@ -504,7 +591,7 @@ def _split_values(
     q = dims.heads * dims.head_dim / h
     rv = dims.kv_heads * dims.value_head_dim / h  # V (MLA: narrower than K)
     qo = dims.heads * dims.value_head_dim / h  # the output projection's input
-    mlp = _mlp_values(dims, recompute, fp8=fp8, light=light)
+    mlp = _mlp_values(dims, recompute, fp8=fp8, light=light, load=load)
     heads = 2 * q + 2 * r + 2 * rv
     if dims.is_mla:
         # The up-projections' inputs: the query latent and the key/value latent (with the
@@ -519,7 +606,7 @@ def _split_values(
         # and V repeated to every query head (repeat_kv), not the narrow ones. (Its output is
         # laid out token-major already, so the projection's input is the same tensor.)
         if dims.gated_mlp and mlp:
-            split += 2 * (dims.ffn / h) * _experts_a_token(dims)
+            split += 2 * (dims.ffn / h) * _experts_a_token(dims, load)
         if not dims.is_mla and dims.kv_heads < dims.heads:
             split += 2 * (q - r) + 2 * (q - rv)
     return split
@@ -789,6 +876,8 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
         bytes_per_value=2 if is_mixed(d.precision) else 4,
         eager=d.framework != Framework.MEGATRON,
         fp32_residual=d.framework == Framework.DDP and is_mixed(d.precision),
+        load=held_expert_load(dims, d),
+        expert_tp=d.expert_tp,
     )
     fp8 = d.fp8_linears or d.precision == Precision.FP8
     per_layer = layer(recompute=d.recompute, fp8_linears=fp8)

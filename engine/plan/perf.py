@@ -43,7 +43,7 @@ from engine.plan.frameworks import (
     fused_attention,
     shared_expert_overlap,
 )
-from engine.plan.memory import LayoutDraft, mtp_modules, stage_params
+from engine.plan.memory import DROPLESS_IMBALANCE, LayoutDraft, mtp_modules, stage_params
 from engine.plan.names import (
     CpComm,
     Framework,
@@ -143,7 +143,7 @@ with their tensor-parallel copy/reduce autograd functions, the QKV split and tra
 fused scale-mask-softmax, three dropouts each under the CUDA RNG tracker's fork, two
 TorchScript bias-dropout-add calls and the bias-GeLU one) at about 20 us each (PyTorch's
 per-op dispatch from Python), the same again when a checkpointed layer's forward is rerun."""
-MOE_IMBALANCE: Final = 1.15
+MOE_IMBALANCE: Final = DROPLESS_IMBALANCE
 """Load of the busiest expert-parallel rank relative to the mean under dropless routing with an
 auxiliary balancing loss: every rank waits for the one that receives the most tokens, in its
 all-to-alls and its expert GEMMs. Balancing (an auxiliary loss, or DeepSeek-V3's bias terms)

@@ -15,6 +15,8 @@ here imports torch.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.errors import SpecError
 from engine.plan import flowchart
 from engine.plan.annotate import (
@@ -22,6 +24,7 @@ from engine.plan.annotate import (
     WORTH_SAYING,
     alternatives,
     describe,
+    gib,
     mem_line,
     mistakes,
     notes,
@@ -52,7 +55,8 @@ def plan(spec: Spec) -> Plan:
     ctx = PlanContext.build(spec, dims, gpu, precision)
     check_forced(ctx)
     forced = spec.layout.is_forced
-    ctx, cands, choices = settle(ctx, candidates(ctx), path)
+    ctx, cands = _within_headroom(ctx, candidates(ctx), warnings)
+    ctx, cands, choices = settle(ctx, cands, path)
     if not cands:
         given = spec.layout.given_text()
         raise SpecError(
@@ -92,7 +96,31 @@ def plan(spec: Spec) -> Plan:
         batch_choices=choices,
         calibration=calibration,
         usable_bytes=ctx.usable,
+        headroom_bytes=ctx.headroom_bytes,
     )
+
+
+def _within_headroom(
+    ctx: PlanContext, cands: list[Candidate], warnings: list[str]
+) -> tuple[PlanContext, list[Candidate]]:
+    """``cands`` when one fits within the headroom; else, where some fit the memory the
+    headroom comes out of, the search again without it and a warning that says so: a layout
+    that fits is never refused for the margin (published runs sit there), but the plan names
+    the risk."""
+    if not ctx.headroom_bytes or any(c.fits for c in cands):
+        return ctx, cands
+    tight = replace(ctx, usable=ctx.usable + ctx.headroom_bytes, headroom_bytes=0)
+    again = candidates(tight)
+    if not any(c.fits for c in again):
+        return ctx, cands
+    share = ctx.headroom_bytes / tight.usable
+    warnings.append(
+        f"training.headroom: no layout fits with {share:.0%} of the usable memory kept free "
+        f"({gib(ctx.usable)} of {gib(tight.usable)}); the plan uses the margin, so an allocator "
+        "peak or a busier expert rank can run it out of memory (recompute more, a smaller "
+        "micro-batch or more GPUs keep it; --headroom 0 accepts the risk)"
+    )
+    return tight, again
 
 
 def _offer(ctx: PlanContext, lay: Layout, choice: BatchChoice) -> str:

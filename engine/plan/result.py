@@ -202,8 +202,27 @@ class Plan(_Frozen):
     usable_bytes: int
     """GPU memory a layout may use, per GPU: what every layout's fit was judged by (the GPU's
     memory less the named reserves and the calibration's measured overhead,
-    :func:`engine.plan.context.usable_memory`). The CLI's memory table and the wizard's bars
-    mark it."""
+    :func:`engine.plan.context.usable_memory`), less the headroom. The CLI's memory table and
+    the wizard's bars mark it."""
+    headroom_bytes: int = 0
+    """What the plan keeps free beyond ``usable_bytes`` (``training.headroom``, or the default
+    for the model: :func:`engine.plan.memory.default_headroom`)."""
+
+    def spare_bytes(self, layout: Layout | None = None) -> int:
+        """What ``layout`` (the recommended one by default) leaves of the memory before the
+        headroom: the margin the plan states ("fits with 6.1 GiB (8 %) to spare")."""
+        lay = layout or self.recommended
+        return self.usable_bytes + self.headroom_bytes - lay.memory_per_gpu.total
+
+    def margin_text(self, layout: Layout | None = None) -> str:
+        """How ``layout`` fits, as the plan says it: "fits with 6.1 GiB (8 %) to spare" of the
+        memory before the headroom, or "DOES NOT FIT"."""
+        lay = layout or self.recommended
+        if not lay.fits:
+            return "DOES NOT FIT"
+        spare = self.spare_bytes(lay)
+        share = spare / max(1, self.usable_bytes + self.headroom_bytes)
+        return f"fits with {spare / 1024**3:.1f} GiB ({share:.0%}) to spare"
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``plan --json`` object (documented in the README)."""
@@ -219,6 +238,8 @@ class Plan(_Frozen):
             "alternatives": [a.model_dump(mode="json") for a in self.alternatives],
             "path": [p.model_dump(mode="json") for p in self.path],
             "warnings": list(self.warnings),
+            "usable_bytes": self.usable_bytes,
+            "headroom_bytes": self.headroom_bytes,
             "batch_choices": [b.model_dump(mode="json") for b in self.batch_choices],
             "spec": self.spec.model_dump(mode="json", exclude_none=True),
         }

@@ -301,6 +301,13 @@ class TrainingSpec(_Strict):
     ``--moe-router-force-load-balancing`` and AutoModel's fake balanced gate draw random router
     logits). None: :data:`engine.plan.perf.MOE_IMBALANCE` under dropless routing. A capacity
     factor caps it either way. A planning input only: nothing is written for it."""
+    headroom: float | None = Field(default=None, ge=0, le=0.5)
+    """Share of the GPU's usable memory (after the CUDA context, NCCL's buffers and
+    fragmentation) a plan keeps free, for what no model counts (allocator spikes, a longer
+    batch, a library's workspace): a layout fits only within the rest, and among layouts about
+    as fast the plan prefers the one with more to spare. None:
+    :data:`engine.plan.memory.DENSE_HEADROOM`, or :data:`engine.plan.memory.MOE_HEADROOM` for
+    dropless MoE, whose routing moves the busiest rank's load from step to step."""
     fused_cross_entropy: bool | None = None
     """A PyTorch-native layout's trainer computes its loss with a fused cross-entropy
     (flash-attn's, Liger's, a chunked one) that keeps no fp32 copies of the logits: about 4

@@ -53,15 +53,21 @@ def test_deepseek_v3_fits_its_published_layout_only_with_its_light_recompute() -
     light = plan(_deepseek_v3_as_trained(Recompute.LIGHT)).recommended
     assert not none.fits and light.fits
     # The per-head queries, keys and values are the bulk of what it drops.
-    assert light.memory_per_gpu.activations < 0.6 * none.memory_per_gpu.activations
+    # (Both keep the routed copies' expert inputs: a third of what light recompute holds.)
+    assert light.memory_per_gpu.activations < 0.65 * none.memory_per_gpu.activations
     # Redoing norms, activations and the up-projections costs a few per cent, not a forward.
     assert none.step_time_s < light.step_time_s < 1.05 * none.step_time_s
 
 
 def test_the_planner_finds_it_when_nothing_lighter_fits() -> None:
-    chosen = plan(_deepseek_v3_as_trained(None)).recommended
+    # At the memory DeepSeek trained in (no headroom kept: the run fit there, 4 % to spare);
+    # with the default dropless-MoE headroom only the MLP recompute leaves 8 % free.
+    spec = _deepseek_v3_as_trained(None)
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"headroom": 0})})
+    chosen = plan(spec).recommended
     assert chosen.fits and chosen.recompute == Recompute.LIGHT
-    args = megatron_args(plan(_deepseek_v3_as_trained(None))).splitlines()
+    assert plan(_deepseek_v3_as_trained(None)).recommended.recompute == Recompute.MLP
+    args = megatron_args(plan(spec)).splitlines()
     assert "--recompute-granularity selective" in args
     assert "--recompute-modules layernorm moe_act mla_up_proj" in args
 
