@@ -497,7 +497,11 @@ def test_the_megatron_core_moe_report_runs_are_stated_as_they_ran(harness: Modul
         assert r.spec.training.moe_imbalance == 1.0
         assert r.spec.training.moe_dispatcher == MoeDispatcher.DEEPEP
         harness.evaluate(r)
-        assert r.predicted is not None and r.predicted.fits, r.id
+        assert r.predicted is not None, r.id
+        # The GB200 Qwen3 MXFP8 run offloaded activations (the report's Table 5), which the
+        # planner does not model: it is judged not to fit without them, and said so.
+        offloaded = any(c.startswith("activations offloaded") for c in r.raw["caveats"])
+        assert r.predicted.fits != offloaded, r.id
         assert abs(r.error) < 0.25, (r.id, r.error)
     h100 = rows["mcoremoe2026_h100_deepseekv3_1024gpu_fp8blk"]
     assert (h100.predicted.tp, h100.predicted.pp, h100.predicted.ep) == (2, 8, 64)
