@@ -59,6 +59,25 @@ def fused_attention(d: LayoutDraft) -> bool:
     return d.precision in (Precision.BF16, Precision.FP8)
 
 
+def tp_comm_overlap(
+    framework: Framework, tp: int, sequence_parallel: bool, precision: Precision
+) -> bool:
+    """Whether the layout runs Megatron-Core's ``--tp-comm-overlap``: Transformer Engine's
+    userbuffers split each sequence-parallel all-gather and reduce-scatter into chunks run
+    beside the chunks of the GEMM next to them (the QKV and first MLP GEMMs behind their input's
+    all-gather, the output projections behind their reduce-scatter, the backward's in turn),
+    as NVIDIA's Llama 3 70B / 405B and GPT-3 175B recipes set it. It needs Megatron with
+    Transformer Engine (the fused bf16 / FP8 path, :func:`fused_attention`), sequence
+    parallelism and a TP group on NVLink (the planner keeps TP inside the NVLink domain). The
+    time model costs it and the written Megatron arguments turn it on, both through here."""
+    return (
+        framework == Framework.MEGATRON
+        and tp > 1
+        and sequence_parallel
+        and precision in (Precision.BF16, Precision.FP8)
+    )
+
+
 def cp_comm_of(d: LayoutDraft) -> CpComm:
     """How the layout's context parallelism moves keys and values: a Megatron layout as asked
     (``--cp-comm-type``, p2p by default), a PyTorch-native one by all-gather (PyTorch's

@@ -42,6 +42,7 @@ from engine.plan.frameworks import (
     fp8_linears,
     fused_attention,
     shared_expert_overlap,
+    tp_comm_overlap,
 )
 from engine.plan.memory import DROPLESS_IMBALANCE, LayoutDraft, mtp_modules, stage_params
 from engine.plan.names import (
@@ -172,6 +173,11 @@ whole number of 16 bytes (a vocabulary not a multiple of 8 in 16-bit), measured 
 bf16 for the LM head at 16K tokens: forward, data and weight gradient together 5.9x slower at
 50257 than at 50304, 5.5x at 128257 than at 128256 (tests/data/gpu_runs.json, alignment); the
 shipped trainer's GPT-2 step 0.157 s against 0.102 s with the vocabulary padded to 50304."""
+TP_OVERLAP_RS_SPLITS: Final = 4
+"""Chunks Transformer Engine's userbuffers split a reduce-scatter overlapped with the GEMM
+before it into (``num_splits`` 4 in Megatron-Core's default ``ub_cfg`` for the ``proj`` and
+``fc2`` reduce-scatters, which run as the ``pipeline`` method; the all-gathers run as
+``ring_exchange``): the last chunk's reduce-scatter stays exposed."""
 INTRA_EFFICIENCY: Final = 0.8
 """Bus bandwidth NCCL reaches over NVLink / PCIe, as a share of the link's line rate."""
 RING_STEP_LATENCY_S: Final = 12e-6
@@ -725,10 +731,21 @@ def _mtp_projection_forward(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_l
     return 2 * t * n * k / (hw.peak_flops * hw.gemm * gemm_shape_efficiency(t, n, k))
 
 
-def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad: float) -> float:
+def _tp_comm(
+    dims: ModelDims,
+    d: LayoutDraft,
+    hw: Hardware,
+    seq_len: int,
+    wgrad: float,
+    linear: float = 0.0,
+) -> float:
     """Exposed tensor-parallel seconds of one layer, one micro-batch: two all-reduces (or
     all-gather + reduce-scatter pairs with SP) forward, two backward (Megatron hides those
-    behind the weight-gradient GEMMs, ``wgrad`` seconds), two more for a full recompute."""
+    behind the weight-gradient GEMMs, ``wgrad`` seconds), two more for a full recompute. Under
+    ``--tp-comm-overlap`` (:func:`tp_comm_overlap`) each pass's collectives run beside the
+    GEMMs next to them, ``linear`` seconds forward (those of the attention projections, and of
+    the MLP where it is split over TP) and twice that backward, holding
+    :data:`COMM_SM_SHARE` of the SMs while they do."""
     if d.tp <= 1:
         return 0.0
     size = d.micro_batch * seq_len / d.cp * dims.hidden * _act_bytes(d)
@@ -750,9 +767,25 @@ def _tp_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int, wgrad:
         mlp = 2 * gather_time(hw, routed, d.expert_tp, 1)
     forward = (one + mlp) * again  # a recomputed forward repeats its all-reduces
     backward = one + mlp
+    if linear and tp_comm_overlap(d.framework, d.tp, d.sequence_parallel, d.precision):
+        # Userbuffers pass the all-gathers round a ring, each step's transfer beside the GEMM
+        # of the chunk already there (all of it hidden); the reduce-scatters follow the GEMM in
+        # TP_OVERLAP_RS_SPLITS chunks, the last one's with nothing after it to hide behind.
+        tail = (one + mlp) / 2 / TP_OVERLAP_RS_SPLITS
+        hidden = one + mlp - tail
+        return again * (tail + _behind(hidden, linear)) + tail + _behind(hidden, 2 * linear)
     if d.framework == Framework.MEGATRON and fused_attention(d):
         backward = _behind(backward, wgrad)
     return forward + backward
+
+
+def _tp_linear(dims: ModelDims, d: LayoutDraft, f: LayerForward) -> float:
+    """Forward seconds of the GEMMs beside a layer's tensor-parallel collectives: all of its
+    linears, less the routed experts where they are whole on their GPU (folded, ``etp`` 1),
+    which have no tensor-parallel collective next to them."""
+    if dims.is_moe and d.expert_tp == 1:
+        return f.gemm - f.mlp + f.shared
+    return f.gemm
 
 
 def _cp_ep_comm(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
@@ -927,7 +960,8 @@ def _layer_costs(
     per_layer = layer_fwd + layer_bwd + _host_bound_gap(dims, d, hw, seq_len, layer_fwd)
     # Megatron hides the backward TP all-reduce behind the weight-gradient GEMMs of the
     # column-parallel layers: about half of the layer's GEMM time.
-    comm = _tp_comm(dims, d, hw, seq_len, f.gemm / 2) + _cp_comm(dims, d, hw, seq_len)
+    comm = _tp_comm(dims, d, hw, seq_len, f.gemm / 2, _tp_linear(dims, d, f))
+    comm += _cp_comm(dims, d, hw, seq_len)
     ep = _ep_comm(dims, d, hw, seq_len)
     if d.a2a_overlap and a2a_overlap_applies(dims, d):
         # Combined 1F1B: this layer's forward for one micro-batch runs beside its backward for
@@ -1094,7 +1128,7 @@ def terms(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> Terms:
     return Terms(
         forward=f,
         layer=LayerCost(*_layer_costs(dims, d, hw, seq_len)),
-        tp=_tp_comm(dims, d, hw, seq_len, f.gemm / 2),
+        tp=_tp_comm(dims, d, hw, seq_len, f.gemm / 2, _tp_linear(dims, d, f)),
         cp=_cp_comm(dims, d, hw, seq_len),
         ep=_ep_comm(dims, d, hw, seq_len),
         host_gap=_host_bound_gap(dims, d, hw, seq_len, f.gemm + f.attention + f.elementwise),

@@ -25,7 +25,7 @@ Flag names follow Megatron-LM's ``megatron/training/arguments.py`` (NVIDIA/Megat
 from __future__ import annotations
 
 from engine.plan.dims import ModelDims
-from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap
+from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap, tp_comm_overlap
 from engine.plan.names import MoeDispatcher, Optimizer, PPSchedule, Precision, Recompute
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import TrainingSpec
@@ -188,6 +188,10 @@ def _parallel_args(lay: Layout, m: ModelDims, tr: TrainingSpec) -> list[str]:
             out.append(f"--expert-tensor-parallel-size {lay.expert_tp}")
     if lay.sequence_parallel:
         out.append("--sequence-parallel")
+    if tp_comm_overlap(lay.framework, lay.tp, lay.sequence_parallel, lay.precision):
+        # Transformer Engine's userbuffers overlap the TP collectives with the GEMMs, as the
+        # time model assumed (engine.plan.frameworks.tp_comm_overlap).
+        out.append("--tp-comm-overlap")
     return out
 
 

@@ -75,3 +75,62 @@ def test_faster_and_leaner_layout_always_wins() -> None:
         if c.time <= chosen.time * 0.90 and c.mem.total <= chosen.mem.total - 0.05 * usable
     ]
     assert not better, [(c.draft, c.time, c.mem.total) for c in better]
+
+
+def _tp_terms(tp: int, precision: str = "bf16") -> tuple[float, float]:
+    """(exposed TP seconds of one layer, the raw collectives) of Llama 3 70B at ``tp`` on H100
+    under Megatron with sequence parallelism, one 8K micro-batch."""
+    from engine.plan.catalog import get_gpu
+    from engine.plan.context import hardware
+    from engine.plan.memory import LayoutDraft
+    from engine.plan.models import resolve_model
+    from engine.plan.names import Framework, Precision, Strategy
+    from engine.plan.perf import gather_time, terms
+
+    spec = _spec("llama-3-70b", "h100-sxm", 8, seq_len=8192, global_batch=64)
+    gpu = get_gpu("h100-sxm")
+    hw = hardware(spec, gpu, Precision(precision))
+    dims = resolve_model(spec.model)
+    d = LayoutDraft(
+        strategy=Strategy.THREE_D,
+        framework=Framework.MEGATRON,
+        tp=tp,
+        dp=8 // tp,
+        sequence_parallel=True,
+        precision=Precision(precision),
+    )
+    size = 8192 * dims.hidden * 2
+    raw = 2 * 4 * gather_time(hw, size, tp, 1)  # AG + RS, twice forward, twice backward
+    return terms(dims, d, hw, 8192).tp, raw
+
+
+def test_tp_comm_overlap_hides_most_of_tp8() -> None:
+    """Megatron's --tp-comm-overlap (on in NVIDIA's 70B / 405B recipes) runs the sequence-
+    parallel all-gathers and reduce-scatters beside the GEMMs: at TP8 most of them are hidden,
+    what is left the last reduce-scatter chunk and the SMs the collectives hold."""
+    exposed, raw = _tp_terms(8)
+    assert exposed < 0.3 * raw, (exposed, raw)
+
+
+def test_megatron_args_turn_tp_comm_overlap_on_where_costed() -> None:
+    """The written Megatron arguments say --tp-comm-overlap exactly where the time model assumed
+    it: TP with sequence parallelism in bf16; not at TP1."""
+    from engine.plan.names import Framework, Precision, Strategy
+    from engine.write.megatron import megatron_args_list
+    from tests.engine.writers_fixtures import make_plan
+
+    def args(tp: int) -> list[str]:
+        p = make_plan(
+            model=ModelSpec(preset="llama-2-7b"),
+            gpu="h100-sxm",
+            gpus_per_node=8,
+            strategy=Strategy.THREE_D,
+            framework=Framework.MEGATRON,
+            tp=tp,
+            sequence_parallel=tp > 1,
+            precision=Precision.BF16,
+        )
+        return megatron_args_list(p)
+
+    assert "--tp-comm-overlap" in args(4)
+    assert "--tp-comm-overlap" not in args(1)
