@@ -29,7 +29,7 @@ from tui.messages import (
 )
 from tui.planning import PLAN_DELAY_S
 from tui.running import BackendFactory, RunningApp
-from tui.session import Step, WizardSession
+from tui.session import DEFAULT_OUT_DIR, Step, WizardSession, default_out_dir, setup_name
 
 if TYPE_CHECKING:
     from profiles.schema import Profile
@@ -68,7 +68,7 @@ class DtrainApp(RunningApp):
         session = WizardSession(
             spec,
             lambda: initial_spec(None, config_dir),
-            out_dir=out_dir if out_dir is not None else Path("dtrain-bundle"),
+            out_dir=out_dir,  # None: a directory named after the set-up
             run_root=run_root,
             show_timings=show_timings,
         )
@@ -148,6 +148,8 @@ class DtrainApp(RunningApp):
         dirty = self.unsaved
         if self.profile_name:
             text = f"profile {self.profile_name}"
+        elif self._starts_on_demo and default_out_dir(self.spec) != DEFAULT_OUT_DIR:
+            text = setup_name(self.spec)  # no longer the demo: the title follows the set-up
         elif self._starts_on_demo:
             text = "local CPU demo" if dirty else "local CPU demo — Ctrl+L runs it"
         else:

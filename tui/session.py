@@ -63,14 +63,15 @@ class WizardSession:
         spec: Spec | None,
         default_spec: Callable[[], Spec],
         *,
-        out_dir: Path,
+        out_dir: Path | None,
         run_root: Path | None,
         show_timings: bool = True,
     ) -> None:
         self._spec = spec
         self._default_spec = default_spec
-        self.out_dir = out_dir
-        """Where the bundle is written."""
+        self._out_dir = out_dir
+        """Where the bundle is written, when chosen (None: :func:`default_out_dir` of the
+        set-up, so a new set-up never previews as changes to another one's bundle)."""
         self.run_root = run_root
         """Where runs keep their logs; None: the engine's default (user data dir)."""
         self.show_timings = show_timings
@@ -94,6 +95,21 @@ class WizardSession:
         self._bundle_generation = -1
 
     # --- the spec -----------------------------------------------------------------------------
+    @property
+    def out_dir(self) -> Path:
+        """Where the bundle is written: the one chosen, else one named after the set-up."""
+        return self._out_dir if self._out_dir is not None else default_out_dir(self.spec)
+
+    @out_dir.setter
+    def out_dir(self, value: Path) -> None:
+        # The set-up's own directory, typed back as it was shown, keeps following the set-up.
+        if self._out_dir is not None or value != default_out_dir(self.spec):
+            self._out_dir = value
+
+    @property
+    def out_dir_follows_setup(self) -> bool:
+        return self._out_dir is None
+
     @property
     def spec(self) -> Spec:
         if self._spec is None:
@@ -242,3 +258,39 @@ class WizardSession:
             f"{'fits' if lay.fits else 'does NOT fit'} · {name} · "
             f"{step_time(lay.step_time_s)} · {count(lay.tokens_per_s)} tok/s"
         )
+
+
+DEFAULT_OUT_DIR = Path("dtrain-bundle")
+"""The built-in CPU demo's bundle directory; every other set-up gets one of its own beside it."""
+
+
+def default_out_dir(spec: Spec) -> Path:
+    """The bundle directory of a set-up no one chose one for: ``dtrain-bundle`` for the demo,
+    else named after the model and the machines (``dtrain-bundle-llama-3-70b-4x8-h100-sxm``)."""
+    from engine.plan.specs import demo_spec
+
+    demo = demo_spec()
+    if spec.model == demo.model and spec.hardware == demo.hardware:
+        return DEFAULT_OUT_DIR
+    return Path(f"{DEFAULT_OUT_DIR}-{setup_slug(spec)}")
+
+
+def setup_name(spec: Spec) -> str:
+    """The set-up in a few words, for the title: ``llama-3-70b on 4×8 h100-sxm``."""
+    m, hw = spec.model, spec.hardware
+    model = m.preset or (m.config_path.stem if m.config_path else "custom model")
+    where = (
+        f"{hw.gpus_per_node} {hw.gpu}"
+        if hw.nodes == 1
+        else f"{hw.nodes}×{hw.gpus_per_node} {hw.gpu}"
+    )
+    return f"{model} on {where}"
+
+
+def setup_slug(spec: Spec) -> str:
+    import re
+
+    m, hw = spec.model, spec.hardware
+    model = m.preset or (m.config_path.stem if m.config_path else "custom")
+    raw = f"{model}-{hw.nodes}x{hw.gpus_per_node}-{hw.gpu}".lower()
+    return re.sub(r"[^a-z0-9.]+", "-", raw).strip("-")[:60] or "setup"

@@ -193,3 +193,29 @@ def test_launch_refuses_a_plan_that_does_not_fit_and_says_why(tmp_path: Path) ->
 
     asyncio.run(go())
     assert not started
+
+
+def test_the_title_and_the_bundle_directory_follow_the_set_up(tmp_path: Path) -> None:
+    from engine.plan.specs import HardwareSpec, ModelSpec
+
+    big = demo_spec().model_copy(
+        update={
+            "model": ModelSpec(preset="llama-3-70b"),
+            "hardware": HardwareSpec(gpu="h100-sxm", gpus_per_node=8, nodes=4),
+        }
+    )
+
+    async def go() -> None:
+        app = DtrainApp(config_dir=tmp_path / "profiles", plan_delay_s=0.0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            assert "local CPU demo" in app.header_text()
+            demo_dir = app.session.out_dir
+            app.load_spec(big)
+            await settle(pilot)
+            title = app.header_text()
+            assert "local CPU demo" not in title and "llama-3-70b" in title, title
+            assert app.session.out_dir != demo_dir
+            assert "llama-3-70b" in str(app.session.out_dir)
+
+    asyncio.run(go())

@@ -162,6 +162,16 @@ class ConfigsStep(StepPane):
 
     def load(self) -> None:
         self.rows()["out_dir"].value = str(self.session.out_dir)
+
+    def draw_session(self) -> None:
+        # A directory no one chose follows the set-up (a new model gets its own, not a diff
+        # against the last one's bundle).
+        if self.session.out_dir_follows_setup:
+            row = self.rows()["out_dir"]
+            shown = str(self.session.out_dir)
+            if row.value != shown:
+                row.set_quietly(shown)
+                self.refresh_files()
         if self.session.bundle:
             self.files = dict(self.session.bundle)
             self.render_error = ""
