@@ -219,3 +219,54 @@ def test_the_title_and_the_bundle_directory_follow_the_set_up(tmp_path: Path) ->
             assert "llama-3-70b" in str(app.session.out_dir)
 
     asyncio.run(go())
+
+
+def test_ctrl_e_says_when_the_file_on_disk_is_not_the_previewed_one(tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EDITOR", str(shutil.which("true")))  # a real program that changes nothing
+    mp.delenv("VISUAL", raising=False)
+
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            for _ in range(5):
+                await pilot.press("ctrl+n")
+            await at_step(pilot, "configs")
+            await settle(pilot)
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: (tmp_path / "bundle" / "plan.json").exists(), "no write")
+            await settle(pilot)
+            # A new plan: the previews change, the files on disk do not.
+            app.load_spec(
+                demo_spec().model_copy(
+                    update={"model": app.spec.model.model_copy(update={"layers": 6})}
+                )
+            )
+            await settle(pilot)
+            pane = app.wizard.pane("configs")  # type: ignore[union-attr]
+            await until(
+                pilot,
+                lambda: (
+                    pane is not None
+                    and pane.highlighted_name() in pane.files
+                    and (tmp_path / "bundle" / pane.highlighted_name()).read_text()
+                    != pane.files[pane.highlighted_name()]
+                ),
+                "the highlighted file's preview never differed from the disk",
+            )
+            await app.action_edit_file()
+            await until(
+                pilot,
+                lambda: "differs from the preview" in text_of(app, "#write-result"),
+                lambda: f"no word of the difference: {text_of(app, '#write-result')!r}",
+            )
+
+    try:
+        asyncio.run(go())
+    finally:
+        mp.undo()

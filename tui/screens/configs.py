@@ -248,6 +248,8 @@ class ConfigsStep(StepPane):
             self.show_result(missing + editor_hint(), ok=False)
             return
         before = path.read_bytes()
+        previewed = self.files.get(name)
+        stale = previewed is not None and before != previewed.encode("utf-8")
         try:
             with self.app.suspend():
                 rc = subprocess.call([*editor, str(path)])
@@ -267,6 +269,14 @@ class ConfigsStep(StepPane):
         if rc != 0:
             self.show_result(
                 f"{editor[0]} exited with status {rc}; {name} is as it left it", ok=False
+            )
+        elif stale:
+            # What was opened is the file on disk, not the preview the user was looking at.
+            self.show_result(
+                f"opened {path} as written, which differs from the preview of the current plan; "
+                "^s writes the preview (and lists what it would replace)",
+                ok=path.read_bytes() == before,
+                confirm=True,
             )
         elif path.read_bytes() == before:
             self.show_result(f"{name}: no change", ok=True)
