@@ -31,6 +31,7 @@ from pathlib import Path
 from engine.launch import reaper
 from engine.launch.base import LaunchBackend, LaunchError
 from engine.launch.guard import ReaperGuard
+from engine.launch.options import LaunchOptions
 from engine.launch.policy import STOP_GRACE_S
 from engine.launch.reaper import kill_run_processes, node_of, pids_with_env
 from engine.rundir.events import STDERR, STDOUT
@@ -72,8 +73,10 @@ class LocalBackend(LaunchBackend):
 
     name = "local"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
+    ) -> None:
+        super().__init__(bundle_dir, run_dir, options)
         self._procs: list[subprocess.Popen[bytes]] = []
         self._reaper = ReaperGuard()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.plan.names import Backend
 from engine.plan.specs import Host, LaunchSpec
 
 
@@ -75,11 +76,11 @@ class LaunchOptions:
         )
 
 
-HOSTLESS_BACKENDS = frozenset({"local", "slurm"})
+HOSTLESS_BACKENDS = frozenset({Backend.LOCAL, Backend.SLURM})
 """Backends that take no host list: local runs on this machine, Slurm picks the nodes."""
 
 
-def backend_hosts(kind: str, hosts: list[Host]) -> list[Host]:
+def backend_hosts(kind: Backend | str, hosts: list[Host]) -> list[Host]:
     """The hosts the backend ``kind`` launches on: ``hosts``, or none for a backend that
     places the ranks itself (:data:`HOSTLESS_BACKENDS`; a spec's hosts are ignored there)."""
     return [] if kind in HOSTLESS_BACKENDS else hosts

@@ -92,7 +92,6 @@ class OutputPump:
         self.hang = hang or HangClock()
         self.transport = transport
         self.split = split
-        self.control = control
         self.on_dir_error = on_dir_error
         self.max_pending_bytes = MAX_PENDING_BYTES
         self.timeout_line: tuple[int, int | None, str] | None = None
@@ -103,9 +102,7 @@ class OutputPump:
         self._pending_bytes = 0
         """Bytes of lines queued since the consumer's last :meth:`take`."""
         self._threads: list[threading.Thread] = []
-        self._reader = threading.local()
-        """Each stream reader's own state: ``partial``, the rank lines torchrun's tee has given
-        only in part so far (:func:`engine.launch.torchrun_output.group_runs`)."""
+        self.splitter = RankSplitter(nodes, gpus_per_node, split=split, control=control)
         self._dir_failed = False
 
     # ------------------------------------------------------------------ public API
@@ -167,7 +164,7 @@ class OutputPump:
     def _pump(self, node: int, stream: str, read: Callable[[], bytes]) -> None:
         tail = b""
         long: _LongLine | None = None
-        self._reader.partial = {}
+        self.splitter.reset()
         try:
             while True:
                 try:
@@ -224,7 +221,7 @@ class OutputPump:
             dirty = True
         if "\r" in text:
             text = text.replace("\r\n", "\n")  # a CR before the newline is not part of a line
-        groups = self._group(node, stream, text)
+        groups = self.splitter.group(node, stream, text)
         if self.transport is not None and ("NCCL" in text or "AF_INET" in text):
             self.transport.feed(groups, [st.host for st in self.nodes])
         if self.timeout_line is None and ("Watchdog caught" in text or "Timed out waiting" in text):
@@ -232,17 +229,10 @@ class OutputPump:
             self.timeout_line = find_timeout_line(groups)
         self._deliver(stream, groups, ts, dirty, len(data))
 
-    def _partial(self) -> dict[int, dict[int, str]]:
-        """This reader's partial rank lines, by node and local rank."""
-        partial: dict[int, dict[int, str]] | None = getattr(self._reader, "partial", None)
-        if partial is None:
-            partial = self._reader.partial = {}
-        return partial
-
     def _flush_partial(self, stream: str) -> None:
         """The stream ended: a rank line still waiting for its end (the rank died mid-line) is
         delivered as it is."""
-        partial = self._partial()
+        partial = self.splitter.partial()
         gpn = self.gpus_per_node
         groups: Groups = {
             (n, n * gpn + local): [text]
@@ -337,7 +327,40 @@ class OutputPump:
                     PENDING_WAIT_S,
                 )
 
-    def _group(self, node: int, stream: str, text: str) -> Groups:
+
+class RankSplitter:
+    """Splits a node's lines per rank: torchrun's tee prefixes (runs of one rank's lines, the
+    hot path) or a driver's own ``split`` line by line; consumes a driver's control lines and
+    feeds torchrun's failure table. Each reader thread keeps its own partial lines."""
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        gpus_per_node: int,
+        *,
+        split: Split | None = None,
+        control: ControlLine | None = None,
+    ) -> None:
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.split = split
+        self.control = control
+        self._reader = threading.local()
+        """Each stream reader's own state: ``partial``, the rank lines torchrun's tee has given
+        only in part so far (:func:`engine.launch.torchrun_output.group_runs`)."""
+
+    def reset(self) -> None:
+        """A new reader thread starts: no partial lines yet."""
+        self._reader.partial = {}
+
+    def partial(self) -> dict[int, dict[int, str]]:
+        """This reader's partial rank lines, by node and local rank."""
+        partial: dict[int, dict[int, str]] | None = getattr(self._reader, "partial", None)
+        if partial is None:
+            partial = self._reader.partial = {}
+        return partial
+
+    def group(self, node: int, stream: str, text: str) -> Groups:
         """{(node, rank): lines} for ``text``: per run of one rank's lines (the hot path, hundreds
         of thousands of lines a second), or line by line through a driver's ``split``."""
         if self.split is not None:
@@ -349,7 +372,7 @@ class OutputPump:
                 lines.pop()
             return self._keep_untagged(node, stream, lines)
 
-        partial = self._partial().setdefault(node, {})
+        partial = self.partial().setdefault(node, {})
         return group_runs(text, node, self.gpus_per_node, untagged, partial)
 
     def _keep_untagged(self, node: int, stream: str, lines: list[str]) -> list[str]:
@@ -372,7 +395,7 @@ class OutputPump:
         lines = text.split("\n")
         lines.pop()  # text ends with a newline
         gpn = self.gpus_per_node
-        partial = self._partial()
+        partial = self.partial()
         ctrl = self.control
         for line in lines:
             raw = line.encode("utf-8", "surrogateescape")

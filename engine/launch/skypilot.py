@@ -31,9 +31,11 @@ import io
 import os
 import re
 import threading
+from pathlib import Path
 from typing import Any
 
 from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.options import LaunchOptions
 from engine.launch.torchrun_output import split_tee
 from engine.rundir.events import STDOUT
 
@@ -81,8 +83,10 @@ class SkyPilotBackend(LaunchBackend):
 
     name = "skypilot"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
+    ) -> None:
+        super().__init__(bundle_dir, run_dir, options)
         self.cluster = cluster_name_for(self.options.sky_cluster or self.manifest.name)
         self.job_id: int | None = None
         self._result: int | None = None

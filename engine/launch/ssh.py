@@ -21,14 +21,18 @@ import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+from engine.launch import reaper
 from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.options import LaunchOptions
 from engine.launch.policy import STOP_GRACE_S
 from engine.launch.ssh_connect import HostKeyError, SshConnector, Target
 from engine.launch.ssh_remote import (
     EARLY_EXIT,
     READY_RE,
+    REAPER_NAME,
     kill_now_command,
     node_wrapper,
     remote_dir_expr,
@@ -43,8 +47,10 @@ class SshBackend(LaunchBackend):
 
     name = "ssh"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
+    ) -> None:
+        super().__init__(bundle_dir, run_dir, options)
         self._ssh = SshConnector(self.options)
         self._chans: list[Any] = []
         self._pgids: dict[int, int] = {}
@@ -166,7 +172,8 @@ class SshBackend(LaunchBackend):
         return remote_dir_expr(self.options.remote_workdir, self.run_id, node)
 
     def _bundle_tar(self) -> bytes:
-        """The run's bundle as one uncompressed tar (modes kept), built once for all nodes."""
+        """The run's bundle as one uncompressed tar (modes kept), built once for all nodes, with
+        the node reaper (:data:`~engine.launch.ssh_remote.REAPER_NAME`) beside it."""
         import io
         import tarfile
 
@@ -175,8 +182,10 @@ class SshBackend(LaunchBackend):
                 buf = io.BytesIO()
                 with tarfile.open(fileobj=buf, mode="w") as tar:
                     for path in sorted(self.run.bundle.iterdir()):
-                        if path.name != "logs":
+                        if path.name not in ("logs", REAPER_NAME):
                             tar.add(path, arcname=path.name, filter=_owned_by_extractor)
+                    # The child subreaper each node script runs under (ssh_remote).
+                    tar.add(reaper.__file__, arcname=REAPER_NAME, filter=_owned_by_extractor)
                 self._tar = buf.getvalue()
             return self._tar
 

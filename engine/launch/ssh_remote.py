@@ -7,6 +7,11 @@ by the SSH end-to-end tests against a real sshd. On each node the script runs un
 stdin: when the connection drops, stdin reaches EOF and the wrapper kills the group and every
 process tagged with the run's ``DTRAIN_RUN_ID``. Nothing typed by the user reaches a remote shell
 unquoted, except ``--remote-setup``, which is a shell command by design.
+
+The script itself runs under :mod:`engine.launch.reaper` ``--node`` (sent in the bundle's tar as
+:data:`REAPER_NAME`; it needs only python3), the child subreaper that stops what a script leaves
+behind in a session of its own, as on a local node; a node without a python3 for it runs the
+script alone and says so in one line.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ from engine.launch.policy import STOP_GRACE_S
 from engine.write.quoting import env_line
 
 READY_RE = re.compile(rb"^@@dtrain-ready (\d+)$")
+REAPER_NAME = ".dtrain-reaper.py"
+"""Where :mod:`engine.launch.reaper` lies in the bundle sent to each node (the tar's own file,
+beside the bundle's): the node script runs under it as under a local node's."""
+PYTHON_OK = "python3 -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null"
+"""Shell: the node has a python3 the reaper runs on (stdlib only, 3.11+)."""
+NO_REAPER = (
+    "[dtrain-tui] node {node}: no python3 >= 3.11 there: a daemon the run leaves in a session "
+    "of its own (setsid env -i) is not stopped at its end"
+)
 # What a wrapper's early exit status means (see node_wrapper).
 EARLY_EXIT = {
     96: "--remote-setup failed",
@@ -100,7 +114,11 @@ def node_wrapper(
             'echo "@@dtrain-ready $$"',
             'IFS= read -r go && [ "$go" = go ] || { dtrain_clean; exit 99; }',
             "exec 3<&0",
-            f'DTRAIN_RUN_ID="$RID" DTRAIN_NODE=$NODE bash ./{shlex.quote(script)} </dev/null &',
+            # Under the child subreaper when python3 allows (daemons the script leaves behind
+            # are stopped at its end), else the script alone, said in one line.
+            f"if {PYTHON_OK}; then set -- python3 -I ./{REAPER_NAME} --node; else "
+            f"echo {shlex.quote(NO_REAPER.format(node=node))} >&2; set --; fi",
+            f'DTRAIN_RUN_ID="$RID" DTRAIN_NODE=$NODE "$@" bash ./{shlex.quote(script)} </dev/null &',
             "child=$!",
             # The connection's stdin reaching EOF means the connection is gone (the launcher
             # exited or was killed, even with SIGKILL): clean up. The watcher is in the group

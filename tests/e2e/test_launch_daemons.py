@@ -1,19 +1,25 @@
 """A daemon a run starts with ``setsid env -i …`` (a session of its own, no DTRAIN_RUN_ID to find
-it by, its parent gone) does not outlive the run: each local node runs under a child subreaper
-that takes such orphans and stops them once the node script ended, and says so. Real bash, and
-real torchrun whose rank 0 starts the daemon."""
+it by, its parent gone) does not outlive the run: each local node, and each SSH node (the reaper
+goes in the bundle's tar), runs under a child subreaper that takes such orphans and stops them
+once the node script ended, and says so. Real bash, real torchrun whose rank 0 starts the
+daemon, real sshd."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from engine.launch import LaunchOptions
+from engine.launch import LaunchBackend, LaunchOptions, make_backend
 from engine.launch.local import LocalBackend
+from engine.plan.specs import Host
 from engine.rundir.files import read_run
 from tests.e2e.launch_util import collect, make_bundle
+from tests.e2e.sshd import sshd_path, start_many
 
 pytestmark = pytest.mark.slow
 
@@ -38,11 +44,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run(bundle: Path, tmp_path: Path) -> tuple[int, list[str]]:
+def _run(
+    bundle: Path, tmp_path: Path, make: Callable[[LaunchOptions], LaunchBackend] | None = None
+) -> tuple[int, list[str]]:
     pidfile = tmp_path / "daemon.pid"
-    backend = LocalBackend(
-        bundle, tmp_path / "run", LaunchOptions(hang_timeout_s=120, env={"PIDFILE": str(pidfile)})
-    )
+    options = LaunchOptions(hang_timeout_s=120, env={"PIDFILE": str(pidfile)})
+    backend = (make or (lambda o: LocalBackend(bundle, tmp_path / "run", o)))(options)
     backend.start()
     events = collect(backend, timeout=180)
     pid = int(pidfile.read_text())
@@ -69,3 +76,28 @@ def test_a_daemon_a_torchrun_rank_started_is_stopped(tmp_path: Path) -> None:
     (bundle / "train.py").write_text(RANK_SCRIPT)  # no torch import: quick
     pid, lines = _run(bundle, tmp_path)
     assert any(f"pid {pid}" in x and "left behind" in x for x in lines), lines
+
+
+@pytest.mark.skipif(sshd_path() is None, reason="sshd not installed (make system-deps)")
+def test_a_setsid_env_i_daemon_on_an_ssh_node_is_stopped(tmp_path: Path) -> None:
+    (tmp_path / "sshd").mkdir()
+    (server,), key, kh = start_many(tmp_path / "sshd", 1)
+    try:
+        bundle = make_bundle(tmp_path / "b", steps=1)
+        (bundle / "launch_node0.sh").write_text(
+            "#!/usr/bin/env bash\nset -eu\n" + DAEMON + 'until [ -s "$PIDFILE" ]; do :; done\n'
+        )
+
+        def ssh(options: LaunchOptions) -> LaunchBackend:
+            options.hosts = [Host.parse(f"127.0.0.1:{server.port}")]
+            options.identity_file, options.known_hosts = key, kh
+            options.remote_workdir = str(tmp_path / "remote")
+            # The "remote" node's python3 is this checkout's (the reaper needs only python3).
+            venv = shlex.quote(str(Path(sys.executable).parent))
+            options.remote_setup = f"export PATH={venv}:$PATH"
+            return make_backend("ssh", bundle, tmp_path / "run", options)
+
+        pid, lines = _run(bundle, tmp_path, ssh)
+        assert any(f"pid {pid}" in x and "left behind" in x for x in lines), lines
+    finally:
+        server.stop()
