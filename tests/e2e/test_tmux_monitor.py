@@ -26,6 +26,9 @@ pytestmark = [needs_tmux, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 
+MONITOR_READY = "Zoom"
+"""In the monitor's footer only: the monitor is the screen with the focus and its keys."""
+
 
 @pytest.fixture
 def tmux(tmp_path: Path) -> Iterator[Tmux]:
@@ -68,7 +71,9 @@ def test_demo_to_monitor_back_to_wizard_and_reopen_the_run(tmux: Tmux, tmp_path:
     tmux.wait_for("rank 1", timeout=60)
     runs = tmp_path / "data" / "dtrain-tui" / "runs"
     run = next(runs.iterdir())
-    # Back to the wizard: the monitor goes, the run does not.
+    # Back to the wizard: the monitor goes, the run does not. The monitor's own keys in the
+    # footer prove it is the screen that takes the next key (its header shows earlier).
+    tmux.wait_for(MONITOR_READY)
     tmux.keys("Escape")
     screen = tmux.wait_for("Open run")  # the wizard's footer
     assert " monitor " not in screen
@@ -79,12 +84,14 @@ def test_demo_to_monitor_back_to_wizard_and_reopen_the_run(tmux: Tmux, tmp_path:
     tmux.wait_for(" monitor ")
     screen = tmux.wait_for("● succeeded", timeout=120)
     assert "r0✓" in screen and "r1✓" in screen
+    tmux.wait_for(MONITOR_READY)
     # ? lists the monitor's keys, esc closes it.
     tmux.keys("?")
     screen = tmux.wait_for("Monitor keys")
     assert "back to the wizard" in screen and "full screen" in screen
     tmux.keys("Escape")
     wait_gone(tmux, "Monitor keys")
+    tmux.wait_for(MONITOR_READY)
     # q leaves the monitor the same way: back to the wizard here.
     tmux.keys("q")
     screen = tmux.wait_for("Open run")

@@ -270,3 +270,30 @@ def test_ctrl_e_says_when_the_file_on_disk_is_not_the_previewed_one(tmp_path: Pa
         asyncio.run(go())
     finally:
         mp.undo()
+
+
+def test_tab_from_the_gpu_field_goes_to_gpus_per_node_not_the_suggestion_list(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            await pilot.press("ctrl+n")
+            await at_step(pilot, "hardware")
+            await until(
+                pilot,
+                lambda: app.focused is not None and app.focused.id == "f-gpu",
+                lambda: f"focus is on {app.focused!r}",
+            )
+            await pilot.press("tab")
+            await until(
+                pilot,
+                lambda: app.focused is not None and app.focused.id == "f-gpus_per_node",
+                lambda: f"Tab went to {app.focused!r}, not GPUs per node",
+            )
+            await pilot.press("ctrl+a", "ctrl+k", "4")
+            field = app.screen.query_one("#f-gpus_per_node", Input)
+            await until(pilot, lambda: field.value == "4", lambda: f"reads {field.value!r}")
+
+    asyncio.run(go())

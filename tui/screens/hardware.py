@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.widgets import Input, OptionList, Select, Static
 from textual.widgets.option_list import Option
@@ -52,7 +52,11 @@ class HardwareStep(StepPane):
         yield FieldRow(
             "gpu", "GPU type", placeholder="catalog key or alias, e.g. H100 (→ completes)"
         )
-        yield OptionList(id="gpu-list", compact=True)
+        gpu_list = OptionList(id="gpu-list", compact=True)
+        # Not a Tab stop of its own (digits typed after Tab went into it and vanished): ↓/↑ in
+        # the GPU field move its highlight (→ completes the field), a click picks.
+        gpu_list.can_focus = False
+        yield gpu_list
         yield FieldRow("gpus_per_node", "GPUs per node")
         yield FieldRow("nodes", "Nodes")
         yield FieldRow(
@@ -112,6 +116,18 @@ class HardwareStep(StepPane):
     @on(Input.Submitted, "#f-gpu")
     def _accept(self, event: Input.Submitted) -> None:
         event.stop()
+
+    def on_key(self, event: events.Key) -> None:
+        """↓/↑ in the GPU field move the highlight in the list below it."""
+        focused = self.app.focused
+        if isinstance(focused, Input) and focused.id == "f-gpu" and event.key in ("down", "up"):
+            ol = self.query_one("#gpu-list", OptionList)
+            if event.key == "down":
+                ol.action_cursor_down()
+            else:
+                ol.action_cursor_up()
+            event.stop()
+            event.prevent_default()
 
     def check(self) -> list[str]:
         data, errs = self.read_fields(
