@@ -96,6 +96,8 @@ class RankState:
     straggler: bool = False
     loss_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
     tps_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    step_time_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    """Step times in seconds, one per step line that gives one (the step-time chart)."""
     recent_step_times: deque[float] = field(default_factory=lambda: deque(maxlen=5))
 
     def label(self, now: float, idle_after_s: float = 10.0) -> str:
@@ -125,6 +127,7 @@ class RankState:
             self,
             loss_history=deque(self.loss_history, maxlen=HISTORY),
             tps_history=deque(self.tps_history, maxlen=HISTORY),
+            step_time_history=deque(self.step_time_history, maxlen=HISTORY),
             recent_step_times=deque(self.recent_step_times, maxlen=5),
         )
 
@@ -163,6 +166,7 @@ def _record_step(st: RankState, info: StepInfo, *, summary: bool) -> None:
     if t is not None and math.isfinite(t) and t > 0:
         st.step_time_s = t
         st.recent_step_times.append(t)
+        st.step_time_history.append(t)
     if info.tokens_per_s is not None:
         st.tokens_per_s = info.tokens_per_s
     if info.samples_per_s is not None:
