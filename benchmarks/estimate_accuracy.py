@@ -212,9 +212,10 @@ def _network(row_id: str, gpu: str) -> NetworkSpec:
         return NetworkSpec(tier=NetworkTier.ROCE, bandwidth_gbps=1600)
     if gpu.startswith("a100"):
         return NetworkSpec(tier=NetworkTier.IB_HDR)
-    if gpu in ("b300", "gb300"):
-        # Blackwell Ultra systems: a ConnectX-8 at 800 Gb/s per GPU (HGX B300 datasheet).
+    if gpu == "b300":
+        # HGX B300: a ConnectX-8 at 800 Gb/s per GPU, eight a node (HGX B300 datasheet).
         return NetworkSpec(tier=NetworkTier.IB_NDR, bandwidth_gbps=6400)
+    # GB200 / GB300 NVL72: the catalog's NIC per GPU (ConnectX-7 / -8) times a tray's 4 GPUs.
     return NetworkSpec(tier=NetworkTier.IB_NDR)
 
 

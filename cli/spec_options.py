@@ -476,6 +476,26 @@ def check_batch_fields(spec: Spec) -> None:
             )
 
 
+def _check_host_gpus(hardware: Any) -> None:
+    """``--gpus-per-node`` larger than the GPU's host (``--gpus-per-node 72`` on an NVL72
+    rack, which the spec's bound would refuse without a word on trays): the catalog's one
+    line."""
+    if not isinstance(hardware, dict):
+        return
+    gpn, key = hardware.get("gpus_per_node"), hardware.get("gpu")
+    if not isinstance(gpn, int) or not isinstance(key, str):
+        return
+    from engine.plan.catalog import get_gpu, host_gpus_problem
+
+    try:
+        gpu = get_gpu(key)
+    except ValueError:
+        return  # the planner names an unknown GPU itself
+    problem = host_gpus_problem(gpu, gpn)
+    if problem is not None:
+        raise SpecError(problem, field="hardware.gpus_per_node")
+
+
 def spec_from_args(args: argparse.Namespace) -> Spec:
     """Build the Spec: profile or spec file, then command-line overlays. Raises SpecError."""
     base: dict[str, Any] = {}
@@ -505,6 +525,7 @@ def spec_from_args(args: argparse.Namespace) -> Spec:
             cur = {}
         cur.update(fields)
         data[section] = cur
+    _check_host_gpus(data.get("hardware"))
     try:
         spec = Spec.model_validate(data)
     except ValidationError as e:

@@ -685,7 +685,7 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
             f"stages get {max(stage_layers(dims.layers, lay.pp))} layers (pass a pp that divides "
             f"{dims.layers})"
         )
-    if lay.tp > ctx.gpn:
+    if lay.tp > ctx.hw.domain:
         out.append(
             f"layout.tp: tp={lay.tp} exceeds {ctx.gpn} GPUs per node, so TP crosses nodes and every "
             "layer's all-reduce goes over the network; keep tp <= gpus_per_node"

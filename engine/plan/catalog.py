@@ -1,7 +1,9 @@
 """The accelerator and network catalog: memory, dense peak, scale-up and scale-out bandwidth.
 
 Figures are vendors' published datasheet numbers for *dense* math (no 2:4 sparsity); bandwidths are
-one direction per GPU (scale-up) or per node (scale-out). Each entry cites its source. The planner
+one direction per GPU (scale-up) or per node (scale-out; per GPU where the system gives each GPU
+its own NIC, as NVL72 does). An NVLink domain may span hosts (:attr:`GpuType.nvlink_domain`,
+:func:`job_domain`); a node is always one host (:func:`host_gpus_problem`). Each entry cites its source. The planner
 reads them through :func:`get_gpu` and :func:`get_network`; the wizard lists :func:`list_gpus`.
 """
 
@@ -60,8 +62,17 @@ class GpuType:
     """Memory bandwidth, GB/s (bounds element-wise work and the optimizer step)."""
     fp8_tflops: float = 0.0
     """Dense FP8 tensor-core peak (0 where the hardware has no FP8)."""
-    scaleup_gpus: int = 0
-    """GPUs one NVLink / xGMI domain joins when it spans nodes (72 for GB200 NVL72); 0: the node."""
+    nvlink_domain: int = 0
+    """GPUs one NVLink / xGMI domain joins when it spans hosts (72 for an NVL72 rack: TP, EP and
+    CP stay on NVLink across its trays); 0: the node."""
+    host_gpus: int = 0
+    """GPUs one host holds where the NVLink domain is larger than a host (an NVL72 compute tray:
+    4): the most ``--gpus-per-node`` can be, since a node is what torchrun starts ranks on;
+    0: not fixed by the system."""
+    nic_gbps_per_gpu: float = 0.0
+    """Scale-out bandwidth per GPU, Gbit/s one direction, where the system gives every GPU its
+    own NIC (NVL72: a ConnectX per GPU): a node's network is this times its GPUs, whatever the
+    network tier's per-node figure (a DGX node's eight NICs). 0: the tier's figure."""
     mx_formats: bool = False
     """Tensor cores that apply MX block scales in the matmul (OCP microscaling: an E8M0 scale per
     32 elements; NVIDIA Blackwell, SM100 and up), which MXFP8 training needs."""
@@ -390,7 +401,9 @@ _GPUS: tuple[GpuType, ...] = (
         gemm_efficiency=0.70,
         hbm_gbps=8000.0,  # the vendor's published memory bandwidth
         fp8_tflops=5000.0,  # the vendor's published dense FP8 peak
-        scaleup_gpus=72,
+        nvlink_domain=72,  # the rack: 18 compute trays on the NVLink switch trays
+        host_gpus=4,  # a compute tray: two Grace CPUs, four Blackwell GPUs
+        nic_gbps_per_gpu=400.0,  # a ConnectX-7 400 Gb/s per GPU (GB200 NVL72 datasheet)
         exp_tops=4.65,  # special-function rate: the note above the rows
         mx_formats=True,
     ),
@@ -447,7 +460,9 @@ _GPUS: tuple[GpuType, ...] = (
         hbm_gbps=8000.0,  # the source
         fused_attention_vs_gemm=1.0,
         fp8_tflops=5000.0,  # the vendor's published dense FP8 peak
-        scaleup_gpus=72,
+        nvlink_domain=72,  # the rack: 18 compute trays on the NVLink switch trays
+        host_gpus=4,  # a compute tray: two Grace CPUs, four Blackwell Ultra GPUs
+        nic_gbps_per_gpu=800.0,  # a ConnectX-8 800 Gb/s per GPU (GB300 NVL72 datasheet)
         exp_tops=9.3,  # special-function rate: the note above the rows
         mx_formats=True,
     ),
@@ -619,6 +634,35 @@ def resolve_gpu_key(text: str) -> str:
 def get_gpu(key: str) -> GpuType:
     """The catalog entry for ``key`` (aliases accepted)."""
     return _BY_KEY[resolve_gpu_key(key)]
+
+
+def host_gpus_problem(gpu: GpuType, gpus_per_node: int) -> str | None:
+    """What is wrong with ``gpus_per_node`` on ``gpu``'s systems, in one line naming the fix, or
+    None: a node is one host (torchrun starts its ranks there), and an NVL72 host is a 4-GPU
+    tray; its 72-GPU NVLink domain spans trays and the planner already places TP, EP and CP
+    inside it."""
+    if not gpu.host_gpus or gpus_per_node <= gpu.host_gpus:
+        return None
+    trays = -(-gpus_per_node // gpu.host_gpus)
+    return (
+        f"a {gpu.name} host (compute tray) holds {gpu.host_gpus} GPUs, "
+        f"not {gpus_per_node}; the {gpu.nvlink_domain}-GPU NVLink domain is the rack, which the "
+        f"planner already knows (TP, EP and CP stay on NVLink across its trays): pass "
+        f"--gpus-per-node {gpu.host_gpus} --nodes {trays} for {trays * gpu.host_gpus} GPUs"
+    )
+
+
+def job_domain(gpu: GpuType, gpus_per_node: int, world: int) -> int:
+    """The GPUs of one NVLink domain a job of ``world`` GPUs is placed in: where the domain is
+    larger than a node (NVL72), the job takes whole nodes of it in domains of equal size, the
+    largest multiple of a node that divides the job and the domain holds (256 GPUs on 72-GPU
+    racks: four of 64; 144: two of 72), or the whole job where it fits in one; else the node."""
+    if gpu.nvlink_domain <= gpus_per_node:
+        return gpus_per_node
+    if world <= gpu.nvlink_domain:
+        return world
+    fits = [n for n in range(gpus_per_node, gpu.nvlink_domain + 1, gpus_per_node) if world % n == 0]
+    return max(fits, default=gpus_per_node)
 
 
 def list_gpus() -> list[GpuType]:

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 from engine.errors import SpecError
 from engine.plan.calibration import Calibration, apply_network, calibrated_usable
-from engine.plan.catalog import GpuType, get_network, list_gpus
+from engine.plan.catalog import (
+    GpuType,
+    get_network,
+    host_gpus_problem,
+    job_domain,
+    list_gpus,
+)
 from engine.plan.dims import ModelDims
 from engine.plan.memory import default_headroom, gpu_usable_bytes, usable_bytes
 from engine.plan.names import Fp8Recipe, IntraNodeLink, Precision
@@ -48,7 +54,10 @@ class PlanContext:
     @classmethod
     def build(cls, spec: Spec, dims: ModelDims, gpu: GpuType, precision: Precision) -> PlanContext:
         """The context of ``spec``: host RAM for offload is the spec's, else twice the node's GPU
-        memory."""
+        memory. A node larger than the GPU's host (an NVL72 tray) is refused in one line."""
+        problem = host_gpus_problem(gpu, spec.hardware.gpus_per_node)
+        if problem is not None:
+            raise SpecError(problem, field="hardware.gpus_per_node")
         capacity = usable_memory(gpu, spec.calibration)
         share = spec.training.headroom
         if share is None:
@@ -167,6 +176,11 @@ def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
     inter = net.bytes_per_s
     if spec.network.bandwidth_gbps:
         inter = spec.network.bandwidth_gbps * 1e9 / 8 * net.efficiency
+    elif gpu.nic_gbps_per_gpu:
+        # A NIC per GPU (NVL72): the node's share of the fabric is its GPUs' NICs, whatever
+        # the tier's per-node figure.
+        nic = gpu.nic_gbps_per_gpu * spec.hardware.gpus_per_node
+        inter = nic * 1e9 / 8 * net.efficiency
     intra = gpu.intra_gbps * 1e9
     if spec.hardware.intra_node_link == IntraNodeLink.PCIE:
         intra = min(intra, gpu.pcie_gbps * 1e9)
@@ -184,7 +198,7 @@ def hardware(spec: Spec, gpu: GpuType, precision: Precision) -> Hardware:
         price_per_gpu_hour=price,
         gemm_efficiency=gpu.gemm_efficiency,
         hbm_bytes_per_s=(gpu.hbm_gbps or 2000.0) * 1e9,
-        scaleup_gpus=gpu.scaleup_gpus,
+        nvlink_domain=job_domain(gpu, spec.hardware.gpus_per_node, spec.hardware.world_size),
         attention_eager=gpu.flash_attention_vs_gemm,
         attention_fused=gpu.fused_attention_vs_gemm,
         softmax_head_dim=(

@@ -378,14 +378,19 @@ def shape_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
             )
         )
     if d.tp > 1:
-        inside = d.tp <= ctx.gpn
+        domain = ctx.hw.domain
+        inside = d.tp <= domain
+        where = (
+            f"{ctx.gpn} GPUs per node"
+            if domain <= ctx.gpn
+            else f"the {domain}-GPU NVLink domain ({ctx.gpn}-GPU trays)"
+        )
         steps.append(
             PathStep(
                 question="Does TP stay inside a node?",
                 answer="yes" if inside else "no",
                 reason=(
-                    f"tp={d.tp} <= {ctx.gpn} GPUs per node: TP all-reduces run on "
-                    f"{ctx.gpu.intra_link.value}"
+                    f"tp={d.tp} <= {where}: TP all-reduces run on {ctx.gpu.intra_link.value}"
                     if inside
                     else f"tp={d.tp} spans nodes: every layer's all-reduce crosses the network"
                 ),

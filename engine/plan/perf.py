@@ -241,8 +241,9 @@ class Hardware:
     gemm_efficiency: float = 0.0
     """Fraction of peak a large bf16 GEMM reaches (cuBLAS); 0: derived from achievable_mfu."""
     hbm_bytes_per_s: float = 2.0e12
-    scaleup_gpus: int = 0
-    """GPUs one NVLink domain joins (72 for GB200 NVL72); 0: the node."""
+    nvlink_domain: int = 0
+    """GPUs of the NVLink domain the job's groups are placed in where it spans nodes (64 or 72
+    on NVL72 racks: :func:`engine.plan.catalog.job_domain`); 0: the node."""
     linear_peak_flops: float = 0.0
     """Peak of the linear layers' GEMMs when they run in a lower precision than the rest (FP8
     training: Transformer Engine / torchao float8 linears, attention and the rest in bf16);
@@ -278,7 +279,7 @@ class Hardware:
     @property
     def domain(self) -> int:
         """GPUs reachable over the scale-up link."""
-        return max(self.gpus_per_node, self.scaleup_gpus)
+        return max(self.gpus_per_node, self.nvlink_domain)
 
 
 @dataclass(frozen=True, slots=True)

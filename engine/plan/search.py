@@ -127,9 +127,10 @@ def _tp_degrees(ctx: PlanContext) -> list[int]:
     dims = ctx.dims
     if lay.tp is not None:
         return [lay.tp]
+    # TP stays on NVLink: inside a node, or across the trays of an NVLink domain (NVL72).
     return [
         t
-        for t in divisors(ctx.gpn)
+        for t in divisors(ctx.hw.domain)
         if t <= MAX_TP
         and dims.heads % t == 0
         and (dims.kv_heads % t == 0 or t % dims.kv_heads == 0)

@@ -66,7 +66,7 @@ def test_networks_ordered_by_speed() -> None:
 def test_new_accelerators_and_fp8_peaks() -> None:
     assert get_gpu("H800").intra_gbps < get_gpu("h100-sxm").intra_gbps  # NVLink cut to 400 GB/s
     gb200 = get_gpu("gb200")
-    assert gb200.scaleup_gpus == 72 and gb200.memory_bytes > get_gpu("b200").memory_bytes
+    assert gb200.nvlink_domain == 72 and gb200.memory_bytes > get_gpu("b200").memory_bytes
     assert get_gpu("mi325x").memory_bytes == 256 * 1000**3
     for key in ("h100-sxm", "h200", "b200", "mi300x", "h800", "gb200", "mi325x"):
         g = get_gpu(key)
@@ -91,7 +91,14 @@ def test_every_catalog_row_is_keyword_rows_with_a_source_per_figure() -> None:
     lines = text.splitlines()
     cited_by_source = {"memory_bytes", "bf16_tflops", "fp16_tflops", "fp32_tflops"}
     facts = {"key", "name", "vendor", "has_bf16", "intra_link", "source", "tier", "nccl_net"}
-    shared = {"flash_attention_vs_gemm", "fused_attention_vs_gemm", "mx_formats", "scaleup_gpus"}
+    shared = {
+        "flash_attention_vs_gemm",
+        "fused_attention_vs_gemm",
+        "mx_formats",
+        "nvlink_domain",
+        "host_gpus",
+        "nic_gbps_per_gpu",
+    }
     rows = [
         node
         for node in ast.walk(ast.parse(text))

@@ -152,7 +152,7 @@ def test_a_group_spanning_nodes_gets_its_share_of_the_nics() -> None:
     assert group_bandwidth(hw, 4, 8) == pytest.approx(200e9 / 8)
     assert group_bandwidth(hw, 8, 1) == pytest.approx(450e9 * INTRA_EFFICIENCY)
     # A 72-GPU NVLink domain (GB200 NVL72) keeps a 64-GPU group on NVLink.
-    nvl = replace(_hw(nodes=16, gpn=4, inter=100e9), intra_bytes_per_s=900e9, scaleup_gpus=72)
+    nvl = replace(_hw(nodes=16, gpn=4, inter=100e9), intra_bytes_per_s=900e9, nvlink_domain=72)
     assert group_bandwidth(nvl, 64, 1) == pytest.approx(900e9 * INTRA_EFFICIENCY)
 
 

@@ -134,3 +134,80 @@ def test_megatron_args_turn_tp_comm_overlap_on_where_costed() -> None:
 
     assert "--tp-comm-overlap" in args(4)
     assert "--tp-comm-overlap" not in args(1)
+
+
+def _ctx(spec: Spec) -> Any:
+    from engine.plan.context import PlanContext, resolve_precision
+    from engine.plan.models import resolve_model
+    from engine.plan.planner import _gpu
+
+    gpu = _gpu(spec)
+    return PlanContext.build(
+        spec, resolve_model(spec.model), gpu, resolve_precision(spec, gpu, [], [])
+    )
+
+
+def test_nvl72_is_a_72_gpu_nvlink_domain_of_4_gpu_trays() -> None:
+    """The catalog keeps the NVLink domain (72 GPUs) apart from the host (a 4-GPU tray), and
+    the scale-out network of an NVL72 system is per GPU (a ConnectX-7 at 400 Gb/s on GB200,
+    a ConnectX-8 at 800 Gb/s on GB300), not a DGX node's eight NICs."""
+    from engine.plan.catalog import get_gpu
+
+    for key, nic in (("gb200", 400.0), ("gb300", 800.0)):
+        g = get_gpu(key)
+        assert (g.nvlink_domain, g.host_gpus, g.nic_gbps_per_gpu) == (72, 4, nic)
+        ctx = _ctx(_spec("llama-3-70b", key, 4, nodes=16, seq_len=8192, global_batch=64))
+        per_gpu = ctx.hw.inter_bytes_per_s / ctx.hw.gpus_per_node * 8 / 1e9
+        assert abs(per_gpu - nic * 0.85) < 1e-6, per_gpu  # IB NDR's efficiency
+
+
+def test_a_job_spans_whole_domains_of_a_size_that_divides_it() -> None:
+    """256 GB200s are four racks' worth of 64 (the largest multiple of a tray that divides the
+    job, at most the 72 of a rack): groups are placed in those, not in 72s that do not tile
+    the job. A job inside one rack is all NVLink."""
+    assert (
+        _ctx(_spec("llama-3-70b", "gb200", 4, nodes=64, seq_len=8192, global_batch=256)).hw.domain
+        == 64
+    )
+    assert (
+        _ctx(_spec("llama-3-70b", "gb200", 4, nodes=36, seq_len=8192, global_batch=144)).hw.domain
+        == 72
+    )
+    assert (
+        _ctx(_spec("llama-3-70b", "gb200", 4, nodes=2, seq_len=8192, global_batch=64)).hw.domain
+        == 8
+    )
+
+
+def test_tp_may_span_trays_inside_the_nvlink_domain() -> None:
+    """On GB200 NVL72, TP8 runs on NVLink across two trays: the search offers it (on 8-GPU
+    H100 nodes TP stays at most the node)."""
+    from engine.plan.search import _tp_degrees
+
+    ctx = _ctx(_spec("llama-3.1-405b", "gb200", 4, nodes=64, seq_len=8192, global_batch=256))
+    assert 8 in _tp_degrees(ctx)
+    h100 = _ctx(_spec("llama-3.1-405b", "h100-sxm", 8, nodes=32, seq_len=8192, global_batch=256))
+    assert max(_tp_degrees(h100)) == 8
+
+
+def test_gpus_per_node_72_is_answered_with_trays_and_domain() -> None:
+    """``--gpus-per-node 72`` on GB200 is one line that says a host is a 4-GPU tray and the
+    72-GPU NVLink domain is already known, with the flags to pass."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run(
+        [sys.executable, "-m", "cli", "plan", "--model", "llama-3-70b", "--gpu", "gb200"]
+        + ["--gpus-per-node", "72", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=60,
+    )
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    line = lines[0]
+    assert "tray" in line and "NVLink domain" in line and "--gpus-per-node 4" in line, line
+    assert "--nodes 18" in line, line
