@@ -611,7 +611,7 @@ def _outside_pool(ctx: PlanContext, c: Candidate) -> str:
     if seq >= LONG_SEQUENCE and d.cp == 1 and ctx.spec.layout.cp is None:
         return "it does not split the long sequence (context parallelism)"
     if not deep_enough(d):
-        return f"{d.grad_accum} micro-batches for {d.pp} stages is under the 4x the seeds ask"
+        return f"{d.grad_accum} micro-batches for {d.pp} stages is under the 4x the flowchart asks"
     return ""
 
 

@@ -48,7 +48,7 @@ from engine.plan.strategies import (
 # Sequences at least this long bring context parallelism into the search (dtrain-tui's flowchart: "very
 # long sequences → CP"); each CP rank keeps at least MIN_CP_CHUNK tokens.
 LONG_SEQUENCE = 32_768
-# A layout replaces a simpler (or the seeds' preferred) one only when it is at least this much
+# A layout replaces a simpler (or the flowchart's preferred) one only when it is at least this much
 # faster per token: the flowchart's choice is easier to run and to debug.
 CLEARLY_FASTER = 0.15
 MIN_CP_CHUNK = 4_096
