@@ -283,7 +283,8 @@ class MonitorState:
         st = self.rank(rank, node, host)
         base = st.lines
         st.lines += len(lines)
-        if TELEMETRY_PREFIX in "\n".join(lines):
+        # The rank agent's telemetry; never in an all-NCCL batch (the firehose pays nothing).
+        if len(facts.nccl) < len(lines) and TELEMETRY_PREFIX in "\n".join(lines):
             for line in lines:
                 sample = parse_telemetry_line(line)
                 if sample is not None:
