@@ -297,3 +297,26 @@ def test_tab_from_the_gpu_field_goes_to_gpus_per_node_not_the_suggestion_list(
             await until(pilot, lambda: field.value == "4", lambda: f"reads {field.value!r}")
 
     asyncio.run(go())
+
+
+def test_the_focused_field_and_panel_carry_an_accent_bar(tmp_path: Path) -> None:
+    from tui.widgets.field_row import FieldRow
+
+    async def go() -> None:
+        app = _app(tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            focused = app.focused
+            assert focused is not None
+            rows = list(app.screen.query(FieldRow))
+            mine = next(r for r in rows if focused in r.query("*"))
+            other = next(r for r in rows if r is not mine)
+            accent = app.theme_variables["accent"]
+            _, colour = mine.styles.border_left
+            assert colour.hex.lower() == accent.lower()[:7], (colour.hex, accent)
+            assert other.styles.border_left[1].a == 0  # no bar: only the focus has one
+            pane = app.screen.query_one("#step-model")
+            assert pane.styles.border_left[1].hex.lower() == accent.lower()[:7]
+            assert app.screen.query_one("#nav").styles.border_left[1].a == 0
+
+    asyncio.run(go())
