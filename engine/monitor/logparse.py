@@ -517,6 +517,8 @@ def is_nccl(text: str) -> bool:
     """True for NCCL's own lines and torch's ProcessGroupNCCL / c10d messages: the NCCL pane's."""
     if "NCCL" in text:
         return True
+    if "torch.distributed.elastic" in text:
+        return False  # torchrun's agent (ChildFailedError, "Sending process ..."): not NCCL's
     return any(m in text for m in _TORCH_DIST_MARKERS)
 
 

@@ -257,7 +257,9 @@ async def test_z_is_full_screen_for_the_focused_pane_and_esc_returns() -> None:
     app = app_for(canned())
     async with app.run_test(size=(160, 48)) as pilot:
         m = await finished(pilot)
-        await pilot.press("tab", "tab")
+        # The focus starts on the root cause (r3); Tab: the NCCL pane, r0, r1.
+        await until(pilot, lambda: m.grid.focused_key == "r3", "focus not on the root cause")
+        await pilot.press("tab", "tab", "tab")
         await pilot.press("z")
         await until(pilot, lambda: [p.key for p in m.grid.panes()] == ["r1"], "not zoomed")
         await pilot.pause(0.1)
@@ -347,7 +349,8 @@ async def test_v_twice_returns_to_the_same_layout() -> None:
     app = app_for(canned())
     async with app.run_test(size=(160, 48)) as pilot:
         m = await finished(pilot)
-        await pilot.press("tab", "tab", "tab", "z")
+        await until(pilot, lambda: m.grid.focused_key == "r3", "focus not on the root cause")
+        await pilot.press("tab", "tab", "tab", "tab", "z")  # r3 -> NCCL, r0, r1, r2
         await until(pilot, lambda: m.grid.zoomed == "r2", "no zoom")
         before = ([p.key for p in m.grid.panes()], m.grid.page, m.grid.focused_key)
         await pilot.press("v")

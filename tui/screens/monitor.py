@@ -30,6 +30,7 @@ from textual.containers import Horizontal
 from textual.widgets import Footer
 
 from engine.errors import DtrainError
+from engine.monitor.compare import read_plan_figures
 from engine.monitor.reader import Batch, BatchReader, FirehoseTuning
 from engine.monitor.state import ErrorRecord, MonitorState, Snapshot
 from engine.rundir.events import EventSource, stop_run
@@ -38,12 +39,15 @@ from tui.lifecycle import torn_down
 from tui.messages import RankLinesReceived, RunFinished
 from tui.screens.monitor_keys import MonitorKeys
 from tui.screens.monitor_stop import StopGuard
+from tui.widgets.charts import RankCharts
 from tui.widgets.filter_box import FilterBox
+from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.monitor_header import MonitorHeader
 from tui.widgets.monitor_side import MonitorSide
 from tui.widgets.nccl_pane import NcclPane
 from tui.widgets.pane_frames import sync_in_frames
 from tui.widgets.pane_grid import PaneGrid
+from tui.widgets.plan_line import PlanLine
 from tui.widgets.rank_pane import DEFAULT_MAX_LINES
 from tui.widgets.rank_strip import RankStrip
 
@@ -83,6 +87,8 @@ class MonitorScreen(MonitorKeys):
     MonitorScreen.-fullscreen #nccl-pane { display: none; }
     MonitorScreen.-nccl-full #mon-body { display: none; }
     MonitorScreen.-nccl-full #nccl-pane { display: block; height: 1fr; }
+    MonitorScreen.-fullscreen #mon-gpus, MonitorScreen.-fullscreen #mon-charts { display: none; }
+    MonitorScreen.-nccl-full #mon-gpus, MonitorScreen.-nccl-full #mon-charts { display: none; }
     """
     COMMANDS: ClassVar[set[Any]] = {lambda: _monitor_commands()}
 
@@ -93,6 +99,8 @@ class MonitorScreen(MonitorKeys):
         Binding("q", "quit", "Quit"),  # shown where no wizard lies beneath; else "leave" below
         Binding("question_mark", "help", "Help"),
         Binding("ctrl+x", "stop_run", "Stop run"),
+        # Once the run ended the footer drops "Stop run", and ctrl+x says why nothing stops.
+        Binding("ctrl+x", "stop_run_over", "Stop run", show=False),
         Binding("e", "next_error", "Next error"),
         Binding("slash", "search", "Filter"),
         Binding("tab", "cycle(1)", "Next pane", show=False, priority=True),
@@ -109,6 +117,8 @@ class MonitorScreen(MonitorKeys):
         Binding("w", "toggle_sideways", "Long lines", show=False),
         Binding("q", "leave", "Leave", show=False),
         Binding("k", "calibrate", "Calibrate", show=False),
+        Binding("g", "toggle_gpus", "GPUs", show=False),
+        Binding("p", "toggle_charts", "Charts", show=False),
         Binding("f1", "help", "Help", show=False),
     ]
 
@@ -169,6 +179,8 @@ class MonitorScreen(MonitorKeys):
         self._side_choice: bool | None = None
         """Shown (True) or hidden (False) by ``t``; None: by the terminal's width."""
         self._nccl_full = False
+        self.plan_figures = read_plan_figures(self.run_dir)
+        """What the run's plan.json promises (None: no plan to compare with)."""
 
     @property
     def snapshot(self) -> Snapshot:
@@ -180,9 +192,12 @@ class MonitorScreen(MonitorKeys):
     def compose(self) -> ComposeResult:
         yield MonitorHeader("", id="mon-header")
         yield RankStrip(idle_after_s=self.idle_after_s, id="mon-strip")
+        yield PlanLine(id="mon-plan")
         with Horizontal(id="mon-body"):
             yield self.grid
             yield MonitorSide(idle_after_s=self.idle_after_s, id="mon-side")
+        yield GpuPanel(id="mon-gpus")
+        yield RankCharts(id="mon-charts")
         yield self.nccl
         yield FilterBox(id="mon-search")
         yield Footer()
@@ -228,7 +243,9 @@ class MonitorScreen(MonitorKeys):
             return
         t0 = time.perf_counter()
         try:
-            self.grid.root_cause = self.reader.state.root_cause
+            root = self.reader.state.root_cause
+            newly_failed = root is not None and self.grid.root_cause is None
+            self.grid.root_cause = root
             snap = msg.snapshot
             state = self.finished or snap.run_state
             if state == RunState.STOPPED and any(stop_echo(e, state) for e in snap.errors):
@@ -236,11 +253,16 @@ class MonitorScreen(MonitorKeys):
                     snap, errors=tuple(e for e in snap.errors if not stop_echo(e, state))
                 )
             new_panes = self.grid.take(msg.lines, msg.node_chunks, snap)
+            was_empty = self.nccl.has_class("-empty")
             self.nccl.buffer.extend_chunks(msg.nccl)
+            if was_empty and self.nccl.buffer.total:
+                self._size_nccl_pane()
             self.delivered += msg.count
             self.batches += 1
             if new_panes:
                 await self.grid.relayout()
+            if newly_failed:
+                self.grid.follow_root_cause()
             if time.monotonic() - self._chrome_at >= CHROME_INTERVAL_S or new_panes:
                 self._render_chrome()
             sync_in_frames(self, [*self.grid.panes(), self.nccl], self.reader.taken)
@@ -265,6 +287,7 @@ class MonitorScreen(MonitorKeys):
         from tui.screens.calibrate_offer import offer_calibration
 
         self.finished = msg.state
+        self.refresh_bindings()  # ctrl+x Stop run leaves the footer
         if not self._composed():
             return  # the app is closing (or the screen not built yet): nothing to draw on
         offer_calibration(self, msg.state, self.run_dir)
@@ -301,10 +324,20 @@ class MonitorScreen(MonitorKeys):
         self.query_one(RankStrip).show(snap, root)
         grid.retitle()
         self.nccl.retitle(self.reader.nccl_summary.headline(), snap.transport)
+        if self.nccl.has_class("-empty") == bool(self.nccl.buffer.total or self.nccl.warning):
+            self._size_nccl_pane()
         self.query_one(MonitorSide).show(snap, grid.focused_rank(), self.error_cursor, root)
+        self._show_machines(snap, grid.focused_rank(), root)
         self._show_fullscreen()
 
     # ---- stopping, diagnosing ----------------------------------------------------------
+
+    @property
+    def run_over(self) -> bool:
+        return self.finished is not None or self.snapshot.run_state in FINAL_STATES
+
+    def action_stop_run_over(self) -> None:
+        self.action_stop_run()
 
     def action_stop_run(self) -> None:
         """Stop the run (every rank on every node); asks for a second ``ctrl+x`` first. A run

@@ -28,6 +28,9 @@ MORE: dict[str, str] = {
     "follow": "follow the end again after scrolling up (or End)",
     "toggle_side": "show / hide the rank table, chart and error list",
     "toggle_nccl": "show / hide the NCCL pane",
+    "toggle_gpus": "show / hide the GPU panel: per node, each GPU's use, memory (plan marked ┃), "
+    "power, temperature, throttling; flags a hot, throttled or slow GPU (CPU ranks: CPU, RSS)",
+    "toggle_charts": "show / hide the charts: loss, throughput and step time per rank",
     "toggle_sideways": "long lines: cut at the edge ↔ scroll sideways with ← →",
     "stop_run": "stop the run on every node (press twice)",
     "diagnose": "ask every rank which collective it is in: names a stuck rank (the run goes on)",
@@ -39,9 +42,10 @@ MORE: dict[str, str] = {
 }
 """Longer explanations by action; a binding not named here shows its own description."""
 
-SKIP = {"cycle(-1)", "page(-1)", "quit"}
+SKIP = {"cycle(-1)", "page(-1)", "quit", "stop_run_over"}
 """Shown together with their forward twin (``quit``: the footer's name for ``q`` where no
-wizard lies beneath; the ``leave`` row explains ``q``)."""
+wizard lies beneath; the ``leave`` row explains ``q``; ``stop_run_over``: ``ctrl+x`` once the
+run ended, the ``stop_run`` row's key)."""
 
 
 def key_rows(bindings: list[Binding], *, can_go_back: bool) -> list[tuple[str, str]]:

@@ -10,17 +10,35 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Input
 
-from engine.monitor.state import Snapshot
+from engine.monitor.compare import PlanFigures, compare
+from engine.monitor.logparse import ErrorKind
+from engine.monitor.machines import machines
+from engine.monitor.state import ErrorRecord, Snapshot
 from tui.screens.monitor_help import MonitorHelp
+from tui.widgets.charts import RankCharts
 from tui.widgets.filter_box import FilterBox
+from tui.widgets.gpu_panel import GpuPanel
 from tui.widgets.monitor_side import MonitorSide
 from tui.widgets.nccl_pane import NcclPane
 from tui.widgets.pane_grid import PaneGrid
+from tui.widgets.plan_line import PlanLine
 from tui.widgets.rank_pane import LinePattern, RankPane
 
 SIDE_MIN_SCREEN_WIDTH = 110
 """Below this width the rank table / chart / error side panel is hidden (``t`` shows it), and
 it comes back when the terminal is widened again, unless ``t`` chose otherwise."""
+
+
+def first_error(errors: tuple[ErrorRecord, ...] | list[ErrorRecord], root: int | None) -> int:
+    """Where the first ``e`` goes: the root-cause rank's first error, else the first error that
+    is not torchrun's ``ChildFailedError`` wrapper (which only repeats a rank's failure)."""
+    for i, rec in enumerate(errors):
+        if root is not None and rec.rank == root and rec.kind != ErrorKind.CHILD_FAILED:
+            return i
+    for i, rec in enumerate(errors):
+        if rec.kind != ErrorKind.CHILD_FAILED:
+            return i
+    return 0
 
 
 class MonitorKeys(Screen[None]):
@@ -57,7 +75,16 @@ class MonitorKeys(Screen[None]):
         self.query_one(MonitorSide).set_class(hidden, "-hidden")
 
     def _size_nccl_pane(self) -> None:
-        self.nccl.styles.height = "1fr" if self._nccl_full else max(5, self.app.size.height // 5)
+        """The NCCL pane: a fifth of the screen, the whole of it with ``c`` held full, and one
+        line (its title) while it has nothing to show (a gloo run): not a Tab stop then."""
+        nccl = self.nccl
+        empty = not self._nccl_full and nccl.buffer.total == 0 and not nccl.warning
+        nccl.set_class(empty, "-empty")
+        nccl.can_focus = not empty
+        if self._nccl_full:
+            nccl.styles.height = "1fr"
+        else:
+            nccl.styles.height = 1 if empty else max(5, self.app.size.height // 5)
 
     def _show_fullscreen(self) -> None:
         """``z``: the zoomed pane (or the NCCL pane) alone, header, strip and side hidden."""
@@ -119,6 +146,35 @@ class MonitorKeys(Screen[None]):
         self._size_side()
         self.grid.schedule_relayout()
 
+    # ---- the machines: GPU panel, charts, plan against measured ----------------------
+
+    plan_figures: PlanFigures | None
+    """What the run's plan.json promises (the monitor reads it once)."""
+
+    def action_toggle_gpus(self) -> None:
+        """``g``: show / hide the GPU panel (per node: each rank's GPU, or its CPU use)."""
+        self.query_one(GpuPanel).toggle_class("-hidden")
+        self._render_chrome()
+        self.grid.schedule_relayout()
+
+    def action_toggle_charts(self) -> None:
+        """``p``: show / hide the loss, throughput and step-time charts."""
+        self.query_one(RankCharts).toggle_class("-hidden")
+        self._render_chrome()
+        self.grid.schedule_relayout()
+
+    def _show_machines(self, snap: Snapshot, focused: int | None, root: int | None) -> None:
+        """The plan line always; the GPU panel and the charts while shown (plotext and the
+        bars are drawn only for a person to see)."""
+        self.query_one(PlanLine).show(compare(self.plan_figures, snap.ranks))
+        panel = self.query_one(GpuPanel)
+        if not panel.has_class("-hidden"):
+            plan = self.plan_figures
+            panel.show(machines(snap.ranks), plan.mem_bytes if plan is not None else None)
+        charts = self.query_one(RankCharts)
+        if not charts.has_class("-hidden"):
+            charts.show(snap, focused, root)
+
     def action_follow(self) -> None:
         focused = self.focused
         if isinstance(focused, RankPane):
@@ -160,8 +216,10 @@ class MonitorKeys(Screen[None]):
         if not errors:
             self.notify("no errors so far")
             return
-        cur = -1 if self.error_cursor is None else self.error_cursor
-        self.error_cursor = (cur + 1) % len(errors)
+        if self.error_cursor is None:
+            self.error_cursor = first_error(errors, self.grid.root_cause)
+        else:
+            self.error_cursor = (self.error_cursor + 1) % len(errors)
         if self.grid.pattern is not None:
             self.set_filter(None)
         self.grid.show_error(errors[self.error_cursor])
@@ -174,7 +232,14 @@ class MonitorKeys(Screen[None]):
             return self.can_go_back
         if action == "quit":
             return not self.can_go_back  # False: q falls through to "leave", out of the footer
+        if action == "stop_run":
+            return not self.run_over  # nothing left to stop: out of the footer
         return True
+
+    @property
+    def run_over(self) -> bool:
+        """The run has ended (the source said so, or its state is final)."""
+        raise NotImplementedError
 
     def action_back(self) -> None:
         """Back to the wizard; the run goes on and ``Open run…`` (or ``ctrl+g``) reopens this."""

@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from engine.monitor.state import Snapshot
 from engine.rundir.record import RunState
+from tui.format import plural
 
 if TYPE_CHECKING:  # the grid is handed in; this module never makes one
     from tui.widgets.pane_grid import PaneGrid
@@ -80,7 +81,7 @@ class MonitorHeader(Static):
         header.append(
             f"  {ranks} rank{'' if ranks == 1 else 's'} · {nodes} node{'s' if nodes > 1 else ''}"
         )
-        header.append(f"  {lines:,} lines")
+        header.append(f"  {plural(lines, 'line')}")
         header.append(f"  view {grid.view}")
         self.update(header, layout=False)  # one row, always
 

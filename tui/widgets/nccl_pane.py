@@ -14,6 +14,7 @@ from textual.geometry import Size
 from textual.strip import Strip
 
 from engine.diagnose.transport import TransportReport
+from tui.format import plural
 from tui.widgets.rank_pane import PaneBuffer, RankPane
 
 NO_LINES_TITLE = "NCCL · no lines yet (gloo, or launch with NCCL_DEBUG=INFO)"
@@ -40,6 +41,7 @@ class NcclPane(RankPane):
     DEFAULT_CSS = """
     NcclPane { height: 7; }
     NcclPane.-hidden { display: none; }
+    NcclPane.-empty { min-height: 1; border: none; border-top: round $panel-lighten-2; }
     """
     COMPONENT_CLASSES = RankPane.COMPONENT_CLASSES | {"nccl-pane--warning"}
     DEFAULT_CSS += """
@@ -68,7 +70,7 @@ class NcclPane(RankPane):
         if finding:
             parts.append((8, finding))
         if total:
-            parts.append((5, f"{total:,} lines"))
+            parts.append((5, plural(total, "line")))
             if headline:
                 parts.append((4, headline))
         elif not finding:

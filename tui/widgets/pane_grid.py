@@ -140,6 +140,8 @@ class PaneGrid(Container):
         self.focused_key: str | None = None
         self.pattern: LinePattern | None = None
         self.root_cause: int | None = None
+        self.auto_key: str | None = None
+        """The pane the focus was put on by itself (:meth:`start_key`), until the user moves it."""
         """The rank the run's failure is blamed on (the screen sets it from the rank states)."""
         self.sideways = False
         """Long lines scroll sideways (←/→) instead of being cut at the pane's edge."""
@@ -260,11 +262,45 @@ class PaneGrid(Container):
             if self.pattern is not None:
                 p.pattern = self.pattern
         await self.mount_all(panes)
+        start = self.start_key(shown)
+        if start is not None:
+            self.auto_key = start
         for p in panes:
             p.sync(force=True)
             if p.key == self.focused_key:
                 p.focus()
+            elif p.key == start:
+                # After the first frame: a pane focused as it mounts can paint before its
+                # component styles exist.
+                self.call_after_refresh(self._focus_start, p)
         self.on_change()
+
+    def start_key(self, shown: list[str]) -> str | None:
+        """Where the focus starts while the user has not moved it (nor anything else holds it):
+        the root-cause rank's pane on a failure, else the first (rank 0); None: leave it."""
+        if self.focused_key is not None or not shown:
+            return None
+        focused = self.screen.focused
+        if focused is not None and not isinstance(focused, RankPane):
+            return None  # the filter box, say
+        if focused is not None and focused.key != "nccl":
+            return None
+        root = f"r{self.root_cause}" if self.root_cause is not None else None
+        return root if root in shown else shown[0]
+
+    def _focus_start(self, pane: RankPane) -> None:
+        """Focus ``pane``, the start pane, unless another took its place meanwhile."""
+        if self.auto_key == pane.key and self.focused_key is None and pane.is_attached:
+            pane.focus()
+
+    def follow_root_cause(self) -> None:
+        """A root cause became known: the focus goes to its pane, unless the user moved it."""
+        if self.root_cause is None or self.focused_key not in (None, self.auto_key):
+            return
+        key = f"r{self.root_cause}"
+        if key != self.focused_key and key in self.keys():
+            self.auto_key = key
+            self.focus_key(key)
 
     def _title(self, key: str) -> str:
         # Width 0: the pane is not measured yet, so its first frame shows only the field that

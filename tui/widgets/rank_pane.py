@@ -27,6 +27,7 @@ from textual.strip import Strip
 
 from engine.monitor.logparse import classify_error
 from engine.monitor.textsafe import safe_lines
+from tui.format import plural
 
 DEFAULT_MAX_LINES = 5000
 """Lines a pane keeps; the run directory keeps everything."""
@@ -314,11 +315,11 @@ class RankPane(ScrollView, can_focus=True):
 
     def _update_subtitle(self) -> None:
         if not self.follow and self.waiting:
-            self.border_subtitle = f"⏸ {self.waiting:,} new lines · end to follow"
+            self.border_subtitle = f"⏸ {plural(self.waiting, 'new line')} · end to follow"
         elif not self.follow:
             self.border_subtitle = "⏸ paused"
         elif self.pattern is not None:
-            self.border_subtitle = f"{len(self.lines):,} match"
+            self.border_subtitle = plural(len(self.lines), "match")
         else:
             self.border_subtitle = ""
 
