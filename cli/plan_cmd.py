@@ -126,7 +126,7 @@ def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
     w(
         f"  step {_duration(r.step_time_s)} (compute {_duration(r.compute_time_s)}, exposed comm "
         f"{_duration(r.comm_time_s)}, bubble {r.bubble_fraction:.0%}), {r.tokens_per_s:,.0f} tokens/s, "
-        f"MFU {r.mfu:.0%}, scaling efficiency {r.scaling_efficiency:.0%}\n"
+        f"MFU (Megatron convention) {r.mfu:.0%}, scaling efficiency {r.scaling_efficiency:.0%}\n"
     )
     if r.gpu_hours is not None:
         cost = f", ${r.cost_usd:,.0f}" if r.cost_usd is not None else ""
@@ -154,6 +154,12 @@ def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
         w(f"  {name:<{width}} " + " ".join(f"{v:>8}" for v in vals) + "\n")
     kept = f"; {_gib(p.headroom_bytes)} GiB more kept free" if p.headroom_bytes else ""
     w(f"  (usable: {_gib(p.usable_bytes)} GiB of {_gib(p.gpu.memory_bytes)}{kept})\n")
+    if p.resilience is not None:
+        from engine.plan.resilience import summary_lines
+
+        w("\nWhat failures cost\n")
+        for line in summary_lines(p.resilience):
+            w(f"  {line}\n")
     if p.alternatives:
         w("\nAlternatives\n")
         for a in p.alternatives:

@@ -391,9 +391,17 @@ def flops_per_token(
 
 
 def model_flops_per_token(dims: ModelDims, seq_len: int) -> float:
-    """The FLOPs that MFU counts (PaLM's convention, no recompute, attention not halved):
-    ``6·N_active + 12·L·h·s``."""
-    return 6.0 * dims.params_active + 12.0 * dims.layers * dims.hidden * seq_len
+    """The FLOPs that MFU counts, in Megatron-LM's convention (``num_floating_point_operations``
+    in ``megatron/training/training.py``, the figure its logs print): 6 per active weight of
+    every matrix product, the LM head's included and the embedding lookup (token and position
+    tables) not, and causal attention's half of the score and context products,
+    ``3·L·s·heads·(d_qk + d_v)``; no recompute, no sliding-window discount (Megatron has none).
+    Against PaLM's ``6·N + 12·L·h·s`` it is 9 % lower at 8K tokens for Llama 3 8B and half at
+    128K."""
+    lookup = max(0, dims.params_embedding - dims.vocab * dims.hidden)
+    weights = dims.params_active - lookup
+    heads = dims.heads * (dims.head_dim + dims.value_head_dim)
+    return 6.0 * weights + 3.0 * dims.layers * seq_len * heads
 
 
 def ring_allreduce_bytes(size: float, n: int) -> float:
@@ -1174,7 +1182,6 @@ def estimate_time(
     step = compute + exposed
     tokens_per_s = tokens / step
     mfu = model_flops_per_token(dims, seq_len) * tokens / (step * world * hw.peak_flops)
-    ideal = model_flops_per_token(dims, seq_len) * tokens / (world * hw.linear_rate)
     gpu_hours = cost = None
     if tokens_budget:
         gpu_hours = tokens_budget / tokens * step * world / 3600
@@ -1187,7 +1194,8 @@ def estimate_time(
         bubble_fraction=bubble,
         tokens_per_s=tokens_per_s,
         mfu=min(1.0, mfu),
-        scaling_efficiency=min(1.0, ideal / step),
+        # The same layout's step with no exposed communication, over the step.
+        scaling_efficiency=min(1.0, compute / step),
         flops_per_step=total_flops,
         gpu_hours=gpu_hours,
         cost_usd=cost,

@@ -53,7 +53,9 @@ def test_flops_per_token() -> None:
     assert flops_per_token(DIMS, 4096, Recompute.SELECTIVE) > flops_per_token(
         DIMS, 4096, Recompute.NONE
     )
-    assert model_flops_per_token(DIMS, 4096) == 6 * n + attn
+    # MFU's count is Megatron's: no embedding lookup, causal attention.
+    lookup = DIMS.params_embedding - DIMS.vocab * DIMS.hidden
+    assert model_flops_per_token(DIMS, 4096) == 6 * (n - lookup) + attn / 2
     moe = resolve_model(ModelSpec(preset="mixtral-8x7b"))
     assert flops_per_token(moe, 1, Recompute.NONE, attention=False) == 6 * moe.params_active
     assert moe.params_active < moe.params_total
@@ -118,8 +120,9 @@ def test_single_gpu_is_compute_and_the_optimizer_step() -> None:
     assert e.compute_time_s == pytest.approx(
         64 * mb.compute + DIMS.params_total * OPTIMIZER_BYTES_PER_PARAM / hw.hbm_bytes_per_s
     )
-    # Below the large-GEMM efficiency (attention, element-wise work, the head), not far below.
-    assert 0.6 * hw.gemm < e.mfu < hw.gemm
+    # Below the large-GEMM efficiency (attention, element-wise work, the head), not far below
+    # (Megatron's count: the causal half of the attention, no embedding lookup).
+    assert 0.55 * hw.gemm < e.mfu < hw.gemm
     assert e.tokens_per_s == pytest.approx(64 * 4096 / e.step_time_s)
 
 
