@@ -19,7 +19,7 @@ from engine.errors import DtrainError
 
 if TYPE_CHECKING:
     from engine.launch.options import LaunchOptions
-    from engine.plan.specs import LaunchSpec
+    from engine.plan.specs import LaunchSpec, Spec
 
 
 def register(sub: Any) -> None:
@@ -174,6 +174,20 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+def with_script_from_cwd(spec: Spec, cwd: Path) -> Spec:
+    """``--script fail.py`` names a file in the user's working directory, not in the bundle the
+    run starts from (torchrun runs there): a relative script that exists under ``cwd`` becomes
+    its absolute path. One that does not is left as given (it may exist only on the nodes)."""
+    script = spec.launch.script
+    if not script or Path(script).is_absolute() or script.startswith("-"):
+        return spec
+    found = cwd / script
+    if not found.is_file():
+        return spec
+    launch = spec.launch.model_copy(update={"script": str(found.resolve())})
+    return spec.model_copy(update={"launch": launch})
+
+
 def run(args: argparse.Namespace) -> int:
     stop = _StopSignals()
     stop.install()
@@ -249,7 +263,7 @@ def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | N
             "nothing to launch; pass a BUNDLE_DIR (dtrain-tui write --out DIR) or --profile NAME or --spec FILE",
             field="launch",
         )
-    spec = spec_from_args(args)
+    spec = with_script_from_cwd(spec_from_args(args), Path.cwd())
     if args.profile:
         from profiles.store import ProfileStore
 
