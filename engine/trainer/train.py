@@ -49,13 +49,9 @@ every, keep, milestone_every); the command line overrides the environment, which
 plan. DCP checkpoints reshard on load (FSDP2 saved by 2 ranks resumes on 1); DeepSpeed's ZeRO
 ones load only at the world size that wrote them. Every rank must see the same directory.
 
-Flight Recorder on demand: ``kill -USR1 <rank pid>`` makes the rank print one line
-``[dtrain] fr {json}`` (its rank, node, host, the last collectives it entered per process group
-and the main thread's Python stack) and write the full dump to ``logs/fr_rank<R>.json`` in the
-bundle. It works while the training thread is blocked inside a collective: SIGUSR1 is blocked in
-every thread (before torch starts any) and a daemon thread takes it with ``sigwait``; torch's
-collectives wait with the GIL released. The launcher asks every rank this way when a run hangs
-(:mod:`engine.diagnose.flight` reads the lines).
+Flight Recorder on demand: the bundle's rank agent (``dtrain_agent.py``, which starts every
+rank's script, this one too) answers the launcher's request with the ``[dtrain] fr`` line and
+writes ``logs/fr_rank<R>.json``; the trainer only keeps the recorder on (TORCH_FR_BUFFER_SIZE).
 """
 
 from __future__ import annotations
@@ -71,45 +67,20 @@ import os
 import random
 import resource
 import shutil
-import signal
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-# Before torch starts any thread: every thread created from here on inherits this mask, so a
-# SIGUSR1 (a request for a Flight Recorder dump) stays pending until the dump thread takes it
-# with sigwait, instead of killing the process (SIGUSR1's default action) on some torch thread.
-if __name__ == "__main__" and hasattr(signal, "pthread_sigmask"):
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402, N812
-from torch import nn  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
 
 PREFIX = "[dtrain]"
 FR_BUFFER = "2000"
 """Flight Recorder entries kept per process (TORCH_FR_BUFFER_SIZE) when nccl.env sets none."""
-FR_LINE_ENTRIES = 8
-"""Entries (the newest) carried by the ``[dtrain] fr`` line; the file holds the whole buffer."""
-_FR_KEYS = (
-    "pg_id",
-    "process_group",
-    "collective_seq_id",
-    "p2p_seq_id",
-    "is_p2p",
-    "profiling_name",
-    "input_sizes",
-    "input_dtypes",
-    "output_sizes",
-    "state",
-    "retired",
-    "time_created_ns",
-    "timeout_ms",
-)
 
 
 def log(msg: str) -> None:
@@ -712,62 +683,7 @@ def adamw(params: Any, c: Config, device: torch.device) -> torch.optim.Optimizer
     return torch.optim.AdamW(params, lr=c.lr, fused=fused or None)
 
 
-# --------------------------------------------------------------------------- flight recorder
-
-
-def _fr_dump() -> dict[str, Any] | None:
-    """This process's Flight Recorder buffer as JSON values, or None where torch has none."""
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json
-
-        data = json.loads(_dump_fr_trace_json())
-    except Exception:  # noqa: BLE001 - an older torch, or no process group yet
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _main_stack(main_id: int | None, depth: int = 4) -> list[str]:
-    """The innermost frames of the training thread's own code (not the standard library's or
-    an installed package's), ``file:line function``."""
-    import sysconfig
-
-    libs = tuple(
-        str(Path(p).resolve())
-        for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}
-    )
-    frame = sys._current_frames().get(main_id) if main_id is not None else None
-    out: list[str] = []
-    while frame is not None and len(out) < depth:
-        code = frame.f_code
-        if not str(Path(code.co_filename).resolve()).startswith(libs):
-            out.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
-        frame = frame.f_back
-    return out
-
-
-def fr_line(rank: int, main_id: int | None, dump: dict[str, Any] | None) -> str:
-    """The one line a rank prints when asked for its Flight Recorder dump (compact JSON)."""
-    dump = dump or {}
-    entries = dump.get("entries")
-    entries = entries if isinstance(entries, list) else []
-    body = {
-        "rank": rank,
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "node": int(os.environ.get("GROUP_RANK", "0")),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "time": round(time.time(), 3),
-        "recorder": dump is not None,
-        "pg_config": dump.get("pg_config") or {},
-        "pg_status": dump.get("pg_status") or {},
-        "entries": [
-            {k: e[k] for k in _FR_KEYS if k in e}
-            for e in entries[-FR_LINE_ENTRIES:]
-            if isinstance(e, dict)
-        ],
-        "stack": _main_stack(main_id),
-    }
-    return f"{PREFIX} fr " + json.dumps(body, separators=(",", ":"))
+# --------------------------------------------------------------------------- files
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -778,33 +694,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-
-
-def start_fr_dumper(rank: int, logs: Path) -> bool:
-    """Answer each SIGUSR1 with a Flight Recorder dump (one ``[dtrain] fr`` line on stdout, the
-    whole buffer in ``logs/fr_rank<R>.json``), from a daemon thread blocked in sigwait. Only
-    where SIGUSR1 was blocked before torch started its threads (this file run as a script)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return False
-    if signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, set()):
-        return False
-    main_id = threading.main_thread().ident
-
-    def serve() -> None:
-        while True:
-            signal.sigwait({signal.SIGUSR1})
-            dump = _fr_dump()
-            try:
-                print(fr_line(rank, main_id, dump), flush=True)
-            except Exception as e:  # noqa: BLE001 - a dump must never end the run
-                print(f"{PREFIX} warning: flight recorder dump failed: {e}", file=sys.stderr)
-            if dump is not None:
-                with contextlib.suppress(OSError):
-                    logs.mkdir(parents=True, exist_ok=True)
-                    _write_atomic(logs / f"fr_rank{rank}.json", json.dumps(dump).encode())
-
-    threading.Thread(target=serve, name="dtrain-fr-dump", daemon=True).start()
-    return True
 
 
 def skip_collective(c: Config, step: int, rank: int, device: torch.device) -> None:
@@ -1208,7 +1097,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # Flight Recorder for every backend (gloo included): nccl.env sets it; older bundles not.
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
-    start_fr_dumper(rank, c.bundle / "logs")
     if world > 1 or "MASTER_ADDR" in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")

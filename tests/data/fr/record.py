@@ -3,9 +3,9 @@
     .venv/bin/python tests/data/fr/record.py
 
 1. ``skip_rank1.lines`` and ``skip_rank1_rank<R>.json``: the example trainer on 2 ranks
-   (torchrun) with ``--skip-collective-at-step 3 --skip-rank 1``: rank 0 enters an extra
-   all-reduce of 1024 floats that rank 1 never enters. Once rank 1 said it stalls, every rank
-   process is sent SIGUSR1; the ``[dtrain] fr`` lines they printed are kept, and the files they
+   (torchrun, through the rank agent) with ``--skip-collective-at-step 3 --skip-rank 1``: rank
+   0 enters an extra all-reduce of 1024 floats that rank 1 never enters. Once rank 1 said it
+   stalls, every rank process is sent the agent's request signal (SIGRTMIN+7); the ``[dtrain] fr`` lines they printed are kept, and the files they
    wrote (logs/fr_rank<R>.json, the whole buffer as JSON: pg_status numbers are strings).
 2. ``subgroup_rank<R>.pkl``: 3 ranks, a group of ranks 1 and 2 (``group_desc="tp"``); two
    all-reduces on the default group, then rank 1 alone does a broadcast on the subgroup; each
@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 sys.path.insert(0, str(REPO))
+from engine.launch.frdump import dump_signal, dump_signal_mask  # noqa: E402
 from engine.launch.reaper import pids_with_env  # noqa: E402
 
 SUBGROUP = r"""
@@ -51,11 +52,23 @@ os._exit(0)
 def skip_rank1() -> None:
     work = Path(tempfile.mkdtemp())
     shutil.copy(REPO / "engine" / "trainer" / "train.py", work / "train.py")
+    shutil.copy(REPO / "engine" / "trainer" / "agent.py", work / "dtrain_agent.py")
     args = ["--steps", "4", "--layers", "1", "--hidden", "32", "--heads", "2", "--vocab", "64"]
     args += ["--seq-len", "16", "--skip-collective-at-step", "3", "--skip-rank", "1"]
     tag = f"{os.getpid()}-{time.time()}"
     proc = subprocess.Popen(
-        [TORCHRUN, "--nproc-per-node", "2", "--tee", "3", "--log-dir", "tl", "train.py", *args],
+        [
+            TORCHRUN,
+            "--nproc-per-node",
+            "2",
+            "--tee",
+            "3",
+            "--log-dir",
+            "tl",
+            "dtrain_agent.py",
+            "train.py",
+            *args,
+        ],
         cwd=work,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -72,8 +85,8 @@ def skip_rank1() -> None:
     for pid in pids_with_env("DTRAIN_FR_RECORD", tag):
         status = Path(f"/proc/{pid}/status").read_text()
         blk = next(x.split()[1] for x in status.splitlines() if x.startswith("SigBlk"))
-        if int(blk, 16) & (1 << (signal.SIGUSR1 - 1)):
-            os.kill(int(pid), signal.SIGUSR1)
+        if int(blk, 16) & dump_signal_mask():  # the rank agent's request signal
+            os.kill(int(pid), dump_signal())
     for line in proc.stdout:
         if "[dtrain] fr " in line:
             lines.append("[dtrain] fr " + line.split("[dtrain] fr ", 1)[1])
