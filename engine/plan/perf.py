@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Final, NamedTuple
 
 from engine.plan.dims import ModelDims
@@ -49,7 +49,6 @@ from engine.plan.names import (
     CpComm,
     Framework,
     Offload,
-    PPSchedule,
     Precision,
     Recompute,
     Strategy,
@@ -995,26 +994,36 @@ or accumulation, which leave a layer's forward and backward as they are."""
 _LAYER_CACHE_MAX = 20_000
 
 
-def _layer_key(d: LayoutDraft) -> LayoutDraft:
-    """``d`` with the fields one layer's costs (:func:`_layer_costs`) never read set to their
-    defaults: the data-parallel degree, the accumulation, the strategy and offload, and the
-    pipeline's shape and the ZeRO stage except where they decide something of the layer (a
-    block recompute's share of the stage, the all-to-all overlap's schedule)."""
+_SHAPE_FIELDS = (
+    "strategy",
+    "dp",
+    "grad_accum",
+    "offload",
+    "zero_stage",
+    "pp",
+    "virtual_stages",
+    "first_stage_layers",
+    "last_stage_layers",
+    "pp_schedule",
+)
+"""The :class:`LayoutDraft` fields one layer's costs (:func:`_layer_costs`) never read, or read
+only as :func:`_layer_key` keeps them."""
+_LAYER_FIELDS = tuple(f.name for f in fields(LayoutDraft) if f.name not in _SHAPE_FIELDS)
+
+
+def _layer_key(d: LayoutDraft) -> tuple[object, ...]:
+    """``d`` without the fields one layer's costs (:func:`_layer_costs`) never read: the
+    data-parallel degree, the accumulation, the strategy and offload, and the pipeline's shape
+    and the ZeRO stage except where they decide something of the layer (a block recompute's
+    share of the stage, the all-to-all overlap's schedule). Every other field is kept, so a
+    field added to the draft is in the key."""
     block = d.recompute == Recompute.FULL and d.recompute_layers > 0
-    keep_pp = block or d.a2a_overlap
-    return replace(
-        d,
-        strategy=Strategy.DDP,
-        dp=1,
-        grad_accum=1,
-        offload=Offload.NONE,
-        zero_stage=(3 if d.zero_stage >= 3 else 0) if d.a2a_overlap else 0,
-        pp=d.pp if block else (1 if d.pp == 1 or d.virtual_stages > 1 else 2) if keep_pp else 1,
-        virtual_stages=d.virtual_stages if block else 1,
-        first_stage_layers=d.first_stage_layers if block else 0,
-        last_stage_layers=d.last_stage_layers if block else 0,
-        pp_schedule=PPSchedule.ONE_F_ONE_B,
-    )
+    shape: tuple[object, ...] = ()
+    if block:
+        shape = (d.pp, d.virtual_stages, d.first_stage_layers, d.last_stage_layers)
+    if d.a2a_overlap:
+        shape += (d.pp == 1 or d.virtual_stages > 1, d.zero_stage >= 3)
+    return (*(getattr(d, name) for name in _LAYER_FIELDS), shape)
 
 
 def _layer_costs_cached(
@@ -1049,13 +1058,21 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     comm = backward = 0.0
     stages: list[float] = []
     before = 0
+    last = len(split) - 1
+    seen: dict[tuple[int, int, bool], float] = {}
     for i, n in enumerate(split):
         n_dense = min(n, max(0, dims.dense_layers - before))
         before += n
-        if i == len(split) - 1:
+        if i == last:
             n += mtp
+        key = (n, n_dense, i == last)
+        hit = seen.get(key)
+        if hit is not None:  # a stage like one already summed (most of an even split)
+            stages.append(hit)
+            continue
         stage = [n_dense * a + (n - n_dense) * b for a, b in zip(dense, moe, strict=True)]
-        stages.append(stage[0] + (head if i == len(split) - 1 else 0.0))
+        seen[key] = stage[0] + (head if i == last else 0.0)
+        stages.append(seen[key])
         backward = max(backward, stage[1])
         comm = max(comm, stage[2])
     compute = max(stages)
