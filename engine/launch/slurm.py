@@ -32,14 +32,18 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import shutil
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.fsio import atomic_write_text
+from engine.launch import reaper
 from engine.launch.base import LaunchBackend, LaunchError
 from engine.launch.guard import ReaperGuard
+from engine.launch.options import LaunchOptions
 from engine.launch.slurm_cli import (
     NEVER_REASONS,
     JobInfo,
@@ -51,9 +55,10 @@ from engine.launch.slurm_cli import (
     task_exits,
 )
 from engine.launch.slurm_runner import LocalRunner, SlurmRunner, SshRunner
+from engine.plan.specs import Host
 from engine.rundir.events import STDERR, STDOUT, RunStateChanged
 from engine.rundir.record import RunState
-from engine.write.slurm import SBATCH_NAME, batch_log_name, task_log_name
+from engine.write.slurm import NODE_REAPER, SBATCH_NAME, batch_log_name, task_log_name
 
 POLL_S = 1.0
 """How often the job's state is asked of slurmctld (``scontrol show job``) and the output files
@@ -91,13 +96,54 @@ def dump_srun(job_id: str, nodes: int, run_id: str) -> list[str]:
     ]
 
 
+def refusal(stderr: str, env: dict[str, str], runner: SlurmRunner) -> LaunchError:
+    """sbatch's refusal as one line naming the field (an unknown partition lists the known)."""
+    msg = slurm_message(stderr)
+    fld = field_of(msg)
+    if fld == "launch.slurm_partition":
+        known = partitions(env, runner.run)
+        if known:
+            msg += f" (sinfo lists: {', '.join(known)})"
+    return LaunchError(f"Slurm refused the job: {msg}", field=fld)
+
+
+def submit_command(workdir: str, sbatch_args: Sequence[str], login: Host | None) -> str:
+    """The submission as a user would type it on this machine (each node's command.txt)."""
+    cmd = f"cd {workdir} && sbatch {' '.join([*sbatch_args, SBATCH_NAME])}"
+    if login is None:
+        return cmd
+    port = f" -p {login.port}" if login.port else ""
+    dest = f"{login.user}@{login.host}" if login.user else login.host
+    return f"ssh{port} {dest} {shlex.quote(cmd)}"
+
+
+def slurm_json(job_id: str | None, job: JobInfo | None, restarts: int, hosts: list[str]) -> str:
+    """The text of :data:`SLURM_JSON` for the job as last seen (None: just submitted)."""
+    data = {
+        "job_id": job_id,
+        "state": job.state if job else "SUBMITTED",
+        "reason": job.reason if job else "",
+        "restarts": restarts,
+        "nodelist": job.nodelist if job else "",
+        "hosts": hosts,
+    }
+    return json.dumps(data, indent=2) + "\n"
+
+
 class SlurmBackend(LaunchBackend):
     """The whole run is one Slurm batch job, one task per node."""
 
     name = "slurm"
 
-    def __init__(self, *args: Any, sbatch_args: Sequence[str] = (), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        bundle_dir: Path,
+        run_dir: Path | None = None,
+        options: LaunchOptions | None = None,
+        *,
+        sbatch_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(bundle_dir, run_dir, options)
         self.sbatch_args = list(sbatch_args)
         """Options put before the script on sbatch's command line (they win over #SBATCH)."""
         self.job_id: str | None = None
@@ -136,15 +182,6 @@ class SlurmBackend(LaunchBackend):
         argv = ["sbatch", *extra, f"--chdir={where}", *self.sbatch_args, SBATCH_NAME]
         return self._runner.run(argv, env=self._env, cwd=where)
 
-    def _refused(self, stderr: str) -> LaunchError:
-        msg = slurm_message(stderr)
-        fld = field_of(msg)
-        if fld == "launch.slurm_partition":
-            known = partitions(self._env, self._runner.run)
-            if known:
-                msg += f" (sinfo lists: {', '.join(known)})"
-        return LaunchError(f"Slurm refused the job: {msg}", field=fld)
-
     def _start(self) -> None:
         if not (self.run.bundle / SBATCH_NAME).is_file():
             raise LaunchError(
@@ -159,24 +196,21 @@ class SlurmBackend(LaunchBackend):
         self._runner.connect()
         for note in getattr(self._runner, "notes", []):
             self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
+        # The child subreaper each task's script runs under (the sbatch script's srun line).
+        shutil.copyfile(reaper.__file__, self.run.bundle / NODE_REAPER)
         self._workdir = self._runner.put_bundle(self.run.bundle, self.run_id)
         # Ask Slurm first: an unknown partition or a bad time limit is one line naming the field.
         test = self._sbatch("--test-only")
         if test.returncode != 0:
-            raise self._refused(test.stderr)
+            raise refusal(test.stderr, self._env, self._runner)
         r = self._sbatch("--parsable")
         if r.returncode != 0:
-            raise self._refused(r.stderr)
+            raise refusal(r.stderr, self._env, self._runner)
         self.job_id = r.stdout.strip().split(";")[0]
         if not self.job_id.isdigit():
             raise LaunchError(f"sbatch said {r.stdout.strip()!r}, not a job id")
         self._runner.guard(self.job_id, self._env)
-        cmd = f"cd {self._workdir} && sbatch {' '.join([*self.sbatch_args, SBATCH_NAME])}"
-        login = self.options.login_host
-        if login is not None:  # as a user would type it on this machine
-            port = f" -p {login.port}" if login.port else ""
-            dest = f"{login.user}@{login.host}" if login.user else login.host
-            cmd = f"ssh{port} {dest} {shlex.quote(cmd)}"
+        cmd = submit_command(self._workdir, self.sbatch_args, self.options.login_host)
         for i in range(self.manifest.nodes):
             self.run.write_command(i, f"{cmd}  # job {self.job_id}, task {i} is node {i}")
         self._write_slurm_json()
@@ -311,17 +345,9 @@ class SlurmBackend(LaunchBackend):
         self._job_ended.set()
 
     def _write_slurm_json(self) -> None:
-        job = self.job
-        data = {
-            "job_id": self.job_id,
-            "state": job.state if job else "SUBMITTED",
-            "reason": job.reason if job else "",
-            "restarts": self.restarts,
-            "nodelist": job.nodelist if job else "",
-            "hosts": [st.host for st in self._nodes],
-        }
+        text = slurm_json(self.job_id, self.job, self.restarts, [st.host for st in self._nodes])
         try:
-            atomic_write_text(self.run.path / SLURM_JSON, json.dumps(data, indent=2) + "\n")
+            atomic_write_text(self.run.path / SLURM_JSON, text)
         except OSError as e:
             self._dir_failed(e)
 

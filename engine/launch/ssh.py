@@ -32,7 +32,6 @@ from engine.launch.ssh_connect import HostKeyError, SshConnector, Target
 from engine.launch.ssh_remote import (
     EARLY_EXIT,
     READY_RE,
-    REAPER_NAME,
     kill_now_command,
     node_wrapper,
     remote_dir_expr,
@@ -40,6 +39,7 @@ from engine.launch.ssh_remote import (
 )
 from engine.plan.specs import Host
 from engine.rundir.events import STDERR, STDOUT
+from engine.write.slurm import NODE_REAPER
 
 
 class SshBackend(LaunchBackend):
@@ -172,21 +172,10 @@ class SshBackend(LaunchBackend):
         return remote_dir_expr(self.options.remote_workdir, self.run_id, node)
 
     def _bundle_tar(self) -> bytes:
-        """The run's bundle as one uncompressed tar (modes kept), built once for all nodes, with
-        the node reaper (:data:`~engine.launch.ssh_remote.REAPER_NAME`) beside it."""
-        import io
-        import tarfile
-
+        """The run's bundle as one tar (:func:`bundle_tar`), built once for all nodes."""
         with self._tar_lock:
             if self._tar is None:
-                buf = io.BytesIO()
-                with tarfile.open(fileobj=buf, mode="w") as tar:
-                    for path in sorted(self.run.bundle.iterdir()):
-                        if path.name not in ("logs", REAPER_NAME):
-                            tar.add(path, arcname=path.name, filter=_owned_by_extractor)
-                    # The child subreaper each node script runs under (ssh_remote).
-                    tar.add(reaper.__file__, arcname=REAPER_NAME, filter=_owned_by_extractor)
-                self._tar = buf.getvalue()
+                self._tar = bundle_tar(self.run.bundle)
             return self._tar
 
     def master_addr(self) -> str | None:
@@ -343,6 +332,21 @@ class SshBackend(LaunchBackend):
 
     def _close(self) -> None:
         self._ssh.close()
+
+
+def bundle_tar(bundle: Path) -> bytes:
+    """``bundle`` (but its logs) as one uncompressed tar, modes kept, with the node reaper
+    (:data:`engine.write.slurm.NODE_REAPER`) beside it: each node's script runs under it."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(bundle.iterdir()):
+            if path.name not in ("logs", NODE_REAPER):
+                tar.add(path, arcname=path.name, filter=_owned_by_extractor)
+        tar.add(reaper.__file__, arcname=NODE_REAPER, filter=_owned_by_extractor)
+    return buf.getvalue()
 
 
 def _owned_by_extractor(info: Any) -> Any:

@@ -9,7 +9,7 @@ process tagged with the run's ``DTRAIN_RUN_ID``. Nothing typed by the user reach
 unquoted, except ``--remote-setup``, which is a shell command by design.
 
 The script itself runs under :mod:`engine.launch.reaper` ``--node`` (sent in the bundle's tar as
-:data:`REAPER_NAME`; it needs only python3), the child subreaper that stops what a script leaves
+:data:`engine.write.slurm.NODE_REAPER`; it needs only python3), the child subreaper that stops what a script leaves
 behind in a session of its own, as on a local node; a node without a python3 for it runs the
 script alone and says so in one line.
 """
@@ -22,17 +22,9 @@ from pathlib import PurePosixPath
 
 from engine.launch.policy import STOP_GRACE_S
 from engine.write.quoting import env_line
+from engine.write.slurm import NO_REAPER, NODE_REAPER, REAPER_PYTHON_OK
 
 READY_RE = re.compile(rb"^@@dtrain-ready (\d+)$")
-REAPER_NAME = ".dtrain-reaper.py"
-"""Where :mod:`engine.launch.reaper` lies in the bundle sent to each node (the tar's own file,
-beside the bundle's): the node script runs under it as under a local node's."""
-PYTHON_OK = "python3 -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null"
-"""Shell: the node has a python3 the reaper runs on (stdlib only, 3.11+)."""
-NO_REAPER = (
-    "[dtrain-tui] node {node}: no python3 >= 3.11 there: a daemon the run leaves in a session "
-    "of its own (setsid env -i) is not stopped at its end"
-)
 # What a wrapper's early exit status means (see node_wrapper).
 EARLY_EXIT = {
     96: "--remote-setup failed",
@@ -116,7 +108,7 @@ def node_wrapper(
             "exec 3<&0",
             # Under the child subreaper when python3 allows (daemons the script leaves behind
             # are stopped at its end), else the script alone, said in one line.
-            f"if {PYTHON_OK}; then set -- python3 -I ./{REAPER_NAME} --node; else "
+            f"if {REAPER_PYTHON_OK}; then set -- python3 -I ./{NODE_REAPER} --node; else "
             f"echo {shlex.quote(NO_REAPER.format(node=node))} >&2; set --; fi",
             f'DTRAIN_RUN_ID="$RID" DTRAIN_NODE=$NODE "$@" bash ./{shlex.quote(script)} </dev/null &',
             "child=$!",

@@ -35,6 +35,18 @@ from engine.write.launch_scripts import node_script_name
 SBATCH_NAME = "slurm.sbatch"
 TASK_LOG_DIR = "logs"
 """Where srun writes each task's output, relative to the bundle directory."""
+NODE_REAPER = ".dtrain-reaper.py"
+"""The child subreaper (``engine/launch/reaper.py --node``) as the launcher puts it beside a
+node's script (Slurm: in the run's bundle; SSH: in the tar each node gets). Each node's script
+runs under it when it is there and python3 can run it: a daemon the script leaves in a session of
+its own (``setsid env -i``) is stopped at its end, as on a local node."""
+REAPER_PYTHON_OK = 'python3 -I -c "import sys; sys.exit(sys.version_info < (3, 11))" 2>/dev/null'
+"""Shell: a python3 the reaper runs on is there (stdlib only, 3.11+)."""
+NO_REAPER = (
+    "[dtrain-tui] node {node}: no python3 >= 3.11 or no node reaper there: a daemon the run "
+    "leaves in a session of its own (setsid env -i) is not stopped at its end"
+)
+"""The one line a node says when its script runs without the reaper."""
 END_MARK = "[dtrain-tui] srun exit code "
 """The batch output's last line starts with this, then srun's exit code."""
 
@@ -120,7 +132,12 @@ def _body(plan: Plan) -> list[str]:
         "  --open-mode=append \\",
         f"  --output={q(task_log_name('%j', 0, 'stdout').replace('_0.', '_%t.'))} \\",
         f"  --error={q(task_log_name('%j', 0, 'stderr').replace('_0.', '_%t.'))} \\",
-        "  bash -c 'exec bash \"./launch_node${SLURM_NODEID}.sh\"' && rc=0 || rc=$?",
+        # Under the child subreaper the launcher puts beside the scripts (daemons a script
+        # leaves behind are stopped at its end), else the script alone, said in one line.
+        f'  bash -c \'n="./launch_node${{SLURM_NODEID}}.sh"; if [[ -f {NODE_REAPER} ]] && '
+        f'{REAPER_PYTHON_OK}; then exec python3 -I {NODE_REAPER} --node bash "$n"; fi; '
+        f'echo "{NO_REAPER.format(node="$SLURM_NODEID")}" >&2; exec bash "$n"\' '
+        "&& rc=0 || rc=$?",
         f'echo "{END_MARK}$rc"',
         'exit "$rc"',
     ]

@@ -18,10 +18,12 @@ from engine.launch import LaunchBackend, LaunchOptions, make_backend
 from engine.launch.local import LocalBackend
 from engine.plan.specs import Host
 from engine.rundir.files import read_run
-from tests.e2e.launch_util import collect, make_bundle
+from tests.e2e.launch_util import collect, free_port, make_bundle, write_bundle
+from tests.e2e.slurm_cluster import SlurmCluster, slurm_cluster
 from tests.e2e.sshd import sshd_path, start_many
 
 pytestmark = pytest.mark.slow
+__all__ = ["slurm_cluster"]  # the fixture, used by name
 
 DAEMON = (
     'setsid env -i sh -c \'echo $$ > "$0"; exec sleep 300\' "$PIDFILE" '
@@ -101,3 +103,21 @@ def test_a_setsid_env_i_daemon_on_an_ssh_node_is_stopped(tmp_path: Path) -> None
         assert any(f"pid {pid}" in x and "left behind" in x for x in lines), lines
     finally:
         server.stop()
+
+
+def test_a_setsid_env_i_daemon_of_a_slurm_task_is_stopped(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # The sbatch script's srun line runs each task's script under the reaper the launcher put
+    # in the run's bundle.
+    bundle = write_bundle(tmp_path / "b", nodes=1, steps=1)
+    (bundle / "launch_node0.sh").write_text(
+        "#!/usr/bin/env bash\nset -eu\n" + DAEMON + 'until [ -s "$PIDFILE" ]; do :; done\n'
+    )
+
+    def slurm(options: LaunchOptions) -> LaunchBackend:
+        options.master_port = free_port()
+        return make_backend("slurm", bundle, tmp_path / "run", options)
+
+    pid, lines = _run(bundle, tmp_path, slurm)
+    assert any(f"pid {pid}" in x and "left behind" in x for x in lines), lines

@@ -14,10 +14,10 @@ import pytest
 
 from engine.launch import LaunchError, LaunchOptions
 from engine.launch.ssh import HostKeyError, SshBackend
-from engine.launch.ssh_remote import REAPER_NAME
 from engine.plan.specs import Host
 from engine.rundir.events import LineEvent, per_line
 from engine.rundir.files import read_run
+from engine.write.slurm import NODE_REAPER
 from tests.e2e.launch_util import (
     collect,
     free_port,
@@ -297,7 +297,7 @@ def test_bundle_arrives_on_stdin_under_the_remote_home(
     assert [pwds[0], pwds[2]] == want
     for d in want:
         assert sorted(p.name for p in Path(d).iterdir()) == sorted(  # and the node reaper
-            [REAPER_NAME, *(p.name for p in b.iterdir() if p.name != "logs")]
+            [NODE_REAPER, *(p.name for p in b.iterdir() if p.name != "logs")]
         )
         assert (Path(d) / "data.bin").read_bytes() == (b / "data.bin").read_bytes()
         assert os.access(Path(d) / "launch_node0.sh", os.X_OK) == os.access(

@@ -36,7 +36,10 @@ def test_cpu_plan_asks_one_task_per_node_and_cpus_for_its_ranks() -> None:
     assert "--output=slurm-%j.out" in d
     assert "srun --kill-on-bad-exit=1" in text
     assert "--output=logs/slurm-%j_%t.out" in text and "--error=logs/slurm-%j_%t.err" in text
-    assert 'exec bash "./launch_node${SLURM_NODEID}.sh"' in text
+    assert 'n="./launch_node${SLURM_NODEID}.sh"' in text
+    # Under the node reaper when the launcher put it there, else the script alone, said.
+    assert 'exec python3 -I .dtrain-reaper.py --node bash "$n"' in text
+    assert 'is not stopped at its end" >&2; exec bash "$n"' in text
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
     assert "NodeAddr=" in text
     # Directives must come before the first command, or sbatch ignores them.
