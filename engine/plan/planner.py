@@ -33,6 +33,7 @@ from engine.plan.batch import faster_choices, fewer_gpus, settle
 from engine.plan.calibration import Calibration, apply_gpu
 from engine.plan.catalog import GpuType, get_gpu
 from engine.plan.context import PlanContext, resolve_precision
+from engine.plan.dims import ModelDims
 from engine.plan.forced import check_forced, forced_fit_step
 from engine.plan.models import resolve_model
 from engine.plan.result import BatchChoice, GpuInfo, Layout, PathStep, Plan
@@ -50,6 +51,7 @@ def plan(spec: Spec) -> Plan:
     gpu = _gpu(spec)
     warnings: list[str] = []
     path: list[PathStep] = []
+    _check_positions(spec, dims, warnings)
     precision = resolve_precision(spec, gpu, warnings, path)
     calibration = _calibration(spec, gpu, warnings, path)
     ctx = PlanContext.build(spec, dims, gpu, precision)
@@ -97,6 +99,29 @@ def plan(spec: Spec) -> Plan:
         calibration=calibration,
         usable_bytes=ctx.usable,
         headroom_bytes=ctx.headroom_bytes,
+    )
+
+
+def _check_positions(spec: Spec, dims: ModelDims, warnings: list[str]) -> None:
+    """The sequence length against the positions the model was built for: past a learned
+    position table (GPT-2's) or an unscaled rotary context there is nothing to train, so it is
+    refused; a config that scales its rotary positions (YaRN, Llama 3's) may stretch further,
+    so it is warned."""
+    limit = dims.max_position
+    seq = spec.training.seq_len
+    if not limit or seq <= limit:
+        return
+    if dims.rope and dims.rope_scaling:
+        warnings.append(
+            f"training.seq_len: {seq} tokens is past {dims.name}'s {limit} positions; its "
+            f"{dims.rope_scaling} rotary scaling may stretch that far, but only if the run "
+            "scales it to this length (check the loss at the first steps)"
+        )
+        return
+    raise SpecError(
+        f"{seq} tokens is longer than {dims.name}'s {limit} positions; use --seq-len {limit} "
+        "or less, or a model with a longer context",
+        field="training.seq_len",
     )
 
 
