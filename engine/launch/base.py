@@ -5,10 +5,11 @@
 ``_start`` / ``_kill_node`` / ``_node_exit`` (as SkyPilot's own backends wrap ``_provision`` /
 ``_execute``): timing, turning any failure into one :class:`LaunchError` line, the run directory
 and its record, and the final state. Subclasses only start nodes and hand over their byte
-streams; they know nothing of widgets. Beneath it: :mod:`engine.launch.streams` (the run's state,
-reading and attributing output), :mod:`engine.launch.supervise` (supervision and the fault
-policy of :mod:`engine.launch.policy`), :mod:`engine.launch.torchrun_output` (torchrun's prefixes
-and failure table).
+streams; they know nothing of widgets. Beneath it: :mod:`engine.launch.streams` (the run's state),
+which owns the run's :class:`engine.launch.pump.OutputPump` (a collaborator, testable alone:
+readers, per-rank splitting, run-directory writes, the event queue),
+:mod:`engine.launch.supervise` (supervision and the fault policy of :mod:`engine.launch.policy`),
+:mod:`engine.launch.torchrun_output` (torchrun's prefixes and failure table).
 
 ``stop()`` / ``request_stop()`` (Ctrl-C, SIGTERM, SIGHUP, or ``RUN/stop.request`` written by a
 monitor) end a run ``stopped``, and ``kill()`` (a second Ctrl-C) cuts the grace period short.
