@@ -14,7 +14,7 @@ from engine.plan.frameworks import cp_splits_heads
 from engine.plan.names import CpComm, Framework, Offload, Recompute, Strategy
 from engine.plan.result import PathStep
 from engine.plan.search import Candidate, divisors
-from engine.plan.stages import stage_layers, uneven_splits
+from engine.plan.stages import accounted_splits, uneven_splits, virtual_options
 from engine.plan.strategies import STRATEGIES_OF, ZERO_STAGE_OF
 
 
@@ -266,16 +266,19 @@ def _check_runs_under(ctx: PlanContext) -> None:
 
 def _check_virtual_stages(ctx: PlanContext) -> None:
     """Megatron-Core's rule: every stage's layer count divisible by the virtual stages, the
-    stages split evenly or with lighter end stages (``--decoder-first/last-pipeline-num-layers``)."""
+    stages split evenly or with lighter end stages (``--decoder-first/last-pipeline-num-layers``),
+    or the layers with the embedding and the loss counted divisible by ``pp x v``
+    (``--account-for-embedding/loss-in-pipeline-split``)."""
     lay = ctx.spec.layout
     if lay.virtual_stages is not None and lay.virtual_stages > 1:
         pp, v, layers = lay.pp or 1, lay.virtual_stages, ctx.dims.layers
-        splits = [stage_layers(layers, pp, f, la) for f, la in uneven_splits(layers, pp)]
-        if pp == 1 or not any(all(n % v == 0 for n in split) for split in splits):
+        splits = uneven_splits(layers, pp) + accounted_splits(layers, pp) if pp > 1 else []
+        if not any(v in virtual_options(layers, pp, f, la, accounted=True) for f, la in splits):
             raise SpecError(
                 f"virtual_stages={v} needs pp > 1 and a split of the {layers} layers over "
-                f"{pp} stage(s) (even, or lighter first/last stages) where every stage's layer "
-                f"count divides by {v}; pick another virtual_stages or pp",
+                f"{pp} stage(s) (even, lighter first/last stages, or the embedding and the loss "
+                f"counted as layers) where every stage's count divides by {v}; pick another "
+                "virtual_stages or pp",
                 field="layout.virtual_stages",
             )
 

@@ -36,6 +36,7 @@ from engine.plan.context import PlanContext, resolve_precision
 from engine.plan.dims import ModelDims
 from engine.plan.forced import check_forced, forced_fit_step
 from engine.plan.models import resolve_model
+from engine.plan.resilience import resilience
 from engine.plan.result import BatchChoice, GpuInfo, Layout, PathStep, Plan
 from engine.plan.search import Candidate, candidates, evaluate, overlapped
 from engine.plan.specs import LayoutSpec, Spec
@@ -99,6 +100,7 @@ def plan(spec: Spec) -> Plan:
         calibration=calibration,
         usable_bytes=ctx.usable,
         headroom_bytes=ctx.headroom_bytes,
+        resilience=resilience(dims, spec, recommended, ctx.world, ctx.nodes),
     )
 
 
@@ -110,6 +112,12 @@ def _check_positions(spec: Spec, dims: ModelDims, warnings: list[str]) -> None:
     limit = dims.max_position
     seq = spec.training.seq_len
     if not limit or seq <= limit:
+        return
+    if "seq_len" not in spec.training.model_fields_set:
+        warnings.append(
+            f"training.seq_len: the default {seq} tokens is past {dims.name}'s {limit} "
+            f"positions; pass --seq-len {limit} (or less) to train what the model can read"
+        )
         return
     if dims.rope and dims.rope_scaling:
         warnings.append(

@@ -36,7 +36,7 @@ from engine.plan.names import (
 from engine.plan.perf import Estimate, estimate_time
 from engine.plan.result import Layout, MemoryBreakdown
 from engine.plan.specs import TrainingSpec
-from engine.plan.stages import stage_layers, uneven_splits, virtual_options
+from engine.plan.stages import accounted_splits, stage_layers, uneven_splits, virtual_options
 from engine.plan.strategies import (
     FRAMEWORK_OF,
     OFFLOADS_OF,
@@ -342,7 +342,12 @@ def _pipeline_shapes(ctx: PlanContext, pp: int) -> list[Shape]:
     splits = uneven_splits(layers, pp) or [(0, 0)]
     if lay.virtual_stages is not None:
         v = lay.virtual_stages
-        forced = [(f, la, v) for f, la in splits if v in virtual_options(layers, pp, f, la)]
+        splits += [s for s in accounted_splits(layers, pp) if s not in splits]
+        forced = [
+            (f, la, v)
+            for f, la in splits
+            if v in virtual_options(layers, pp, f, la, accounted=True)
+        ]
         return forced or [(0, 0, v)]
     out: list[Shape] = []
     for first, last in splits:

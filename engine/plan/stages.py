@@ -89,7 +89,37 @@ def _lighter_ends(layers: int, pp: int, ends: int) -> int:
     return 0
 
 
-def virtual_options(layers: int, pp: int, first: int = 0, last: int = 0) -> list[int]:
+def accounted_ends(layers: int, pp: int, first: int, last: int) -> tuple[bool, bool]:
+    """Whether the split (``first``, ``last``) is the one Megatron makes when it counts the
+    embedding and/or the loss as a layer (``--account-for-embedding-in-pipeline-split``,
+    ``--account-for-loss-in-pipeline-split``): ``L`` plus those split evenly over the stages,
+    the first (last) stage one transformer layer short. (False, False) for any other split."""
+    if pp <= 1:
+        return False, False
+    for emb, loss in ((True, True), (True, False), (False, True)):
+        units, rem = divmod(layers + emb + loss, pp)
+        if rem:
+            continue
+        want = (units - 1 if emb else 0, units - 1 if loss else 0)
+        if (first, last) == want and units > 1:
+            return emb, loss
+    return False, False
+
+
+def accounted_splits(layers: int, pp: int) -> list[tuple[int, int]]:
+    """The splits that count the embedding and/or the loss as layers (:func:`accounted_ends`),
+    tried where the virtual stages are forced (the recipes that run them say so)."""
+    out = []
+    for emb, loss in ((True, True), (True, False), (False, True)):
+        units, rem = divmod(layers + emb + loss, pp)
+        if pp > 1 and not rem and units > 1:
+            out.append((units - 1 if emb else 0, units - 1 if loss else 0))
+    return out
+
+
+def virtual_options(
+    layers: int, pp: int, first: int = 0, last: int = 0, *, accounted: bool = False
+) -> list[int]:
     """Virtual stages (model chunks per stage) to try for ``pp`` stages split as
     :func:`stage_layers` splits them: 1, and each ``v`` that divides every stage's layer count
     (Megatron-Core's rule for ``--num-virtual-stages-per-pipeline-rank`` beside
@@ -108,6 +138,15 @@ def virtual_options(layers: int, pp: int, first: int = 0, last: int = 0) -> list
         for v in range(2, min(split) + 1)
         if all(n % v == 0 for n in split) and heaviest // v >= MIN_CHUNK_LAYERS
     ]
+    if accounted and any(accounted_ends(layers, pp, first, last)):
+        # Megatron's accounted split (tried where the virtual stages are forced): each stage's
+        # units (layers, the embedding, the loss) divide into the chunks, the first (last)
+        # chunk one layer short.
+        vs = [
+            v
+            for v in range(2, heaviest + 1)
+            if heaviest % v == 0 and heaviest // v >= MIN_CHUNK_LAYERS
+        ]
     return [1, *vs[-MAX_VIRTUAL_OPTIONS:]]
 
 

@@ -29,6 +29,7 @@ from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap, tp
 from engine.plan.names import MoeDispatcher, Optimizer, PPSchedule, Precision, Recompute
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import TrainingSpec
+from engine.plan.stages import accounted_ends, stage_layers
 from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
 
 PRETRAIN_GPT = "pretrain_gpt.sh"
@@ -207,10 +208,21 @@ def _pipeline_args(lay: Layout, m: ModelDims) -> list[str]:
         # Layout.check_megatron refused a split that leaves a remainder.
         per_chunk = m.layers // (lay.pp * lay.virtual_stages)
         out.append(f"--num-layers-per-virtual-pipeline-stage {per_chunk}")
-    # Lighter end stages (embedding on the first, LM head on the last): Megatron's own flags.
-    if lay.first_stage_layers:
+    # Lighter end stages (embedding on the first, LM head on the last): Megatron's own flags,
+    # or, where the split is the one that counts the embedding and the loss as layers, the
+    # flags that say so (Megatron refuses them beside the first/last counts).
+    emb = loss = False
+    split = stage_layers(m.layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+    if lay.pp_schedule == PPSchedule.INTERLEAVED and any(n % lay.virtual_stages for n in split):
+        # Chunks of units, not of each stage's layers: only the accounted split can say that.
+        emb, loss = accounted_ends(m.layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+    if emb:
+        out.append("--account-for-embedding-in-pipeline-split")
+    elif lay.first_stage_layers:
         out.append(f"--decoder-first-pipeline-num-layers {lay.first_stage_layers}")
-    if lay.last_stage_layers:
+    if loss:
+        out.append("--account-for-loss-in-pipeline-split")
+    elif lay.last_stage_layers:
         out.append(f"--decoder-last-pipeline-num-layers {lay.last_stage_layers}")
     return out
 

@@ -367,7 +367,9 @@ def test_an_moe_model_on_one_node_is_fully_sharded_with_expert_parallelism() -> 
 def test_a_fitting_layout_set_aside_is_not_said_to_need_more_memory() -> None:
     # A 124M model at a 32K sequence: DDP fits, but the pool keeps context-parallel layouts.
     # The answer must say why DDP was set aside, not "needs 24 GiB of 75.6 GiB usable".
-    p = plan(_spec("gpt2", seq_len=32_768, global_batch=16))
+    # (GPT-2's shape with positions past its 1024: a bare shape states no position limit.)
+    gpt2_shape = ModelSpec(layers=12, hidden=768, heads=12, vocab=50257, ffn=3072)
+    p = plan(_spec(gpt2_shape, seq_len=32_768, global_batch=16))
     step = next(s for s in p.path if s.question.startswith("Does the model fit on one GPU"))
     assert step.answer == "no"
     assert "would fit" in step.reason and "context parallelism" in step.reason

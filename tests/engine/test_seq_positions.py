@@ -35,6 +35,12 @@ def test_gpt2_at_8k_tokens_is_refused_naming_its_1024_positions() -> None:
     assert plan(_spec("gpt2", 1024)).recommended.fits
 
 
+def test_the_default_length_past_the_table_is_warned() -> None:
+    spec = _spec("gpt2", 1024).model_copy(update={"training": TrainingSpec(global_batch=8)})
+    said = [w for w in plan(spec).warnings if w.startswith("training.seq_len:")]
+    assert len(said) == 1 and "--seq-len 1024" in said[0]
+
+
 def test_a_rope_scaled_model_past_its_context_is_warned_not_refused() -> None:
     p = plan(_spec("gpt-oss-20b", 1_048_576, nodes=16))
     said = [w for w in p.warnings if w.startswith("training.seq_len:")]
