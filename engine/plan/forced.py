@@ -14,7 +14,7 @@ from engine.plan.frameworks import cp_splits_heads
 from engine.plan.names import CpComm, Framework, Offload, Recompute, Strategy
 from engine.plan.result import PathStep
 from engine.plan.search import Candidate, divisors
-from engine.plan.stages import accounted_splits, uneven_splits, virtual_options
+from engine.plan.stages import accounted_ends, accounted_splits, stage_layers, uneven_splits
 from engine.plan.strategies import STRATEGIES_OF, ZERO_STAGE_OF
 
 
@@ -272,8 +272,16 @@ def _check_virtual_stages(ctx: PlanContext) -> None:
     lay = ctx.spec.layout
     if lay.virtual_stages is not None and lay.virtual_stages > 1:
         pp, v, layers = lay.pp or 1, lay.virtual_stages, ctx.dims.layers
-        splits = uneven_splits(layers, pp) + accounted_splits(layers, pp) if pp > 1 else []
-        if not any(v in virtual_options(layers, pp, f, la, accounted=True) for f, la in splits):
+        splits = [stage_layers(layers, pp, f, la) for f, la in uneven_splits(layers, pp)]
+        # Accounted: each stage's units (its layers, the embedding, the loss) split in v.
+        units = [
+            (layers + sum(accounted_ends(layers, pp, f, la))) // pp
+            for f, la in accounted_splits(layers, pp)
+        ]
+        if pp == 1 or not (
+            any(all(n % v == 0 for n in split) for split in splits)
+            or any(u % v == 0 for u in units)
+        ):
             raise SpecError(
                 f"virtual_stages={v} needs pp > 1 and a split of the {layers} layers over "
                 f"{pp} stage(s) (even, lighter first/last stages, or the embedding and the loss "
