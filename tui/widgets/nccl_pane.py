@@ -89,6 +89,6 @@ class NcclPane(RankPane):
             return super().render_line(y)
         if y == 0:
             width = self.scrollable_content_region.width
-            style = self.rich_style + self.get_component_rich_style("nccl-pane--warning")
+            style = self.rich_style + self.component_style("nccl-pane--warning")
             return Strip([Segment(self.warning, style)]).crop_extend(0, width, self.rich_style)
         return super().render_line(y - 1)
