@@ -65,6 +65,11 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         "--sky-autostop", type=int, metavar="MIN", help="SkyPilot: autostop after MIN idle minutes"
     )
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final state")
+    p.add_argument(
+        "--spare-hosts",
+        metavar="H1,H2",
+        help="SSH, with --max-restarts: hosts that replace a node whose failure repeats",
+    )
     add_spec_options(p, launch=True)
 
 
@@ -226,7 +231,14 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
     )
     options = _options(args, manifest.hosts, spec_launch)
     extra = _backend_options(args, str(kind), options)
-    backend = make_backend(str(kind), bundle_dir, run_dir, options, **extra)
+    restarts = getattr(args, "launch__max_restarts", None)
+    if restarts is None:
+        restarts = spec_launch.max_restarts if spec_launch else 0
+    backend: Any
+    if restarts and str(kind) in ("local", "ssh"):
+        backend = _restarting(args, str(kind), bundle_dir, run_dir, options, int(restarts))
+    else:
+        backend = make_backend(str(kind), bundle_dir, run_dir, options, **extra)
     _say(f"dtrain-tui: run directory {backend.run.path}")
     try:
         backend.start()
@@ -239,6 +251,39 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
         backend.supervise()
     stop.live = True
     return _drive(backend, stop, quiet=bool(args.quiet))
+
+
+def _restarting(
+    args: argparse.Namespace,
+    kind: str,
+    bundle_dir: Path,
+    run_dir: Path | None,
+    options: LaunchOptions,
+    restarts: int,
+) -> Any:
+    """The run under the restart policy (``--max-restarts N``, local and SSH): each attempt a
+    new backend on the same bundle, resuming from the newest complete checkpoint."""
+    from engine.launch.restart import RestartingRun, RestartPolicy
+    from engine.plan.specs import Host
+    from engine.write.manifest import read_manifest
+
+    raw = getattr(args, "spare_hosts", None) or ""
+    if raw and kind != "ssh":
+        raise DtrainError(
+            f"--spare-hosts is for --backend ssh, not {kind}; drop it", field="--spare-hosts"
+        )
+    try:
+        spares = tuple(Host.parse(h) for h in raw.split(",") if h.strip())
+    except ValueError as e:
+        raise DtrainError(f"--spare-hosts: {e}", field="--spare-hosts") from None
+    return RestartingRun.for_bundle(
+        kind,
+        bundle_dir,
+        run_dir,
+        options,
+        RestartPolicy(max_restarts=restarts, spare_hosts=spares),
+        name=read_manifest(bundle_dir).name,
+    )
 
 
 def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | None]:

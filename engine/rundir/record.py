@@ -63,6 +63,36 @@ class RankRecord(BaseModel):
     """Why it ended, when not by itself ("stopped" for a user's stop); written only when set."""
 
 
+class AttemptRecord(BaseModel):
+    """One attempt of a run the restart policy (:mod:`engine.launch.restart`) relaunched: its
+    own run directory ``RUN/attempts/<attempt>/``, how it ended, and what the restart cost."""
+
+    attempt: int = 1
+    """1 for the first start, 2 for the first restart, ..."""
+    run_dir: str = ""
+    """Relative to the run directory (``attempts/2``)."""
+    state: RunState = RunState.RUNNING
+    started_at: str | None = None
+    ended_at: str | None = None
+    cause: str = ""
+    """Why it ended when it failed (the backend's reason: the rank, its exit, a hang)."""
+    failed_node: int | None = None
+    failed_rank: int | None = None
+    hosts: list[str] = Field(default_factory=list)
+    """The nodes it ran on, in node-rank order."""
+    resumed_from_step: int | None = None
+    """The checkpoint step it resumed from (the rank's ``[dtrain] resumed from step=`` line);
+    None: it started afresh (or its script never says)."""
+    last_step: int | None = None
+    """The last training step a rank printed."""
+    steps_redone: int = 0
+    """Steps the previous attempt had trained past this one's resume point."""
+    lost_s: float = 0.0
+    """Seconds of training the previous attempt did that this one does again."""
+    excluded: str = ""
+    """A node left out before this attempt, and why ("" when none)."""
+
+
 class RunRecord(BaseModel):
     """The whole of run.json. Field order is the file's key order."""
 
@@ -95,6 +125,9 @@ class RunRecord(BaseModel):
     transport: dict[str, Any] | None = None
     """What NCCL chose against the plan (:meth:`engine.diagnose.transport.TransportReport.to_json`:
     ``verdict``, ``expected``, ``chosen``, ``nodes``, ``findings``); written only when known."""
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    """Every attempt of a run the restart policy relaunched (``--max-restarts``), in order;
+    written only when there are any."""
 
     # --- the writer's side
 
@@ -110,6 +143,8 @@ class RunRecord(BaseModel):
             del data["diagnosis"]
         if self.transport is None:
             del data["transport"]
+        if not self.attempts:
+            del data["attempts"]
         return data
 
     def to_json(self, *, compact: bool = False) -> str:
@@ -153,6 +188,7 @@ class RunRecord(BaseModel):
             launcher_died=data.get("launcher_died") is True,
             diagnosis=d if isinstance(d := data.get("diagnosis"), dict) else None,
             transport=t if isinstance(t := data.get("transport"), dict) else None,
+            attempts=_attempts(data.get("attempts")),
         )
         _bounded(rec.world_size, MAX_RANKS + 1, "world_size", path)
         _bounded(rec.nodes, MAX_NODES + 1, "nodes", path)
@@ -217,6 +253,37 @@ def _ranks(ranks: object, path: Path | str) -> list[RankRecord]:
                 host=str(entry.get("host") or ""),
                 exit_code=int(code) if isinstance(code := entry.get("exit_code"), int) else None,
                 reason=str(entry.get("reason") or ""),
+            )
+        )
+    return out
+
+
+def _attempts(attempts: object) -> list[AttemptRecord]:
+    """The entries of ``attempts`` that are objects, each field of the wrong type defaulted."""
+    if not isinstance(attempts, list):
+        return []
+    out: list[AttemptRecord] = []
+    for e in attempts[:1000]:
+        if not isinstance(e, dict):
+            continue
+        lost = e.get("lost_s")
+        hosts = e.get("hosts")
+        out.append(
+            AttemptRecord(
+                attempt=_int(e.get("attempt")) or len(out) + 1,
+                run_dir=_str(e.get("run_dir")),
+                state=_state(e.get("state")) or RunState.FAILED,
+                started_at=_opt_str(e.get("started_at")),
+                ended_at=_opt_str(e.get("ended_at")),
+                cause=_str(e.get("cause")),
+                failed_node=_opt_int(e.get("failed_node")),
+                failed_rank=_opt_int(e.get("failed_rank")),
+                hosts=[h for h in hosts if isinstance(h, str)] if isinstance(hosts, list) else [],
+                resumed_from_step=_opt_int(e.get("resumed_from_step")),
+                last_step=_opt_int(e.get("last_step")),
+                steps_redone=_int(e.get("steps_redone")),
+                lost_s=float(lost) if isinstance(lost, int | float) and lost >= 0 else 0.0,
+                excluded=_str(e.get("excluded")),
             )
         )
     return out

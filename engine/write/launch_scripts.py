@@ -57,7 +57,6 @@ def node_script_name(node: int) -> str:
 def torchrun_argv(plan: Plan, node: int) -> list[str]:
     """The words after ``torchrun`` for ``node``, as bash will see them: ``$MASTER_ADDR`` and
     ``$MASTER_PORT`` are left as variables (bound by the script), everything else is literal."""
-    launch = plan.spec.launch
     argv = [
         "--nnodes",
         str(plan.nodes),
@@ -78,8 +77,11 @@ def torchrun_argv(plan: Plan, node: int) -> list[str]:
     else:
         argv += ["--master-addr", "$MASTER_ADDR", "--master-port", "$MASTER_PORT"]
     argv += [
+        # 0: the launcher's restart policy (engine/launch/restart.py, ``--max-restarts``)
+        # restarts the whole run from its newest checkpoint; torchrun's own would restart one
+        # node's workers from a rendezvous the other nodes have left.
         "--max-restarts",
-        str(launch.max_restarts),
+        "0",
         "--log-dir",
         "logs",
         "--tee",

@@ -1,0 +1,318 @@
+"""The fault drill (``dtrain-tui drill``, the wizard's Launch step): does this bundle survive?
+
+:func:`run_drill` runs the bundle once uninterrupted as the reference (its losses recorded as
+they are printed), then again under the restart policy (:mod:`engine.launch.restart`), SIGKILLing
+a random rank's process at a random step, ``kills`` times (seeded). Each recovery holds when the
+restart resumed from the newest complete checkpoint on disk, redid no more than one checkpoint
+interval of steps (plus the step in flight), and every loss printed equals the reference's at that
+step. It measures the time to detect (kill to the attempt's end), to restart (kill to every rank
+running again) and to be back at the lost step. A script that never resumes (no ``[dtrain]
+resumed from step=`` line, its steps again from 1) fails, saying so.
+
+Local runs only (it kills processes on this machine). Nothing waits by sleeping: the loop polls
+the run's events with a timeout and every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from engine.launch.options import LaunchOptions
+from engine.launch.reaper import pids_with_env
+from engine.launch.restart import AttemptWatch, RestartingRun, RestartPolicy
+from engine.rundir.record import RunState
+
+__all__ = ["DrillReport", "Recovery", "run_drill"]
+
+CKPT_MARKER = "COMPLETE"
+CKPT_PREFIX = "step_"
+DEADLINE_S = 900.0
+"""The longest one run of the drill may take before it is stopped and the drill fails."""
+
+
+@dataclass
+class Recovery:
+    """One kill and what came of it."""
+
+    attempt: int
+    rank: int
+    planned_step: int
+    killed_step: int | None = None
+    killed_at: float | None = None
+    newest_ckpt: int | None = None
+    """The newest complete checkpoint on disk once the killed attempt ended."""
+    resumed_from: int | None = None
+    steps_redone: int | None = None
+    detect_s: float | None = None
+    restart_s: float | None = None
+    back_s: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.killed_at is not None
+
+    def line(self) -> str:
+        def s(v: float | None) -> str:
+            return f"{v:.1f}s" if v is not None else "-"
+
+        head = (
+            f"kill {self.attempt}: rank {self.rank} at step {self.killed_step}: "
+            f"resumed from {self.resumed_from} (newest complete {self.newest_ckpt}), "
+            f"{self.steps_redone} step(s) redone; detect {s(self.detect_s)}, "
+            f"restart {s(self.restart_s)}, back at step {self.killed_step} {s(self.back_s)}"
+        )
+        return head + (": " + "; ".join(self.problems) if self.problems else ": held")
+
+
+@dataclass
+class DrillReport:
+    every: int = 0
+    steps: int = 0
+    reference: dict[int, str] = field(default_factory=dict)
+    recoveries: list[Recovery] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """Problems of the drill as a whole (the reference failed, the final losses differ)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and bool(self.recoveries) and all(r.ok for r in self.recoveries)
+
+    def lines(self) -> list[str]:
+        out = [r.line() for r in self.recoveries]
+        out += self.problems
+        verdict = "passed" if self.ok else "FAILED"
+        held = sum(r.ok for r in self.recoveries)
+        out.append(
+            f"drill {verdict}: {held} of {len(self.recoveries)} recover(ies) held "
+            f"(checkpoint every {self.every} step(s), {self.steps} steps)"
+        )
+        return out
+
+
+def rank_pid(run_id: str, rank: int) -> int | None:
+    """The pid of global ``rank``'s training process in run ``run_id`` (not torchrun's agent,
+    which has no LOCAL_RANK)."""
+    for pid in pids_with_env("DTRAIN_RUN_ID", run_id):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(e.startswith(b"LOCAL_RANK=") for e in env):
+            return pid
+    return None
+
+
+def newest_complete(ckpt_dir: Path) -> int | None:
+    """The step of the newest checkpoint whose completion marker is written."""
+    best: int | None = None
+    try:
+        entries = list(ckpt_dir.iterdir())
+    except OSError:
+        return None
+    for d in entries:
+        if d.name.startswith(CKPT_PREFIX) and (d / CKPT_MARKER).exists():
+            try:
+                step = int(d.name.removeprefix(CKPT_PREFIX))
+            except ValueError:
+                continue
+            best = step if best is None else max(best, step)
+    return best
+
+
+def _plan_every(bundle_dir: Path) -> int:
+    try:
+        data = json.loads((bundle_dir / "plan.json").read_text())
+        every = data.get("checkpoint", {}).get("every")
+        return int(every) if isinstance(every, int) and every > 0 else 0
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _drive(
+    run: RestartingRun,
+    on_tick: Callable[[], None],
+    cancel: threading.Event,
+    deadline_s: float,
+) -> None:
+    end = time.monotonic() + deadline_s
+    while not run.done:
+        if cancel.is_set() or time.monotonic() > end:
+            run.kill("stopped: the drill was cancelled or ran past its deadline")
+            run.wait(60)
+            return
+        run.poll(0.1)
+        on_tick()
+
+
+def run_drill(
+    bundle_dir: Path,
+    work_dir: Path,
+    *,
+    kills: int = 1,
+    seed: int = 0,
+    every: int | None = None,
+    options: LaunchOptions | None = None,
+    say: Callable[[str], None] = print,
+    cancel: threading.Event | None = None,
+    deadline_s: float = DEADLINE_S,
+) -> DrillReport:
+    """The drill on ``bundle_dir``; its runs go under ``work_dir`` (``reference/``, ``drill/``)."""
+    cancel = cancel or threading.Event()
+    options = options or LaunchOptions()
+    report = DrillReport()
+    rng = random.Random(seed)
+    bundle_dir = Path(bundle_dir)
+    work_dir = Path(work_dir)
+    from engine.write.manifest import read_manifest
+
+    manifest = read_manifest(bundle_dir)
+
+    # 1. The reference: uninterrupted, fresh (nothing resumed).
+    say("drill: reference run (uninterrupted)")
+    ref_opts = replace(options, env={**options.env, "DTRAIN_RESUME": "never"})
+    ref = RestartingRun.for_bundle(
+        "local", bundle_dir, work_dir / "reference", ref_opts, RestartPolicy(), name=manifest.name
+    )
+    ref.start()
+    _drive(ref, lambda: None, cancel, deadline_s)
+    watch = ref.watches[-1]
+    report.reference = dict(watch.losses)
+    report.steps = max(watch.losses, default=0)
+    if ref.state != RunState.SUCCEEDED:
+        report.problems.append(f"the reference run {ref.state}: {ref.record.reason}")
+        return report
+    if report.steps < 2:
+        report.problems.append(
+            "the reference run printed fewer than 2 `[dtrain] step=N/T loss=X` lines; "
+            "the drill needs the script's steps and losses"
+        )
+        return report
+    report.every = every or _plan_every(bundle_dir) or max(1, report.steps // (2 * (kills + 1)))
+    lo = report.every + 1
+    if report.steps - lo < kills:
+        report.problems.append(
+            f"{report.steps} steps leave no room for {kills} kill(s) after the first checkpoint "
+            f"(every {report.every}); pass fewer --kills or a smaller --every"
+        )
+        return report
+    plan_steps = sorted(rng.sample(range(lo, report.steps), kills))
+    world = manifest.world_size
+    report.recoveries = [
+        Recovery(attempt=i + 1, rank=rng.randrange(world), planned_step=s)
+        for i, s in enumerate(plan_steps)
+    ]
+
+    # 2. The drill: the same job, killed K times, restarted by the policy.
+    say(
+        f"drill: {kills} kill(s) at step(s) {', '.join(map(str, plan_steps))} "
+        f"(seed {seed}, checkpoint every {report.every})"
+    )
+    env = {**options.env, "DTRAIN_RESUME": "auto", "DTRAIN_CKPT_EVERY": str(report.every)}
+
+    def before_attempt(n: int, backend: object, watch: AttemptWatch) -> None:
+        if n >= 2 and n - 2 < len(report.recoveries):  # the killed attempt is over
+            report.recoveries[n - 2].newest_ckpt = newest_complete(ckpt_dir)
+
+    run = RestartingRun.for_bundle(
+        "local",
+        bundle_dir,
+        work_dir / "drill",
+        replace(options, env=env),
+        RestartPolicy(max_restarts=kills, backoff_s=0.5, max_backoff_s=2.0),
+        name=manifest.name,
+        on_attempt=before_attempt,
+    )
+    ckpt_dir = Path(run.options.env["DTRAIN_CKPT_DIR"])
+    run.start()
+
+    def tick() -> None:
+        n = len(run.watches)
+        w = run.watches[-1]
+        backend = run.current
+        if backend is None:
+            return
+        if n <= kills:
+            r = report.recoveries[n - 1]
+            if r.killed_at is None and (w.last_step or 0) >= r.planned_step:
+                pid = rank_pid(backend.run_id, r.rank)
+                if pid is not None:
+                    r.killed_step = w.last_step
+                    r.killed_at = time.time()
+                    os.kill(pid, signal.SIGKILL)
+                    say(f"drill: SIGKILL rank {r.rank} (pid {pid}) at step {w.last_step}")
+        if n >= 2 and n - 2 < len(report.recoveries):
+            r = report.recoveries[n - 2]
+            ended = run.watches[n - 2].ended
+            if r.killed_at is not None and r.detect_s is None and ended is not None:
+                r.detect_s = ended - r.killed_at
+            if r.killed_at is not None and r.restart_s is None and w.running_at is not None:
+                r.restart_s = w.running_at - r.killed_at
+            k = r.killed_step
+            if r.back_s is None and r.killed_at is not None and k is not None and k in w.step_seen:
+                r.back_s = w.step_seen[k] - r.killed_at
+
+    _drive(run, tick, cancel, deadline_s)
+    tick()
+    _judge(report, run.watches, run.state, run.record.reason)
+    return report
+
+
+def _judge(report: DrillReport, watches: list[AttemptWatch], state: RunState, reason: str) -> None:
+    ref = report.reference
+    for r in report.recoveries:
+        if r.killed_at is None:
+            r.problems.append(
+                f"never killed: attempt {r.attempt} did not reach step {r.planned_step}"
+            )
+            continue
+        if r.attempt >= len(watches):
+            r.problems.append("no restart followed the kill")
+            continue
+        prev, nxt = watches[r.attempt - 1], watches[r.attempt]
+        r.resumed_from = nxt.resumed_from
+        first = min(nxt.step_seen, default=None)
+        if nxt.resumed_from is None:
+            again = " and its losses restart from step 1" if first == 1 else ""
+            r.problems.append(
+                f"attempt {r.attempt + 1} did not resume: no `[dtrain] resumed from step=N` "
+                f"line{again}; the script never resumes from a checkpoint (it must load the "
+                "newest one in DTRAIN_CKPT_DIR when DTRAIN_RESUME=auto; see docs/resilience.md)"
+            )
+            continue
+        if r.newest_ckpt is not None and nxt.resumed_from != r.newest_ckpt:
+            r.problems.append(
+                f"resumed from step {nxt.resumed_from}, not the newest complete checkpoint "
+                f"(step {r.newest_ckpt})"
+            )
+        r.steps_redone = max(0, (prev.last_step or 0) - nxt.resumed_from)
+        if r.steps_redone > report.every + 1:
+            r.problems.append(
+                f"{r.steps_redone} steps redone, more than one interval ({report.every} steps "
+                "plus the step in flight)"
+            )
+    for i, w in enumerate(watches):
+        for step, loss in sorted(w.losses.items()):
+            if step in ref and ref[step] != loss:
+                report.problems.append(
+                    f"attempt {i + 1}, step {step}: loss {loss}, the reference's {ref[step]}: "
+                    "the resumed run does not train the same"
+                )
+                break
+    last = watches[-1] if watches else None
+    if state != RunState.SUCCEEDED:
+        report.problems.append(f"the drilled run {state}: {reason}")
+    elif last is None or report.steps not in last.losses:
+        report.problems.append(f"the drilled run never printed its last step ({report.steps})")
