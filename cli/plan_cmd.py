@@ -154,6 +154,12 @@ def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
         w(f"  {name:<{width}} " + " ".join(f"{v:>8}" for v in vals) + "\n")
     kept = f"; {_gib(p.headroom_bytes)} GiB more kept free" if p.headroom_bytes else ""
     w(f"  (usable: {_gib(p.usable_bytes)} GiB of {_gib(p.gpu.memory_bytes)}{kept})\n")
+    if p.resilience is not None:
+        from engine.plan.resilience import summary_lines
+
+        w("\nWhat failures cost\n")
+        for line in summary_lines(p.resilience):
+            w(f"  {line}\n")
     if p.alternatives:
         w("\nAlternatives\n")
         for a in p.alternatives:

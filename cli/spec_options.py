@@ -15,6 +15,7 @@ from engine.errors import DtrainError, SpecError, validation_messages
 from engine.fsio import JSON_LIMIT, read_regular_text
 from engine.plan.names import (
     Backend,
+    CkptStorage,
     CpComm,
     Fp8Recipe,
     Framework,
@@ -189,6 +190,43 @@ _OTHER_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
         "steps",
         {"type": whole_number, "help": "steps the example trainer runs"},
     ),
+    (
+        "--ckpt-dir",
+        "training",
+        "ckpt_dir",
+        {
+            "metavar": "DIR",
+            "help": "where the run saves checkpoints (default: checkpoints/ in the bundle, one "
+            "node only; several nodes need an absolute path every node reaches)",
+        },
+    ),
+    (
+        "--ckpt-every",
+        "training",
+        "ckpt_every",
+        {
+            "type": whole_number,
+            "metavar": "N",
+            "help": "save a checkpoint every N steps (0: never); default: the plan's interval "
+            "that loses the least work",
+        },
+    ),
+    (
+        "--ckpt-storage",
+        "training",
+        "ckpt_storage",
+        {
+            "choices": _choices(CkptStorage),
+            "help": "checkpoint storage for the save-time estimate (default: local on one "
+            "node, parallel-fs on several)",
+        },
+    ),
+    (
+        "--ckpt-bandwidth-gbps",
+        "training",
+        "ckpt_bandwidth_gbps",
+        {"type": number, "help": "checkpoint write bandwidth, Gbit/s per node"},
+    ),
     ("--strategy", "layout", "strategy", {"choices": _choices(Strategy)}),
     ("--framework", "layout", "framework", {"choices": _choices(Framework)}),
     ("--tp", "layout", "tp", {"type": whole_number}),
@@ -317,6 +355,14 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         default=None,
         help="your PyTorch-native trainer's loss is a fused cross-entropy (flash-attn's, "
         "Liger's): about 4 bytes a logit instead of 14; Megatron's always is",
+    )
+    g.add_argument(
+        "--ckpt-shared",
+        dest="training__ckpt_shared",
+        action="store_true",
+        default=None,
+        help="--ckpt-dir (or the bundle's checkpoints/) is on storage every node reaches, "
+        "even as a relative path",
     )
     if launch:
         g = parser.add_argument_group("launch")

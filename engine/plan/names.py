@@ -169,3 +169,15 @@ class PPSchedule(StrEnum):
 
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+
+
+class CkptStorage(StrEnum):
+    """Where checkpoints are written, for the save-time estimate's default bandwidth
+    (:data:`engine.plan.resilience.STORAGE_GBPS`)."""
+
+    LOCAL = "local"
+    """A node's own NVMe drive(s)."""
+    PARALLEL_FS = "parallel-fs"
+    """A parallel file system every node mounts (Lustre, GPFS, WEKA)."""
+    OBJECT = "object"
+    """Object storage (S3, GCS, Azure Blob) through a mount or a client."""

@@ -138,6 +138,51 @@ class Layout(_Frozen):
             )
 
 
+class Resilience(_Frozen):
+    """What failures will cost this layout, before the run (:mod:`engine.plan.resilience`):
+    the checkpoint's size and save time, the interruptions to expect at this many GPUs, the
+    checkpoint interval that loses the least work (Young/Daly) and the share of GPU time that
+    then trains."""
+
+    ckpt_bytes_per_gpu: int
+    """What the busiest GPU holds of a checkpoint: its parameters and optimizer states
+    (offloaded ones included) as the layout shards them (:mod:`engine.plan.memory`)."""
+    ckpt_bytes_total: int
+    """One checkpoint, every shard once: the model's parameters and optimizer states."""
+    storage: str
+    """Where checkpoints go (``local``, ``parallel-fs``, ``object``)."""
+    bandwidth_gbps: float
+    """Write bandwidth per node, Gbit/s (``--ckpt-bandwidth-gbps`` or the storage's default)."""
+    bandwidth_source: str
+    """Where that bandwidth comes from."""
+    save_s: float
+    """Seconds to write one checkpoint, each node writing its share in parallel; the training
+    loop is taken to wait for all of it (a synchronous save: an asynchronous one stalls less)."""
+    failures_per_gpu_hour: float
+    """Unexpected interruptions per GPU-hour, from the fleet figure of ``failure_source``."""
+    failure_source: str
+    mtbf_s: float
+    """Mean time between interruptions of this run: 1 / (rate x GPUs)."""
+    restart_s: float
+    """Seconds from an interruption to training again (detect, stop, relaunch, load): an
+    assumption, not a measurement."""
+    interval_s: float
+    """Young/Daly's checkpoint interval that loses the least work: sqrt(2 x save_s x mtbf_s)."""
+    interval_steps: int
+    """``interval_s`` in steps of the plan's step time (at least 1)."""
+    every: int
+    """The interval the bundle uses, in steps: ``training.ckpt_every`` when given, else
+    ``interval_steps``; 0: no checkpoints."""
+    lost_per_failure_s: float
+    """Work lost per interruption at ``every``: half an interval (and its save) plus the
+    restart."""
+    goodput: float
+    """Share of GPU time that trains at ``every``: less the save stalls and the lost work."""
+    expected_interruptions: float | None = None
+    """Interruptions expected over the whole run (its GPU-hours from ``training.tokens``);
+    None without a token budget."""
+
+
 class PathStep(_Frozen):
     """One question of the decision flowchart and how this spec answered it."""
 
@@ -210,6 +255,8 @@ class Plan(_Frozen):
     headroom_bytes: int = 0
     """What the plan keeps free beyond ``usable_bytes`` (``training.headroom``, or the default
     for the model: :func:`engine.plan.memory.default_headroom`)."""
+    resilience: Resilience | None = None
+    """What failures will cost the recommended layout (:class:`Resilience`)."""
 
     def spare_bytes(self, layout: Layout | None = None) -> int:
         """What ``layout`` (the recommended one by default) leaves of the memory before the
@@ -244,6 +291,9 @@ class Plan(_Frozen):
             "usable_bytes": self.usable_bytes,
             "headroom_bytes": self.headroom_bytes,
             "batch_choices": [b.model_dump(mode="json") for b in self.batch_choices],
+            "resilience": None
+            if self.resilience is None
+            else self.resilience.model_dump(mode="json"),
             "spec": self.spec.model_dump(mode="json", exclude_none=True),
         }
         data["calibration"] = (

@@ -27,6 +27,7 @@ from engine.plan.calibration import Calibration
 from engine.plan.catalog import resolve_gpu_key
 from engine.plan.names import (
     Backend,
+    CkptStorage,
     CpComm,
     Fp8Recipe,
     Framework,
@@ -326,6 +327,23 @@ class TrainingSpec(_Strict):
     """USD per GPU-hour; None: the catalog's on-demand list figure."""
     steps: int = Field(default=20, ge=1)
     """Steps the example trainer runs (a smoke test)."""
+    ckpt_dir: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Where the bundle's run saves its checkpoints (plan.json's ``checkpoint.dir``,
+    ``DTRAIN_CKPT_DIR``); None: ``checkpoints/`` in the bundle, which only a one-node run may
+    use. A multi-node run names an absolute path every node reaches."""
+    ckpt_shared: bool | None = None
+    """True: ``ckpt_dir`` (even a relative one) is on storage every node reaches (the bundle
+    itself on a shared file system); None or False: a multi-node bundle needs an absolute
+    ``ckpt_dir``."""
+    ckpt_every: int | None = Field(default=None, ge=0, le=100_000_000)
+    """Save a checkpoint every N steps (0: never); None: the plan's interval that loses the
+    least work (:attr:`engine.plan.result.Resilience.interval_steps`)."""
+    ckpt_storage: CkptStorage | None = None
+    """Where checkpoints go, for the save-time estimate (:class:`CkptStorage`); None: local
+    NVMe on one node, a parallel file system on several."""
+    ckpt_bandwidth_gbps: float | None = Field(default=None, gt=0, le=100_000)
+    """Write bandwidth to the checkpoint storage, Gbit/s per node; None: the storage kind's
+    default (:data:`engine.plan.resilience.STORAGE_GBPS`)."""
 
     @field_validator("tokens", mode="before")
     @classmethod
