@@ -3,7 +3,7 @@
 :class:`PlanningApp` is the base of :class:`tui.app.DtrainApp`. Every change to the session's
 spec (a step posts :class:`~tui.messages.StepValidated`) re-plans in a worker thread after a
 short quiet time (exclusive: a newer spec cancels the older job, whose result is then stale and
-ignored), and once the configs step was opened the bundle is rendered in the same thread, so the
+ignored), and once the decision step was opened the bundle is rendered in the same thread, so the
 UI thread only ever draws. Results are recorded in the :class:`~tui.session.WizardSession`; the
 wizard screen is then asked to draw it.
 """
@@ -41,6 +41,9 @@ PLAN_DELAY_S = 0.12
 
 REPLANNING_STEPS = (*INPUT_STEPS, Step.DECISION, Step.LAUNCH)
 """Steps whose validation may change the spec the planner reads."""
+
+BUNDLE_STEPS = (Step.DECISION, Step.CONFIGS, Step.LAUNCH)
+"""Entering one of these renders the bundle from then on (the next stop is Configs)."""
 
 
 class PlanningApp(App[int]):
@@ -80,7 +83,9 @@ class PlanningApp(App[int]):
             self.schedule_plan()
 
     def on_step_entered(self, message: StepEntered) -> None:
-        if message.step == Step.CONFIGS:
+        # From the decision step on, the bundle is rendered in the background: the configs
+        # step then opens on its files, not on a wait for the writers.
+        if message.step in BUNDLE_STEPS:
             self.session.bundle_wanted = True
             if self.session.needs_render():
                 self._render_worker(self.session.plan, self.session.generation)

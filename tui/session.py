@@ -90,8 +90,9 @@ class WizardSession:
         self.bundle: dict[str, str] = {}
         self.bundle_error = ""
         self.bundle_wanted = False
-        """The configs step was opened: from then on every plan is rendered too (until then the
-        writers are not run, so typing in the first steps costs one plan per pause, no more)."""
+        """The decision step (or a later one) was opened: from then on every plan is rendered
+        too, so Configs opens on its files (until then the writers are not run, so typing in the
+        first steps costs one plan per pause, no more)."""
         self._bundle_generation = -1
 
     # --- the spec -----------------------------------------------------------------------------

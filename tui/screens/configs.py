@@ -55,6 +55,9 @@ _MARK = {NEW: "+", CHANGED: "~", SAME: "=", YOURS: "!", STALE: "-", KEPT: "k"}
 LEGEND = "+ new  ~ changed  = same  ! yours  - to remove  k kept"
 """Fits the step at 80 columns; each file's preview heading says the rest."""
 
+RENDERING = "Rendering the bundle…"
+"""The file list while the writers run for the plan shown."""
+
 EDITOR_VARS = ("VISUAL", "EDITOR")
 """Where the editor command is read, in git's order."""
 
@@ -140,8 +143,12 @@ class ConfigsStep(StepPane):
 
     def __init__(self, session: WizardSession) -> None:
         super().__init__(session)
-        self.files: dict[str, str] = {}
-        self.render_error = "No plan yet: finish the earlier steps."
+        # What the session holds now: the first visit with a plan says the bundle is on its
+        # way (or shows it), never "No plan yet".
+        self.files: dict[str, str] = dict(session.bundle)
+        self.render_error = session.bundle_error or (
+            RENDERING if session.plan is not None else "No plan yet: finish the earlier steps."
+        )
         self.current: str | None = None
         self.preview: WritePreview | None = None
         """What writing now would do to the output directory (None: not known)."""

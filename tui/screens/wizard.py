@@ -16,7 +16,7 @@ from textual.widgets import Button, ContentSwitcher, Footer, Header, Static
 
 from tui.lifecycle import torn_down
 from tui.messages import StepEntered, StepValidated
-from tui.screens.configs import ConfigsStep
+from tui.screens.configs import RENDERING, ConfigsStep
 from tui.screens.decision import DecisionStep
 from tui.screens.hardware import HardwareStep
 from tui.screens.launch import LaunchStep
@@ -184,7 +184,7 @@ class WizardScreen(Screen[None]):
         if self.session.bundle:
             configs.show_files(self.session.bundle)
         else:
-            configs.show_error(self.session.bundle_error or "Rendering the bundle…")
+            configs.show_error(self.session.bundle_error or RENDERING)
 
     def show_result(self, step: Step, text: str, *, ok: bool, confirm: bool = False) -> None:
         """The outcome of writing (``step`` configs) or launching (``step`` launch): on that
