@@ -411,6 +411,7 @@ def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
 
 def _print_events(events: list[Any], out: Any) -> None:
     from engine.monitor.state import exit_text
+    from engine.monitor.telemetry import shown_lines
     from engine.monitor.textsafe import safe_text
     from engine.rundir.events import LineBatch, LineEvent, RankExit
 
@@ -418,10 +419,10 @@ def _print_events(events: list[Any], out: Any) -> None:
     for ev in events:
         if isinstance(ev, LineBatch):
             tag = f"[rank {ev.rank}] " if ev.rank is not None else f"[node {ev.node}] "
-            lines.extend(f"{tag}{x}\n" for x in ev.lines)
+            lines.extend(f"{tag}{x}\n" for x in shown_lines(ev.lines))  # telemetry: on disk
         elif isinstance(ev, LineEvent):
             tag = f"[rank {ev.rank}]" if ev.rank is not None else f"[node {ev.node}]"
-            lines.append(f"{tag} {ev.line}\n")
+            lines.extend(f"{tag} {x}\n" for x in shown_lines((ev.line,)))
         elif isinstance(ev, RankExit) and ev.exit_code not in (0,):
             # Worded as ``monitor --follow`` words it: "stopped", "failed SIGKILL (…)".
             if ev.exit_code is None and ev.reason == "stopped":

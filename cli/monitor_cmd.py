@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -54,6 +55,7 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
     """Print the run's lines as they come; return 0 if it succeeded, else 1."""
     from engine.monitor.logparse import classify_error
     from engine.monitor.tail import RunDirSource
+    from engine.monitor.telemetry import shown_lines
     from engine.monitor.textsafe import safe_line, safe_text
     from engine.rundir.record import RunState
 
@@ -68,8 +70,9 @@ def follow(run_dir: Path, out: TextIO = sys.stdout, *, errors_only: bool = False
             for ev in source.poll(0.25):
                 if isinstance(ev, LineBatch | LineEvent):
                     tag = f"[rank {ev.rank}]" if ev.rank is not None else f"[node {ev.node}]"
-                    lines = ev.lines if isinstance(ev, LineBatch) else (ev.line,)
+                    lines: Sequence[str] = ev.lines if isinstance(ev, LineBatch) else (ev.line,)
                     transport.feed(ev.node, ev.host, lines)
+                    lines = shown_lines(lines)  # the agent's telemetry: on disk, not here
                     if errors_only:
                         lines = tuple(
                             x

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from engine.errors import one_line
 from engine.monitor.logparse import NcclSummary, scan_batch
 from engine.monitor.state import MonitorState, Snapshot
+from engine.monitor.telemetry import shown_lines
 from engine.rundir.events import Event, EventSource, LineBatch, LineEvent
 from engine.rundir.record import RunState
 
@@ -218,6 +219,9 @@ class BatchReader:
         facts = scan_batch(batch)
         self.state.ingest_lines(rank, node, batch, now, host, facts)
         pending.count += len(batch)
+        batch = shown_lines(batch)  # the agent's telemetry: in the state, on disk, not in panes
+        if not batch:
+            return
         if rank is not None:
             lst = pending.lines.get(rank)
             if lst is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import signal
 import statistics
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,7 +30,7 @@ from engine.monitor.logparse import (
     StepTracker,
     scan_batch,
 )
-from engine.monitor.telemetry import Telemetry, parse_telemetry_line
+from engine.monitor.telemetry import Telemetry, hidden_line, parse_telemetry_line
 from engine.rundir.events import Event, LineBatch, LineEvent, RankExit, RunStateChanged
 from engine.rundir.record import FINAL_STATES, RunState
 
@@ -284,11 +285,16 @@ class MonitorState:
         base = st.lines
         st.lines += len(lines)
         # The rank agent's telemetry; never in an all-NCCL batch (the firehose pays nothing).
+        hidden: list[int] = []
+        """Rows of telemetry lines, which panes leave out: ``line_no`` counts the pane's rows."""
         if len(facts.nccl) < len(lines) and TELEMETRY_PREFIX in "\n".join(lines):
-            for line in lines:
+            for i, line in enumerate(lines):
                 sample = parse_telemetry_line(line)
                 if sample is not None:
                     st.telemetry = sample
+                if hidden_line(line):
+                    hidden.append(i)
+            st.lines -= len(hidden)
             if only_agent_lines(lines):  # the agent's clock, not the script: no sign of life
                 return []
         st.last_line_ts = now
@@ -304,7 +310,10 @@ class MonitorState:
                     _record_step(st, info, summary=raw.step is None)
         if facts.done:
             st.finished = True
-        new = [ErrorRecord(rank, st.node, k, lines[i], now, base + i) for i, k in found]
+        new = [
+            ErrorRecord(rank, st.node, k, lines[i], now, base + i - bisect_left(hidden, i))
+            for i, k in found
+        ]
         if new:
             st.errors += len(new)
             if st.first_error is None:

@@ -12,12 +12,44 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from engine.diagnose.flight import TELEMETRY_PREFIX
 
-__all__ = ["TELEMETRY_PREFIX", "GpuSample", "Telemetry", "parse_telemetry_line"]
+__all__ = [
+    "TELEMETRY_PREFIX",
+    "GpuSample",
+    "Telemetry",
+    "hidden_line",
+    "parse_telemetry_line",
+    "shown_lines",
+]
+
+
+def hidden_line(line: str) -> bool:
+    """True for a telemetry line panes and terminals leave out: the marker with nothing but
+    blanks before it (the rank log and the rank states still have it)."""
+    at = line.find(TELEMETRY_PREFIX)
+    return at >= 0 and not line[:at].strip()
+
+
+def shown_lines(lines: Sequence[str]) -> Sequence[str]:
+    """``lines`` as panes, ``launch`` and ``monitor --follow`` show them: without the agent's
+    telemetry (noise every 5 s on every rank), the text before a marker kept (a progress bar's
+    unfinished line). ``lines`` itself, not a copy, when none is there: one substring test over
+    the joined batch, as :meth:`engine.monitor.state.MonitorState.ingest_lines` does."""
+    if not lines or TELEMETRY_PREFIX not in "\n".join(lines):
+        return lines
+    out: list[str] = []
+    for line in lines:
+        at = line.find(TELEMETRY_PREFIX)
+        if at < 0:
+            out.append(line)
+        elif line[:at].strip():
+            out.append(line[:at].rstrip())
+    return out
 
 
 def _num(v: object) -> float | None:
