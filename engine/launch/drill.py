@@ -132,6 +132,18 @@ def newest_complete(ckpt_dir: Path) -> int | None:
     return best
 
 
+def _saved(ckpt_dir: Path) -> bool:
+    """Whether a kill now tests a resume: a checkpoint is complete, or the script never began
+    one (it does not checkpoint: the drill then shows it does not resume). One being written
+    is waited for, so a kill on a loaded machine does not land before the first save ends."""
+    if newest_complete(ckpt_dir) is not None:
+        return True
+    try:
+        return not any(d.name.startswith(CKPT_PREFIX) for d in ckpt_dir.iterdir())
+    except OSError:
+        return True
+
+
 def _plan_every(bundle_dir: Path) -> int:
     try:
         data = json.loads((bundle_dir / "plan.json").read_text())
@@ -246,7 +258,7 @@ def run_drill(
             return
         if n <= kills:
             r = report.recoveries[n - 1]
-            if r.killed_at is None and (w.last_step or 0) >= r.planned_step:
+            if r.killed_at is None and (w.last_step or 0) >= r.planned_step and _saved(ckpt_dir):
                 pid = rank_pid(backend.run_id, r.rank)
                 if pid is not None:
                     r.killed_step = w.last_step

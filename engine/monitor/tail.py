@@ -30,7 +30,7 @@ from engine.errors import DtrainError
 from engine.fsio import open_regular
 from engine.monitor.textsafe import safe_line
 from engine.rundir.events import STDERR, STDOUT, Event, LineBatch, RankExit, RunStateChanged
-from engine.rundir.record import RUN_JSON, RunRecord, RunState, read_record
+from engine.rundir.record import RUN_JSON, AttemptRecord, RunRecord, RunState, read_record
 from engine.write.manifest import MAX_NODES, MAX_RANKS
 
 LOGS = "logs"
@@ -472,3 +472,41 @@ class ListSource:
     @property
     def done(self) -> bool:
         return self._stopped or self._i >= len(self._batches)
+
+
+# ---- attempts of a restarted run (engine/launch/restart.py) -------------------------------
+
+
+def attempt_line(a: AttemptRecord) -> str:
+    """One attempt as ``monitor`` shows it: how it ended, where it resumed, what it cost."""
+    where = ",".join(safe_line(h) for h in a.hosts) or "-"
+    resumed = (
+        f"resumed from step {a.resumed_from_step}"
+        if a.resumed_from_step is not None
+        else "started afresh"
+    )
+    cost = f", {a.steps_redone} step(s) redone ({a.lost_s:.1f}s)" if a.steps_redone else ""
+    cause = f": {safe_line(a.cause)}" if a.cause else ""
+    left = f"; {safe_line(a.excluded)}" if a.excluded else ""
+    return f"[attempt {a.attempt}] {a.state} on {where}, {resumed}{cost}{cause}{left}"
+
+
+def work_lost_line(attempts: list[AttemptRecord]) -> str:
+    """The restarts' total cost, in steps redone and seconds."""
+    restarts = max(0, len(attempts) - 1)
+    steps = sum(a.steps_redone for a in attempts)
+    secs = sum(a.lost_s for a in attempts)
+    return f"[run] {restarts} restart(s); work lost: {steps} step(s) redone, {secs:.1f}s"
+
+
+def attempt_dirs(run_dir: Path, record: RunRecord) -> list[Path]:
+    """The run directory of each attempt that exists, in order (``RUN/attempts/N``); none for a
+    run the restart policy did not start."""
+    out: list[Path] = []
+    for a in record.attempts:
+        rel = Path(a.run_dir)
+        if rel.is_absolute() or ".." in rel.parts or not a.run_dir:
+            continue
+        if (Path(run_dir) / rel).is_dir():
+            out.append(Path(run_dir) / rel)
+    return out

@@ -7,6 +7,7 @@ events are polled with a timeout and every wait has a deadline."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.monitor_cmd import follow_attempts
 from engine.launch.drill import newest_complete, rank_pid, run_drill
 from engine.launch.options import LaunchOptions
 from engine.launch.restart import RestartingRun, RestartPolicy
@@ -76,7 +78,9 @@ def test_killed_rank_is_restarted_and_resumes(
 
     def tick() -> None:
         w = run.watches[-1]
-        if not killed and len(run.watches) == 1 and (w.last_step or 0) >= at and run.current:
+        due = not killed and len(run.watches) == 1 and (w.last_step or 0) >= at
+        # Killed once a checkpoint is complete (a loaded machine may still be saving step 2).
+        if due and run.current and newest_complete(ckpt_dir) is not None:
             pid = rank_pid(run.current.run_id, rank)
             if pid is not None:
                 killed.append(w.last_step or 0)
@@ -103,6 +107,14 @@ def test_killed_rank_is_restarted_and_resumes(
     assert after[STEPS] == reference[STEPS]
     data = json.loads((run.path / "run.json").read_text())
     assert data["state"] == "succeeded" and len(data["attempts"]) == 2
+    # monitor --follow shows both attempts, where the second resumed, and the work lost.
+    out = io.StringIO()
+    assert follow_attempts(run.path, out) == 0
+    text = out.getvalue()
+    assert "[attempt 1] failed" in text and f"rank {rank}" in text, text
+    assert f"[attempt 2] succeeded on localhost, resumed from step {newest[0]}" in text, text
+    assert f"work lost: {second.steps_redone} step(s) redone" in text, text
+    assert f"[dtrain] step={STEPS}/{STEPS} loss={reference[STEPS]}" in text
 
 
 def test_drill_passes_on_the_local_bundle(bundle: Path, tmp_path: Path) -> None:
