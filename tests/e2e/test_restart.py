@@ -12,6 +12,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from engine.launch.drill import newest_complete, rank_pid, run_drill
 from engine.launch.options import LaunchOptions
 from engine.launch.restart import RestartingRun, RestartPolicy
 from engine.rundir.record import RunState, read_record
-from tests.e2e.launch_util import make_bundle
+from tests.e2e.launch_util import REPO, make_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -149,10 +151,10 @@ def test_drill_fails_on_a_script_that_never_resumes(tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text(NEVER_RESUMES)
     b = make_bundle(tmp_path / "bundle", script=script)
-    report = run_drill(
-        b, tmp_path / "work", kills=1, seed=1, every=2, options=LaunchOptions(hang_timeout_s=120)
-    )
-    assert not report.ok
-    text = "\n".join(report.lines())
-    assert "did not resume" in text and "restart from step 1" in text, text
-    assert report.lines()[-1].startswith("drill FAILED")
+    cmd = [sys.executable, "-m", "cli", "drill", str(b), "--kills", "1", "--seed", "1"]
+    cmd += ["--every", "2", "--run-dir", str(tmp_path / "work")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, cwd=REPO)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "did not resume" in p.stderr and "restart from step 1" in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("drill FAILED"), p.stderr
+    assert "Traceback" not in p.stderr
