@@ -158,3 +158,49 @@ def test_drill_fails_on_a_script_that_never_resumes(tmp_path: Path) -> None:
     assert "did not resume" in p.stderr and "restart from step 1" in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("drill FAILED"), p.stderr
     assert "Traceback" not in p.stderr
+
+
+FAILS_ONCE = """\
+import os, sys, time
+from pathlib import Path
+mark = Path(os.environ["DTRAIN_CKPT_DIR"]) / f"failed-once-{os.environ['RANK']}"
+mark.parent.mkdir(parents=True, exist_ok=True)
+print("[dtrain] step=1/2 loss=1.0 tokens_per_s=1 step_time_s=0.1 mem_gb=0", flush=True)
+if os.environ["RANK"] == "1" and not mark.exists():
+    mark.write_text("x")
+    sys.exit(3)
+print("[dtrain] step=2/2 loss=0.5 tokens_per_s=1 step_time_s=0.1 mem_gb=0", flush=True)
+"""
+
+
+def test_launch_max_restarts_relaunches_and_monitor_shows_attempts(tmp_path: Path) -> None:
+    """``launch --max-restarts 1``: the first attempt's rank 1 exits 3, the policy relaunches
+    (the checkpoint directory every attempt shares is where the script keeps its mark), the
+    second succeeds; ``monitor --follow`` prints both attempts and the work lost."""
+    script = tmp_path / "once.py"
+    script.write_text(FAILS_ONCE)
+    b = make_bundle(tmp_path / "bundle", script=script)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cli", "launch", str(b), "--max-restarts", "1"]
+    p = subprocess.run(
+        [*cmd, "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        cwd=REPO,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[restart] attempt 1 failed: rank 1" in p.stdout + p.stderr
+    rec = read_record(run_dir)
+    assert [a.state for a in rec.attempts] == [RunState.FAILED, RunState.SUCCEEDED]
+    assert rec.state == RunState.SUCCEEDED
+    m = subprocess.run(
+        [sys.executable, "-m", "cli", "monitor", str(run_dir), "--follow"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        cwd=REPO,
+    )
+    assert m.returncode == 0, m.stdout + m.stderr
+    assert "[attempt 1] failed on localhost, started afresh" in m.stdout, m.stdout
+    assert "[attempt 2] succeeded" in m.stdout and "1 restart(s); work lost" in m.stdout
