@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from engine.plan.dims import ModelDims
 from engine.plan.memory import model_states
@@ -39,6 +40,7 @@ __all__ = [
     "checkpoint_bytes",
     "goodput",
     "resilience",
+    "shared_ckpt_dir",
     "summary_lines",
     "young_interval_s",
 ]
@@ -165,7 +167,18 @@ def resilience(dims: ModelDims, spec: Spec, lay: Layout, world: int, nodes: int)
     interval_s = young_interval_s(save_s, mtbf_s)
     step = lay.step_time_s if lay.step_time_s > 0 else 1.0
     interval_steps = max(1, round(interval_s / step))
-    every = interval_steps if tr.ckpt_every is None else tr.ckpt_every
+    note = None
+    if tr.ckpt_every is not None:
+        every = tr.ckpt_every
+    elif nodes > 1 and not shared_ckpt_dir(spec):
+        every = 0
+        note = (
+            f"no checkpoints by default on {nodes} nodes: the bundle's checkpoints/ is each "
+            "node's own; --ckpt-dir /an/absolute/path every node reaches (or --ckpt-shared) "
+            f"saves every {interval_steps} steps"
+        )
+    else:
+        every = interval_steps
     if every > 0:
         work_s, save = every * step, save_s
     else:
@@ -190,7 +203,15 @@ def resilience(dims: ModelDims, spec: Spec, lay: Layout, world: int, nodes: int)
         lost_per_failure_s=lost,
         goodput=goodput(work_s, save, RESTART_S, mtbf_s),
         expected_interruptions=None if lay.gpu_hours is None else rate * lay.gpu_hours,
+        note=note,
     )
+
+
+def shared_ckpt_dir(spec: Spec) -> bool:
+    """Whether every node reaches the spec's checkpoint directory: an absolute
+    ``training.ckpt_dir`` (taken as shared storage), or the user's word (``ckpt_shared``)."""
+    tr = spec.training
+    return bool(tr.ckpt_shared) or bool(tr.ckpt_dir and PurePosixPath(tr.ckpt_dir).is_absolute())
 
 
 def _size(n: float) -> str:
@@ -217,9 +238,7 @@ def _share(x: float) -> str:
 def summary_lines(res: Resilience) -> list[str]:
     """The plan's "what failures cost" lines (``plan`` and the wizard's decision step)."""
     every = (
-        f"every {res.every} steps"
-        if res.every
-        else "no checkpoints (--ckpt-every 0): an interruption loses the run so far"
+        f"every {res.every} steps" if res.every else "none: an interruption loses the run so far"
     )
     best = f"Young/Daly's sqrt(2 x save x MTBF) = {_duration(res.interval_s)}"
     lines = [
@@ -237,4 +256,6 @@ def summary_lines(res: Resilience) -> list[str]:
         f"{_share(res.goodput)}, {_duration(res.lost_per_failure_s)} lost per interruption "
         f"with a {_duration(res.restart_s)} restart",
     ]
+    if res.note:
+        lines.append(res.note)
     return lines

@@ -181,6 +181,9 @@ class Resilience(_Frozen):
     expected_interruptions: float | None = None
     """Interruptions expected over the whole run (its GPU-hours from ``training.tokens``);
     None without a token budget."""
+    note: str | None = None
+    """Why the bundle saves no checkpoints when the user did not say (several nodes and no
+    directory they all reach), and how to turn them on."""
 
 
 class PathStep(_Frozen):

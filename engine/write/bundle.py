@@ -54,7 +54,7 @@ from engine.write.launch_scripts import (
 from engine.write.manifest import MANIFEST, BundleManifest, plain_name
 from engine.write.megatron import PRETRAIN_GPT, megatron_args, pretrain_gpt_script
 from engine.write.nccl_env import nccl_env
-from engine.write.plan_json import plan_json
+from engine.write.plan_json import check_ckpt_dir, plan_json
 from engine.write.readme import bundle_readme
 from engine.write.sky import sky_yaml
 from engine.write.slurm import SBATCH_NAME, slurm_sbatch
@@ -153,6 +153,7 @@ def agent_text() -> str:
 
 def _check(plan: Plan) -> None:
     check_world(plan)
+    check_ckpt_dir(plan)
     check_batch(plan.recommended)
     hosts(plan)
     script_path(plan)

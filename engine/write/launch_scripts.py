@@ -101,6 +101,31 @@ def _render_word(word: str) -> str:
     return q(word)
 
 
+CKPT_VARS = ("DTRAIN_CKPT_DIR", "DTRAIN_CKPT_EVERY", "DTRAIN_RESUME")
+"""What a node script tells every rank's script of checkpoints: where to save (an absolute
+path), every how many steps (0: never), and from where to resume (``auto``: the newest
+complete checkpoint in the directory; ``never``; or a checkpoint's path)."""
+
+
+def ckpt_env_lines(plan: Plan) -> list[str]:
+    """Bash lines that export :data:`CKPT_VARS` from plan.json's checkpoint section, each
+    unless already set (the launcher's restart sets ``DTRAIN_RESUME``; a user's own
+    ``DTRAIN_CKPT_DIR`` wins). A relative directory is made absolute against the bundle."""
+    from engine.write.plan_json import checkpoint_section
+
+    section = checkpoint_section(plan)
+    where = str(section["dir"])
+    value = q(where) if where.startswith("/") else f'"$PWD"/{q(where)}'
+    lines = [
+        "# Checkpoints (plan.json's checkpoint section): where to save, how often, where to",
+        "# resume from; any of them set before this script wins. README.md: Checkpoints.",
+    ]
+    for name, val in zip(CKPT_VARS, (value, str(section["every"]), "auto"), strict=True):
+        lines.append(f'if [[ -z "${{{name}:-}}" ]]; then {name}={val}; fi')
+    lines.append(f"export {' '.join(CKPT_VARS)}")
+    return lines
+
+
 def node_script(plan: Plan, node: int) -> str:
     """``launch_node{node}.sh`` text."""
     if not 0 <= node < plan.nodes:
@@ -143,6 +168,7 @@ def node_script(plan: Plan, node: int) -> str:
             lines.append(f'if [[ -z "${{MASTER_ADDR:-}}" ]]; then MASTER_ADDR={q(addr)}; fi')
     lines.append(f'if [[ -z "${{MASTER_PORT:-}}" ]]; then MASTER_PORT={launch.master_port}; fi')
     lines.append("export MASTER_ADDR MASTER_PORT" if plan.nodes > 1 else "export MASTER_PORT")
+    lines += ckpt_env_lines(plan)
     megatron = plan.recommended.framework == Framework.MEGATRON and launch.script is not None
     if megatron:
         lines += [

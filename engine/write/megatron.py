@@ -31,6 +31,7 @@ from engine.plan.result import Layout, Plan
 from engine.plan.specs import TrainingSpec
 from engine.plan.stages import accounted_ends, stage_layers
 from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
+from engine.write.launch_scripts import ckpt_env_lines
 
 PRETRAIN_GPT = "pretrain_gpt.sh"
 """The bundle's Megatron-LM command for 3D plans, next to ``megatron_args.txt``."""
@@ -169,7 +170,26 @@ def megatron_args_list(plan: Plan) -> list[str]:
         f"--lr {lr(plan):g}",
         f"--clip-grad {tr.grad_clip:g}",
         f"--train-iters {tr.steps}",
+        *checkpoint_args(plan),
     ]
+
+
+def checkpoint_args(plan: Plan) -> list[str]:
+    """Megatron's checkpoint flags for plan.json's interval (none when it is 0): the save
+    interval and the distributed checkpoint format, ``torch_dist`` (sharded, reshards on load
+    into another parallelism), saved asynchronously; Megatron-FSDP keeps its own
+    ``fsdp_dtensor`` format (:func:`_sharding_args`) and saves synchronously. ``--save`` and
+    ``--load`` come from ``DTRAIN_CKPT_DIR`` in the node scripts, a path no word-split file
+    could hold."""
+    from engine.write.plan_json import checkpoint_section
+
+    every = int(checkpoint_section(plan)["every"])
+    if every <= 0:
+        return []
+    out = [f"--save-interval {every}"]
+    if plan.recommended.zero_stage < 3:
+        out += ["--ckpt-format torch_dist", "--async-save"]
+    return out
 
 
 def _parallel_args(lay: Layout, m: ModelDims, tr: TrainingSpec) -> list[str]:
@@ -372,8 +392,8 @@ def megatron_args(plan: Plan) -> str:
         "# Megatron-LM (pretrain_gpt.py) arguments for this plan, written by dtrain-tui.",
         f"# tp {lay.tp} x pp {lay.pp} x cp {lay.cp} x dp {lay.dp} = {lay.world_size} GPUs"
         + (f"; ep {lay.ep}, expert tp {lay.expert_tp}" if lay.ep > 1 else ""),
-        "# pretrain_gpt.sh runs Megatron-LM with these, adding the data and tokenizer; add your",
-        "# checkpoint flags (--save, --load) here. By hand: $(grep -v '^#' megatron_args.txt)",
+        "# pretrain_gpt.sh runs Megatron-LM with these, adding the data, the tokenizer and",
+        "# --save/--load \"$DTRAIN_CKPT_DIR\". By hand: $(grep -v '^#' megatron_args.txt)",
     ]
     note = rotary_note(plan.model)
     if note:
@@ -423,6 +443,11 @@ def pretrain_gpt_script(plan: Plan) -> str:
         lines.append(f'if [[ -z "${{MASTER_ADDR:-}}" ]]; then MASTER_ADDR={q(addr)}; fi')
     lines += [
         "export MASTER_ADDR MASTER_PORT",
+        *ckpt_env_lines(plan),
+        "CKPT_ARGS=()",
+        'if [[ "$DTRAIN_CKPT_EVERY" != 0 ]]; then',
+        '  CKPT_ARGS=(--save "$DTRAIN_CKPT_DIR" --load "$DTRAIN_CKPT_DIR")',
+        "fi",
         "MEGATRON_ARGS=()",
         "while read -r -a words; do",
         "  [[ ${#words[@]} -eq 0 || ${words[0]} == \\#* ]] && continue",
@@ -438,6 +463,7 @@ def pretrain_gpt_script(plan: Plan) -> str:
         "exec ${TORCHRUN:-torchrun} \\",
         f'  --nnodes {nodes} --nproc-per-node {g} --node-rank "$NODE_RANK" \\',
         '  --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\',
-        '  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}"',
+        '  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}" \\',
+        '  ${CKPT_ARGS[@]+"${CKPT_ARGS[@]}"}',
     ]
     return "\n".join(lines) + "\n"

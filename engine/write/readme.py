@@ -101,6 +101,7 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
             "`megatron_args.txt` is for Megatron-LM's `pretrain_gpt.py` (pass it with `--script`);",
             "the example trainer runs this plan's data-parallel part only, as a smoke test.",
         ]
+    lines += checkpoint_lines(plan)
     script = plan.spec.launch.script
     if script is not None and not script.startswith(("/", "~")):
         lines += [
@@ -115,3 +116,60 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
             "verbatim (it is the `setup` of sky.yaml).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def checkpoint_lines(plan: Plan) -> list[str]:
+    """The README's "Checkpoints" section: where the run saves and how often (plan.json's
+    checkpoint section, the plan's interval), the variables every rank's script gets, and the
+    arguments the common trainers take for them."""
+    from engine.write.plan_json import checkpoint_section
+
+    section = checkpoint_section(plan)
+    every = int(section["every"])
+    res = plan.resilience
+    why = ""
+    if res is not None and plan.spec.training.ckpt_every is None and every:
+        why = (
+            f" (the plan's interval that loses the least work: one save about "
+            f"{res.save_s:.3g} s, an interruption every {res.mtbf_s / 3600:.3g} h expected)"
+        )
+    when = f"every {every} steps{why}" if every else "never (no checkpoint interval)"
+    lines = [
+        "",
+        "## Checkpoints",
+        "",
+        f"The run saves to `{single_line(str(section['dir']))}` {when}; `--ckpt-dir` and "
+        "`--ckpt-every` when writing the bundle change them. Every rank's script gets:",
+        "",
+        "- `DTRAIN_CKPT_DIR`: where to save (an absolute path)",
+        "- `DTRAIN_CKPT_EVERY`: save every N steps (0: never)",
+        "- `DTRAIN_RESUME`: `auto` (resume from the newest complete checkpoint in the "
+        "directory), `never`, or a checkpoint's path",
+        "",
+        "Set before starting a node script, each of them wins over the written value.",
+        "The example trainer reads them itself. A script of your own passes them on:",
+        "",
+        '- Hugging Face Trainer: `--output_dir "$DTRAIN_CKPT_DIR" --save_steps '
+        '"$DTRAIN_CKPT_EVERY" --resume_from_checkpoint "$DTRAIN_CKPT_DIR/<newest '
+        'checkpoint-N>"` (or `trainer.train(resume_from_checkpoint=True)`, which finds the '
+        "newest under `output_dir`)",
+        '- Megatron-LM: `--save "$DTRAIN_CKPT_DIR" --load "$DTRAIN_CKPT_DIR" '
+        '--save-interval "$DTRAIN_CKPT_EVERY"` (`pretrain_gpt.sh` passes them)',
+        "- torchtitan: its `[checkpoint]` section, `enable_checkpoint = true`, `folder` = "
+        "`$DTRAIN_CKPT_DIR`, `interval` = `$DTRAIN_CKPT_EVERY` (or `--checkpoint.folder` and "
+        "`--checkpoint.interval` on its command line); it resumes from the newest step itself",
+        "",
+        "A plain PyTorch script, with `torch.distributed.checkpoint` (sharded; loads into "
+        "another world size):",
+        "",
+        "```python",
+        "import os, torch.distributed.checkpoint as dcp",
+        'ckpt, every = os.environ["DTRAIN_CKPT_DIR"], int(os.environ["DTRAIN_CKPT_EVERY"])',
+        'state = {"model": model.state_dict(), "optim": optim.state_dict()}',
+        'if os.environ.get("DTRAIN_RESUME", "auto") != "never" and os.path.isdir(ckpt):',
+        "    ...  # dcp.load(state, checkpoint_id=<newest complete step dir>), then load_state_dict",
+        "if every and step % every == 0:",
+        '    dcp.save(state, checkpoint_id=f"{ckpt}/step{step:08d}")',
+        "```",
+    ]
+    return lines

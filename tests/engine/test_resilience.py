@@ -104,7 +104,7 @@ def test_parallel_fs_default_caps_the_fleets_aggregate() -> None:
 
 
 def test_mtbf_interval_and_goodput_by_hand() -> None:
-    p = plan(_llama70b(nodes=4))
+    p = plan(_llama70b(nodes=4, ckpt_dir="/lustre/ckpt"))
     r = p.resilience
     assert r is not None
     rate = 419 / (54 * 24 * 16384)
@@ -164,6 +164,7 @@ def test_plan_prints_and_json_carries_the_figures() -> None:
         "256",
         "--ckpt-bandwidth-gbps",
         "100",
+        "--ckpt-shared",
     ]
     text = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert "What failures cost" in text.stdout, text.stderr
@@ -177,3 +178,13 @@ def test_plan_prints_and_json_carries_the_figures() -> None:
         [*args, "--ckpt-every", "-3"], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_several_nodes_save_nothing_by_default_without_a_shared_dir() -> None:
+    r = plan(_llama70b(nodes=4)).resilience
+    assert r is not None and r.every == 0 and r.interval_steps > 0
+    assert r.note is not None and "--ckpt-dir" in r.note
+    one = plan(_llama70b(nodes=1)).resilience
+    assert one is not None and one.every == one.interval_steps and one.note is None
+    shared = plan(_llama70b(nodes=4, ckpt_shared=True)).resilience
+    assert shared is not None and shared.every == shared.interval_steps
