@@ -293,7 +293,22 @@ def add_config_dir_option(group: Any, help_text: str) -> None:
 
 
 def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -> None:
-    """Add the spec options (and, with ``launch``, the launch options) to ``parser``."""
+    """Add the spec options (and, with ``launch``, the launch options) to ``parser``, one
+    argument group at a time (the order ``--help`` lists them in)."""
+    _add_source_options(parser)
+    g = parser.add_argument_group("model")
+    for opt, fld, kw in _MODEL_OPTS:
+        g.add_argument(opt, dest=f"model__{fld}", default=None, **_metavar(kw))
+    g = parser.add_argument_group("hardware, network, training, forced layout")
+    for opt, sec, fld, kw in _OTHER_OPTS:
+        g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
+    _add_switches(g)
+    if launch:
+        _add_launch_options(parser)
+
+
+def _add_source_options(parser: argparse.ArgumentParser) -> None:
+    """The ``spec source`` group: where the spec comes from (file, profile, calibration)."""
     src = parser.add_argument_group("spec source")
     src.add_argument("--spec", type=Path, metavar="FILE", help="spec file (TOML or YAML)")
     # SUPPRESS: a value given before the subcommand (`dtrain-tui --config-dir X plan`) is kept.
@@ -311,12 +326,10 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         help="estimate with a saved calibration (dtrain-tui calibrate) or a calibration .json "
         "file; default: the one the --profile names",
     )
-    g = parser.add_argument_group("model")
-    for opt, fld, kw in _MODEL_OPTS:
-        g.add_argument(opt, dest=f"model__{fld}", default=None, **_metavar(kw))
-    g = parser.add_argument_group("hardware, network, training, forced layout")
-    for opt, sec, fld, kw in _OTHER_OPTS:
-        g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
+
+
+def _add_switches(g: Any) -> None:
+    """The on/off options of the ``hardware, network, training, forced layout`` group."""
     g.add_argument(
         "--sequence-parallel",
         dest="layout__sequence_parallel",
@@ -364,33 +377,36 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
         help="--ckpt-dir (or the bundle's checkpoints/) is on storage every node reaches, "
         "even as a relative path",
     )
-    if launch:
-        g = parser.add_argument_group("launch")
-        for opt, sec, fld, kw in _LAUNCH_OPTS:
-            g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
-        g.add_argument(
-            "--hosts",
-            dest="launch__hosts",
-            default=None,
-            metavar="HOSTS",
-            help="comma-separated [user@]host[:port], one per node, in node-rank order; "
-            "'slurm': the nodes of the Slurm allocation this runs in",
-        )
-        g.add_argument(
-            "--script-arg",
-            dest="launch__script_args",
-            action="append",
-            default=None,
-            metavar="ARG",
-            help="argument for the training script (repeat)",
-        )
-        g.add_argument(
-            "--hf-integration",
-            dest="launch__hf_integration",
-            action="store_true",
-            default=None,
-            help='write "auto" values in ds_config.json for the HF Trainer / Accelerate',
-        )
+
+
+def _add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """The ``launch`` group (the commands that write or start a run): where and how ranks start."""
+    g = parser.add_argument_group("launch")
+    for opt, sec, fld, kw in _LAUNCH_OPTS:
+        g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
+    g.add_argument(
+        "--hosts",
+        dest="launch__hosts",
+        default=None,
+        metavar="HOSTS",
+        help="comma-separated [user@]host[:port], one per node, in node-rank order; "
+        "'slurm': the nodes of the Slurm allocation this runs in",
+    )
+    g.add_argument(
+        "--script-arg",
+        dest="launch__script_args",
+        action="append",
+        default=None,
+        metavar="ARG",
+        help="argument for the training script (repeat)",
+    )
+    g.add_argument(
+        "--hf-integration",
+        dest="launch__hf_integration",
+        action="store_true",
+        default=None,
+        help='write "auto" values in ds_config.json for the HF Trainer / Accelerate',
+    )
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:

@@ -272,67 +272,9 @@ def choose(
         near = [c for c in pool if c.draft.offload == Offload.NONE]
     fastest = best(ctx, near)
     chosen = flow or fastest
-    fused = kernels_only(ctx, flow, fastest)
-    if flow and fastest and fused is not None:
-        path.append(
-            PathStep(
-                question="Is a nearby layout clearly faster?",
-                answer="no",
-                reason=(
-                    f"{describe(fastest.draft)} ({fastest.time:.3g} s vs {flow.time:.3g} s) is "
-                    "faster only by Megatron's fused kernels: Megatron runs this layout itself in "
-                    f"{fused.time:.3g} s (--framework megatron --tp 1 --pp 1), so the model "
-                    "needs no tensor or pipeline parallelism for it"
-                ),
-            )
-        )
-    elif (
-        flow and fastest and fastest is not flow and fastest.time < flow.time * (1 - CLEARLY_FASTER)
-    ):
-        gain = 1 - fastest.time / flow.time
-        path.append(
-            PathStep(
-                question="Is a nearby layout clearly faster?",
-                answer=f"yes: {describe(fastest.draft)}",
-                reason=(
-                    f"{gain:.0%} shorter step ({fastest.time:.3g} s vs {flow.time:.3g} s for the "
-                    f"flowchart's {describe(flow.draft)})"
-                ),
-            )
-        )
-        chosen = fastest
-    elif flow and (leaner := _dominating(ctx, flow, near)) is not None:
-        gain = 1 - leaner.time / flow.time
-        path.append(
-            PathStep(
-                question="Is a nearby layout clearly faster?",
-                answer=f"faster and leaner: {describe(leaner.draft)}",
-                reason=(
-                    f"{gain:.0%} shorter step ({leaner.time:.3g} s vs {flow.time:.3g} s) and "
-                    f"{gib(leaner.mem.total)} a GPU against {gib(flow.mem.total)} for the "
-                    f"flowchart's {describe(flow.draft)}: better on both counts, so the "
-                    f"{CLEARLY_FASTER:.0%} it takes to leave the flowchart's layout does not apply"
-                ),
-            )
-        )
-        chosen = leaner
-    elif flow:
-        path.append(
-            PathStep(
-                question="Is a nearby layout clearly faster?",
-                answer="no",
-                reason=(
-                    (
-                        f"of the {len(cands)} layouts the forced "
-                        f"{ctx.spec.layout.given_text()} allows, none"
-                        if ctx.spec.layout.is_forced
-                        else f"searched {len(cands)} layouts; none"
-                    )
-                    + f" is {CLEARLY_FASTER:.0%} faster than {describe(flow.draft)} "
-                    f"({step_time_text(flow.time)})"
-                ),
-            )
-        )
+    if flow is not None:
+        step, chosen = nearby_step(ctx, flow, fastest, near, cands)
+        path.append(step)
     if chosen is None:
         chosen = evaluate(ctx, smallest(cands))
         if not ctx.spec.layout.is_forced:
@@ -342,6 +284,52 @@ def choose(
                 "--recompute full / --offload"
             )
     return chosen
+
+
+def nearby_step(
+    ctx: PlanContext,
+    flow: Candidate,
+    fastest: Candidate | None,
+    near: list[Candidate],
+    cands: list[Candidate],
+) -> tuple[PathStep, Candidate]:
+    """ "Is a nearby layout clearly faster?" asked of the flowchart's layout ``flow``: the step
+    that answers it, and the layout that wins (``flow`` itself unless one nearby is clearly
+    faster, or faster and leaner)."""
+    question = "Is a nearby layout clearly faster?"
+    fused = kernels_only(ctx, flow, fastest)
+    if fastest and fused is not None:
+        reason = (
+            f"{describe(fastest.draft)} ({fastest.time:.3g} s vs {flow.time:.3g} s) is "
+            "faster only by Megatron's fused kernels: Megatron runs this layout itself in "
+            f"{fused.time:.3g} s (--framework megatron --tp 1 --pp 1), so the model "
+            "needs no tensor or pipeline parallelism for it"
+        )
+        return PathStep(question=question, answer="no", reason=reason), flow
+    if fastest and fastest is not flow and fastest.time < flow.time * (1 - CLEARLY_FASTER):
+        gain = 1 - fastest.time / flow.time
+        reason = (
+            f"{gain:.0%} shorter step ({fastest.time:.3g} s vs {flow.time:.3g} s for the "
+            f"flowchart's {describe(flow.draft)})"
+        )
+        answer = f"yes: {describe(fastest.draft)}"
+        return PathStep(question=question, answer=answer, reason=reason), fastest
+    if (leaner := _dominating(ctx, flow, near)) is not None:
+        gain = 1 - leaner.time / flow.time
+        reason = (
+            f"{gain:.0%} shorter step ({leaner.time:.3g} s vs {flow.time:.3g} s) and "
+            f"{gib(leaner.mem.total)} a GPU against {gib(flow.mem.total)} for the "
+            f"flowchart's {describe(flow.draft)}: better on both counts, so the "
+            f"{CLEARLY_FASTER:.0%} it takes to leave the flowchart's layout does not apply"
+        )
+        answer = f"faster and leaner: {describe(leaner.draft)}"
+        return PathStep(question=question, answer=answer, reason=reason), leaner
+    reason = (
+        f"of the {len(cands)} layouts the forced {ctx.spec.layout.given_text()} allows, none"
+        if ctx.spec.layout.is_forced
+        else f"searched {len(cands)} layouts; none"
+    ) + f" is {CLEARLY_FASTER:.0%} faster than {describe(flow.draft)} ({step_time_text(flow.time)})"
+    return PathStep(question=question, answer="no", reason=reason), flow
 
 
 def shape_steps(ctx: PlanContext, chosen: Candidate) -> list[PathStep]:
