@@ -212,7 +212,14 @@ def run_drill(
             "the drill needs the script's steps and losses"
         )
         return report
-    report.every = every or _plan_every(bundle_dir) or max(1, report.steps // (2 * (kills + 1)))
+    fit = max(1, report.steps // (2 * (kills + 1)))  # a few checkpoints before each kill
+    planned = _plan_every(bundle_dir)
+    if not every and planned > fit:
+        say(
+            f"drill: the plan checkpoints every {planned} steps, more than this run's "
+            f"{report.steps}; the drill checkpoints every {fit} to test the restarts"
+        )
+    report.every = every or (planned if 0 < planned <= fit else fit)
     lo = report.every + 1
     if report.steps - lo < kills:
         report.problems.append(

@@ -6,7 +6,11 @@ trainer a smoke test, pointing at the bundle's Megatron-LM command (``pretrain_g
 
 Its Preflight button asks; the step writes the bundle, runs the preflight (all-reduce busbw,
 node pairs, GEMM per GPU) on the chosen backend in a thread worker and shows the verdict in its
-result line. The full tables are in ``RUN/preflight.json`` and ``dtrain-tui preflight``."""
+result line. The full tables are in ``RUN/preflight.json`` and ``dtrain-tui preflight``.
+
+Ctrl+F runs the fault drill (:func:`engine.launch.drill.run_drill`, as ``dtrain-tui drill``) on
+this machine in a thread worker before the real run: one rank SIGKILLed at a random step, the
+restart checked; its verdict goes to the result line."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Button, Select, Static
 
@@ -55,6 +60,7 @@ def default_root_text() -> str:
 
 class LaunchStep(StepPane):
     STEP = Step.LAUNCH
+    BINDINGS = [Binding("ctrl+f", "drill", "Fault drill", show=False)]
 
     def compose(self) -> ComposeResult:
         yield Static("Launch", classes="step-title")
@@ -260,3 +266,48 @@ class LaunchStep(StepPane):
             return  # the step went away while the preflight ran (its report is in the run dir)
         self.query_one(PreflightButton).disabled = False
         self.show_result(text, ok=ok)
+
+    # --- the fault drill ----------------------------------------------------------------------
+    def action_drill(self) -> None:
+        session = self.session
+        if self.check() or session.plan is None:
+            self.show_result("drill: finish the steps first (no valid plan yet)", ok=False)
+            return
+        self.show_result("drill: writing the bundle, a reference run, then a kill…", ok=True)
+        plan, out, root = session.plan, Path(session.out_dir), session.run_root
+        self.run_worker(
+            lambda: self._run_drill(plan, out, root),
+            thread=True,
+            exclusive=True,
+            group="drill",
+            description="fault drill",
+            exit_on_error=False,
+        )
+
+    def _run_drill(self, plan: Plan, out: Path, root: Path | None) -> None:
+        import random
+
+        from engine.errors import one_line
+        from engine.launch.drill import run_drill
+        from engine.launch.options import LaunchOptions
+        from engine.rundir.files import new_run_dir
+        from engine.write.common import run_name
+        from tui import services
+
+        try:
+            services.write_bundle(plan, out)
+            options = LaunchOptions.from_spec(plan.spec.launch, hosts=[])
+            work = new_run_dir(f"{run_name(plan)}-drill", root)
+            seed = random.SystemRandom().randrange(1 << 16)
+            report = run_drill(out, work, kills=1, seed=seed, options=options, say=lambda _: None)
+            lines = report.lines()
+            problems = [x for x in lines[:-1] if not x.endswith(": held")]
+            text = lines[-1] + (f": {problems[0]}" if problems else "") + f" ({work})"
+            ok = report.ok
+        except Exception as e:  # noqa: BLE001 - any failure is one line on the step
+            text, ok = f"drill: {one_line(e)}", False
+        self.app.call_from_thread(self.drill_done, text, ok)
+
+    def drill_done(self, text: str, ok: bool) -> None:
+        if not torn_down(self):
+            self.show_result(text, ok=ok)
