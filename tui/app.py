@@ -15,7 +15,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import events
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 from textual.message_pump import MessagePump
@@ -240,6 +240,18 @@ class DtrainApp(RunningApp):
 
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
+
+    def warm_up(self) -> None:
+        self._list_profiles()
+
+    @work(thread=True, group="warm-up", exit_on_error=False, description="listing profiles")
+    def _list_profiles(self) -> None:
+        """The profiles dialog then opens on this listing (re-read only if a file changed)."""
+        from profiles.store import ProfileStore
+        from tui.screens.profiles import list_profiles
+
+        with contextlib.suppress(Exception):  # the dialog reads (and reports) it again
+            list_profiles(ProfileStore(self.config_dir))
 
     def action_profiles(self) -> None:
         from profiles.store import ProfileStore

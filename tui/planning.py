@@ -56,6 +56,7 @@ class PlanningApp(App[int]):
         self._plan_timer: Timer | None = None
         self._auto_plan: tuple[Spec, Plan | None, str] | None = None
         """The last unforced spec planned for a forced one's cost line, its plan or refusal."""
+        self._warmed = False
 
     @property
     def wizard(self) -> WizardScreen | None:
@@ -177,6 +178,13 @@ class PlanningApp(App[int]):
         ):
             self.session.planning = self._plan_timer is not None
             self._show_plan_state()
+            if not self._warmed:
+                self._warmed = True
+                self.warm_up()
+
+    def warm_up(self) -> None:
+        """After the first plan is drawn: get ready, in a thread, what a later key needs (the
+        app lists the profiles for ^o). Nothing here."""
 
     def on_plan_failed(self, message: PlanFailed) -> None:
         if self.session.plan_failed(message.message, message.generation):

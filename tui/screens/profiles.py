@@ -11,6 +11,7 @@ a secret, a taken name) are shown in the dialog as one line and the dialog stays
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -28,6 +29,40 @@ from profiles.schema import Profile, ProfileError, check_name
 from profiles.store import ProfileEntry, ProfileStore
 
 Prompt = Literal["save_as", "rename", "delete"]
+
+_LISTINGS: dict[tuple[Path, Path], tuple[tuple[object, ...], list[ProfileEntry]]] = {}
+"""The last listing of each store (config and presets directory) with the fingerprint of the
+files it was read from: the app lists the store in a thread after start-up, so the dialog opens
+without reading and checking every profile file on the UI thread."""
+
+
+def _fingerprint(store: ProfileStore) -> tuple[object, ...]:
+    """What the listing depends on: every file of the profiles and presets directories (the
+    usage file included), by name, inode, size and time. Every write is a temp file renamed
+    into place (a new inode), so an overwrite of the same size in the same tick still shows."""
+    marks: list[object] = []
+    for folder in (store.profiles_dir, store.presets_dir):
+        try:
+            with os.scandir(folder) as it:
+                for entry in it:
+                    st = entry.stat(follow_symlinks=True)
+                    marks.append((str(folder), entry.name, st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            marks.append((str(folder), None))
+    return tuple(sorted(marks, key=repr))
+
+
+def list_profiles(store: ProfileStore) -> list[ProfileEntry]:
+    """``store.list()``, from the last listing while no file under it changed. Safe in a
+    thread (the app warms it up in one)."""
+    key = (store.profiles_dir, store.presets_dir)
+    mark = _fingerprint(store)  # before reading: a change while reading is seen next time
+    cached = _LISTINGS.get(key)
+    if cached is not None and cached[0] == mark:
+        return list(cached[1])
+    entries = store.list()
+    _LISTINGS[key] = (mark, entries)
+    return list(entries)
 
 
 def _home(path: Path) -> str:
@@ -130,7 +165,7 @@ class ProfilesScreen(ModalScreen[Profile | None]):
         table: DataTable[str] = self.query_one(DataTable)
         table.clear()
         self._entries = {}
-        for e in self.store.list():
+        for e in list_profiles(self.store):
             self._entries[e.name] = e
             if e.profile is None:
                 table.add_row(e.name, "BROKEN", "", "", key=e.name)

@@ -10,8 +10,10 @@ from typing import cast
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.color import Color
 from textual.containers import Horizontal
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Button, ContentSwitcher, Footer, Header, Static
 
 from tui.lifecycle import torn_down
@@ -63,6 +65,8 @@ class WizardScreen(Screen[None]):
         super().__init__(id="wizard")
         self.session = session
         self._status: tuple[str, bool] = ("", False)
+        self._bar_on: StepPane | None = None
+        """The step drawn with the focus bar."""
         self.holding_keys = True
         """A step is being entered (the first one from the start): the app holds the keys
         that arrive meanwhile and hands them, in order, to the field that gets the focus."""
@@ -88,6 +92,9 @@ class WizardScreen(Screen[None]):
         for button in self.query("#navbar Button"):
             button.can_focus = False  # clicking Back/Next keeps the focus in the step's fields
         self.sub_title = ""
+        # The accent bar of the step holding the focus (see _mark_focused_step).
+        self.watch(self, "focused", self._mark_focused_step, init=False)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
         self.call_after_refresh(self._enter, self.current)
         # The header names the profile and unsaved changes; reading the spec waits until the
         # first frame is drawn (the default profile is read then).
@@ -97,6 +104,33 @@ class WizardScreen(Screen[None]):
         header_text = getattr(self.app, "header_text", None)
         if header_text is not None:
             self.sub_title = header_text()
+
+    # --- the focused step's bar -----------------------------------------------------------------
+    def _mark_focused_step(self, focused: Widget | None) -> None:
+        """Draw the accent bar on the step holding the focus (an inline border, not a
+        ``.step:focus-within`` rule: with that rule Textual restyles every widget of the step
+        left and the step entered on each move, most of a step switch)."""
+        pane: StepPane | None = None
+        node = focused
+        while node is not None:
+            if isinstance(node, StepPane):
+                pane = node
+                break
+            node = node.parent if isinstance(node.parent, Widget) else None
+        if pane is self._bar_on:
+            return
+        if self._bar_on is not None:
+            self._bar_on.styles.clear_rule("border_left")
+            self._bar_on.refresh()
+        self._bar_on = pane
+        if pane is not None:
+            accent = Color.parse(self.app.get_css_variables()["accent"])
+            pane.styles.border_left = ("thick", accent)
+
+    def _theme_changed(self, _theme: object) -> None:
+        pane, self._bar_on = self._bar_on, None
+        if pane is not None and not torn_down(self):
+            self._mark_focused_step(pane)
 
     # --- panes --------------------------------------------------------------------------------
     def pane(self, step: str) -> StepPane | None:
