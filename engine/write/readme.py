@@ -133,13 +133,20 @@ def checkpoint_lines(plan: Plan) -> list[str]:
             f" (the plan's interval that loses the least work: one save about "
             f"{res.save_s:.3g} s, an interruption every {res.mtbf_s / 3600:.3g} h expected)"
         )
-    when = f"every {every} steps{why}" if every else "never (no checkpoint interval)"
+    where = single_line(str(section["dir"]))
+    said = (
+        f"The run saves to `{where}` every {every} steps{why}; `--ckpt-dir` and `--ckpt-every` "
+        "when writing the bundle change them."
+        if every
+        else f"The run saves no checkpoints: write the bundle with `--ckpt-every N` (several "
+        f"nodes: and a `--ckpt-dir` every node reaches) to save to `{where}`."
+    )
     lines = [
         "",
         "## Checkpoints",
         "",
-        f"The run saves to `{single_line(str(section['dir']))}` {when}; `--ckpt-dir` and "
-        "`--ckpt-every` when writing the bundle change them. Every rank's script gets:",
+        said,
+        "Every rank's script gets:",
         "",
         "- `DTRAIN_CKPT_DIR`: where to save (an absolute path)",
         "- `DTRAIN_CKPT_EVERY`: save every N steps (0: never)",

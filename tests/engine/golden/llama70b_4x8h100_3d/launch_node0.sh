@@ -14,6 +14,12 @@ set +a
 if [[ -z "${MASTER_ADDR:-}" ]]; then MASTER_ADDR=10.0.0.1; fi
 if [[ -z "${MASTER_PORT:-}" ]]; then MASTER_PORT=29500; fi
 export MASTER_ADDR MASTER_PORT
+# Checkpoints (plan.json's checkpoint section): where to save, how often, where to
+# resume from; any of them set before this script wins. README.md: Checkpoints.
+if [[ -z "${DTRAIN_CKPT_DIR:-}" ]]; then DTRAIN_CKPT_DIR="$PWD"/checkpoints; fi
+if [[ -z "${DTRAIN_CKPT_EVERY:-}" ]]; then DTRAIN_CKPT_EVERY=0; fi
+if [[ -z "${DTRAIN_RESUME:-}" ]]; then DTRAIN_RESUME=auto; fi
+export DTRAIN_CKPT_DIR DTRAIN_CKPT_EVERY DTRAIN_RESUME
 # Megatron-LM arguments for this plan (one flag and its value per line).
 MEGATRON_ARGS=()
 while read -r -a words; do

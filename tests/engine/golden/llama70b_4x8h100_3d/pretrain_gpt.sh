@@ -20,6 +20,16 @@ NODE_RANK="${NODE_RANK:-0}"
 if [[ -z "${MASTER_PORT:-}" ]]; then MASTER_PORT=29500; fi
 if [[ -z "${MASTER_ADDR:-}" ]]; then MASTER_ADDR=10.0.0.1; fi
 export MASTER_ADDR MASTER_PORT
+# Checkpoints (plan.json's checkpoint section): where to save, how often, where to
+# resume from; any of them set before this script wins. README.md: Checkpoints.
+if [[ -z "${DTRAIN_CKPT_DIR:-}" ]]; then DTRAIN_CKPT_DIR="$PWD"/checkpoints; fi
+if [[ -z "${DTRAIN_CKPT_EVERY:-}" ]]; then DTRAIN_CKPT_EVERY=0; fi
+if [[ -z "${DTRAIN_RESUME:-}" ]]; then DTRAIN_RESUME=auto; fi
+export DTRAIN_CKPT_DIR DTRAIN_CKPT_EVERY DTRAIN_RESUME
+CKPT_ARGS=()
+if [[ "$DTRAIN_CKPT_EVERY" != 0 ]]; then
+  CKPT_ARGS=(--save "$DTRAIN_CKPT_DIR" --load "$DTRAIN_CKPT_DIR")
+fi
 MEGATRON_ARGS=()
 while read -r -a words; do
   [[ ${#words[@]} -eq 0 || ${words[0]} == \#* ]] && continue
@@ -34,4 +44,5 @@ fi
 exec ${TORCHRUN:-torchrun} \
   --nnodes 4 --nproc-per-node 8 --node-rank "$NODE_RANK" \
   --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
-  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}"
+  "$MEGATRON_LM/pretrain_gpt.py" "${MEGATRON_ARGS[@]}" "${DATA_ARGS[@]}" \
+  ${CKPT_ARGS[@]+"${CKPT_ARGS[@]}"}

@@ -12,6 +12,12 @@ source ./nccl.env
 set +a
 if [[ -z "${MASTER_PORT:-}" ]]; then MASTER_PORT=29500; fi
 export MASTER_PORT
+# Checkpoints (plan.json's checkpoint section): where to save, how often, where to
+# resume from; any of them set before this script wins. README.md: Checkpoints.
+if [[ -z "${DTRAIN_CKPT_DIR:-}" ]]; then DTRAIN_CKPT_DIR="$PWD"/checkpoints; fi
+if [[ -z "${DTRAIN_CKPT_EVERY:-}" ]]; then DTRAIN_CKPT_EVERY=0; fi
+if [[ -z "${DTRAIN_RESUME:-}" ]]; then DTRAIN_RESUME=auto; fi
+export DTRAIN_CKPT_DIR DTRAIN_CKPT_EVERY DTRAIN_RESUME
 mkdir -p logs
 # DTRAIN_PREFLIGHT=1 (set by `dtrain-tui preflight`): this same world runs the bundle's
 # preflight.py (all-reduce sweep, node pairs, GEMM) instead of the training script.
