@@ -15,7 +15,7 @@ from textual.strip import Strip
 
 from engine.diagnose.transport import TransportReport
 from tui.format import plural
-from tui.widgets.rank_pane import PaneBuffer, RankPane
+from tui.widgets.rank_pane import PaneBuffer, RankPane, component_style
 
 NO_LINES_TITLE = "NCCL · no lines yet (gloo, or launch with NCCL_DEBUG=INFO)"
 
@@ -89,6 +89,6 @@ class NcclPane(RankPane):
             return super().render_line(y)
         if y == 0:
             width = self.scrollable_content_region.width
-            style = self.rich_style + self.component_style("nccl-pane--warning")
+            style = self.rich_style + component_style(self, "nccl-pane--warning")
             return Strip([Segment(self.warning, style)]).crop_extend(0, width, self.rich_style)
         return super().render_line(y - 1)

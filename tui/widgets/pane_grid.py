@@ -49,6 +49,23 @@ def grid_shape(n: int, width: int, height: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
+def page_layout(
+    keys: list[str], zoomed: str | None, focused: str | None, page: int, width: int, height: int
+) -> tuple[list[str], int, int, int, int]:
+    """What a grid of ``width`` x ``height`` cells shows of the panes ``keys``: the keys shown,
+    columns, rows, the page (the one holding ``focused``, unless zoomed) and the page count."""
+    if zoomed is not None and zoomed in keys:
+        keys = [zoomed]
+    cols, rows = grid_shape(len(keys), width, height)
+    per_page = cols * rows
+    pages = max(1, math.ceil(len(keys) / per_page))
+    if focused in keys and zoomed is None:
+        # Keep the focused pane on screen after a resize or a view change.
+        page = keys.index(focused) // per_page
+    page = min(max(0, page), pages - 1)
+    return keys[page * per_page : (page + 1) * per_page], cols, rows, page, pages
+
+
 def stopped_by_peer(st: RankState, root_cause: int | None) -> bool:
     """A failed rank the run's failure is not blamed on, ended by a signal or lost: the launcher
     (or the collective) stopped it after the root cause failed."""
@@ -96,6 +113,20 @@ def title_parts(
     return parts
 
 
+def mark_pane(pane: RankPane, snap: Snapshot, root: int | None) -> None:
+    """The state classes of ``pane`` (``-failed``, ``-root-cause``, ``-peer``, ``-exited``,
+    ``-flagged``) from its rank's state in ``snap``; none for a node pane."""
+    pst = snap.ranks.get(int(pane.key[1:])) if pane.key.startswith("r") else None
+    failed = pst is not None and pst.status is RankStatus.FAILED
+    is_root = failed and root is not None and pst is not None and pst.rank == root
+    peer = pst is not None and stopped_by_peer(pst, root)
+    pane.set_class(is_root, "-root-cause")
+    pane.set_class(peer, "-peer")
+    pane.set_class(failed and not peer, "-failed")
+    pane.set_class(pst is not None and pst.status is RankStatus.EXITED, "-exited")
+    pane.set_class(pst is not None and (pst.hung or pst.straggler), "-flagged")
+
+
 def pane_title(
     key: str,
     snap: Snapshot,
@@ -106,6 +137,30 @@ def pane_title(
     """A pane's border title: ``rank 3 · ROOT CAUSE · failed 1 · step 6/20 · loss 2.430 · ERR 2``,
     or ``node 1 · r2-r3 · host`` for a node pane; fitted to ``width`` by whole fields."""
     return fit_title(title_parts(key, snap, idle_after_s, root_cause), width)
+
+
+def first_focus(
+    shown: list[str], chosen: str | None, focused: Widget | None, root_cause: int | None
+) -> str | None:
+    """Where the focus starts among the panes ``shown`` while the user has not ``chosen`` one
+    (nor does anything else hold it, ``focused``): the root-cause rank's pane on a failure, else
+    the first (rank 0); None: leave it."""
+    if chosen is not None or not shown:
+        return None
+    if focused is not None and not isinstance(focused, RankPane):
+        return None  # the filter box, say
+    if focused is not None and focused.key != "nccl":
+        return None
+    root = f"r{root_cause}" if root_cause is not None else None
+    return root if root in shown else shown[0]
+
+
+def scroll_to_record(pane: RankPane, rec: ErrorRecord) -> bool:
+    """Show ``rec``'s line in ``pane`` (a rank pane by its index, a node pane by its text and
+    rank); False when the pane no longer keeps it."""
+    if pane.key.startswith("r"):
+        return pane.scroll_to_index(rec.line_no)
+    return pane.scroll_to_text(rec.text, rec.rank)
 
 
 class PaneGrid(Container):
@@ -231,19 +286,11 @@ class PaneGrid(Container):
     async def relayout(self) -> None:
         """Re-create the panes if what the grid should show (view, zoom, page, size) changed."""
         self._relayout_pending = False
-        keys = self.keys()
-        if self.zoomed is not None and self.zoomed in keys:
-            keys = [self.zoomed]
         width = self.size.width or self.app.size.width
         height = self.size.height or max(PANE_MIN_HEIGHT, self.app.size.height - CHROME_ROWS)
-        cols, rows = grid_shape(len(keys), width, height)
-        per_page = cols * rows
-        self.pages = max(1, math.ceil(len(keys) / per_page))
-        if self.focused_key in keys and self.zoomed is None:
-            # Keep the focused pane on screen after a resize or a view change.
-            self.page = keys.index(self.focused_key) // per_page
-        self.page = min(max(0, self.page), self.pages - 1)
-        shown = keys[self.page * per_page : (self.page + 1) * per_page]
+        shown, cols, rows, self.page, self.pages = page_layout(
+            self.keys(), self.zoomed, self.focused_key, self.page, width, height
+        )
         if (
             shown == self._shown
             and (cols, rows) == self._shape
@@ -276,17 +323,8 @@ class PaneGrid(Container):
         self.on_change()
 
     def start_key(self, shown: list[str]) -> str | None:
-        """Where the focus starts while the user has not moved it (nor anything else holds it):
-        the root-cause rank's pane on a failure, else the first (rank 0); None: leave it."""
-        if self.focused_key is not None or not shown:
-            return None
-        focused = self.screen.focused
-        if focused is not None and not isinstance(focused, RankPane):
-            return None  # the filter box, say
-        if focused is not None and focused.key != "nccl":
-            return None
-        root = f"r{self.root_cause}" if self.root_cause is not None else None
-        return root if root in shown else shown[0]
+        """Where the focus starts (:func:`first_focus`); None: leave it."""
+        return first_focus(shown, self.focused_key, self.screen.focused, self.root_cause)
 
     def _focus_start(self, pane: RankPane) -> None:
         """Focus ``pane``, the start pane, unless another took its place meanwhile."""
@@ -318,19 +356,9 @@ class PaneGrid(Container):
 
     def retitle(self) -> None:
         """Titles and state classes of the panes on screen, from the latest rank states."""
-        snap = self.snapshot
-        root = self.root_cause
         for pane in self.panes():
             pane.set_title_parts(self._parts(pane.key))
-            pst = snap.ranks.get(int(pane.key[1:])) if pane.key.startswith("r") else None
-            failed = pst is not None and pst.status is RankStatus.FAILED
-            is_root = failed and root is not None and pst is not None and pst.rank == root
-            peer = pst is not None and stopped_by_peer(pst, root)
-            pane.set_class(is_root, "-root-cause")
-            pane.set_class(peer, "-peer")
-            pane.set_class(failed and not peer, "-failed")
-            pane.set_class(pst is not None and pst.status is RankStatus.EXITED, "-exited")
-            pane.set_class(pst is not None and (pst.hung or pst.straggler), "-flagged")
+            mark_pane(pane, self.snapshot, self.root_cause)
 
     # ---- moves ---------------------------------------------------------------------------
 
@@ -424,12 +452,7 @@ class PaneGrid(Container):
         if pane is None:
             return
         pane.focus()
-        found = (
-            pane.scroll_to_index(rec.line_no)
-            if key.startswith("r")
-            else pane.scroll_to_text(rec.text, rec.rank)
-        )
-        if not found:
+        if not scroll_to_record(pane, rec):
             where = f"rank{rec.rank}" if rec.rank is not None else "node"
             self.notify(
                 f"that error is older than the pane's last {self.max_lines} lines; "

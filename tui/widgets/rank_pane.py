@@ -157,8 +157,16 @@ class FilteredLines:
 
 
 _NO_STYLES = Style()
-"""What :meth:`RankPane.component_style` returns for a component class the pane has no styles
-for (yet, or any more): plain, and never cached."""
+"""What :func:`component_style` returns for a component class a pane has no styles for (yet,
+or any more): plain, and never cached."""
+
+
+def component_style(pane: ScrollView, name: str, *, partial: bool = False) -> Style:
+    """The Rich style of ``pane``'s component class ``name``, or :data:`_NO_STYLES` while it has
+    none: Textual clears a removed widget's component styles, and the compositor may still paint
+    it once from a map made before the removal (the monitor's relayout removes and re-creates
+    panes under a firehose); that frame is drawn plain, never a ``KeyError``."""
+    return pane.get_component_rich_style(name, partial=partial, default=_NO_STYLES)
 
 
 class _RowStyles(NamedTuple):
@@ -411,24 +419,17 @@ class RankPane(ScrollView, can_focus=True):
         if cached is not None and cached[0] == key:
             return cached[1]
         base = self.rich_style
-        tag, error, highlight = (
-            self.component_style("rank-pane--tag"),
-            self.component_style("rank-pane--error"),
-            self.component_style("rank-pane--highlight", partial=True),
+        tag, error = (
+            component_style(self, "rank-pane--tag"),
+            component_style(self, "rank-pane--error"),
         )
+        highlight = component_style(self, "rank-pane--highlight", partial=True)
         styles = _RowStyles(base, base + tag, base + error, highlight)
-        if not any(s is _NO_STYLES for s in (tag, error, highlight)):
+        if all(s is not _NO_STYLES for s in (tag, error, highlight)):
             self._styles = (key, styles)
         return styles
 
     _styles: tuple[object, _RowStyles] | None = None
-
-    def component_style(self, name: str, *, partial: bool = False) -> Style:
-        """The Rich style of component class ``name``, or :data:`_NO_STYLES` while the pane has
-        none: Textual clears a removed widget's component styles, and the compositor may still
-        paint it once from a map made before the removal (the monitor's relayout removes and
-        re-creates panes under a firehose); that frame is drawn plain, never a ``KeyError``."""
-        return self.get_component_rich_style(name, partial=partial, default=_NO_STYLES)
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._render_ctx = (
@@ -468,7 +469,7 @@ class RankPane(ScrollView, can_focus=True):
         if row == self._highlight_row:
             style = style + styles.highlight
         if self.pattern is not None:
-            match_style = style + self.component_style("rank-pane--match")
+            match_style = style + component_style(self, "rank-pane--match")
             segments += match_segments(text, self.pattern, style, match_style)
         else:
             segments.append(Segment(text, style))
