@@ -24,6 +24,7 @@ from engine.plan.specs import LayoutSpec
 from tui.format import count, money, size, step_time
 from tui.screens.step import AUTO, StepPane
 from tui.session import Step, WizardSession
+from tui.widgets.failure_cost import FailureCost
 from tui.widgets.field_row import FieldRow
 from tui.widgets.flowchart import FlowChart
 from tui.widgets.forced_badge import ForcedBadge
@@ -178,6 +179,7 @@ class DecisionStep(StepPane):
                 yield Static("", id="warnings", markup=False)
             yield Vertical(id="plan-card")
         yield Static("", id="metrics")
+        yield FailureCost(id="failure-cost")
         yield FlowChart(id="flowchart")
         yield ItemGrid(id="mem-cards", min_column_width=36)
         yield Static("Force a layout (empty or auto: the planner chooses)", classes="section-title")
@@ -298,6 +300,7 @@ class DecisionStep(StepPane):
 
     def _show_force_errors(self, message: str) -> None:
         """A refusal of the forced layout, at the fields it names (``layout.tp: …``, or
+        self.query_one(FailureCost).show(None)
         ``layout: tp(3) * pp(1) …`` naming the degrees the user set)."""
         rows = self.rows()
         for name in self._force_errors:
@@ -341,6 +344,7 @@ class DecisionStep(StepPane):
         warn = "\n".join(f"⚠ {w}" for w in warnings) if warnings else "No warnings."
         self.query_one("#warnings", Static).update(warn)
         self.query_one("#warnings", Static).set_class(bool(warnings), "-warn")
+        self.query_one(FailureCost).show(plan)
         usable = plan.usable_bytes
         memory = plan.gpu.memory_bytes
         card = self.query_one("#plan-card", Vertical)
