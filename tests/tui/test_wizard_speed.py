@@ -161,3 +161,38 @@ def test_the_profiles_dialog_opens_without_reading_the_store_on_the_ui_thread(
             assert "saved-meanwhile" in screen._entries
 
     asyncio.run(go())
+
+
+def test_entering_the_decision_step_again_restyles_none_of_its_report(tmp_path: Path) -> None:
+    """The decision pane takes the focus itself; only its own style follows (Textual's default
+    restyled every widget of the report on each visit)."""
+
+    async def go() -> None:
+        app = DtrainApp(demo_spec(), out_dir=tmp_path / "out", show_timings=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            wiz = app.wizard
+            assert wiz is not None
+            for step in ("decision", "training"):
+                assert await wiz.go(step)
+                await at_step(pilot, step)
+                await settle(pilot)
+            pane = wiz.pane("decision")
+            assert pane is not None
+            inside = {id(w) for w in pane.walk_children()}
+            restyled: list[object] = []
+            original = app.stylesheet.update_nodes
+
+            def spy(nodes, animate=False):  # type: ignore[no-untyped-def]
+                nodes = list(nodes)
+                restyled.extend(n for n in nodes if id(n) in inside)
+                return original(nodes, animate=animate)
+
+            app.stylesheet.update_nodes = spy  # type: ignore[method-assign]
+            assert await wiz.go("decision")
+            await at_step(pilot, "decision")
+            await settle(pilot)
+            assert app.focused is pane
+            assert not restyled, f"{len(restyled)} widgets of the report restyled"
+
+    asyncio.run(go())

@@ -212,6 +212,12 @@ class DecisionStep(StepPane):
         """The pane itself: arrows scroll the report; Tab reaches the force controls below."""
         return self
 
+    def watch_has_focus(self, _has_focus: bool) -> None:
+        # Only the pane's own style follows its focus (no rule styles a widget inside it by
+        # the pane's focus): Textual's default restyles every widget of the report as well,
+        # a third of the time of entering the step.
+        self.app.stylesheet.update_nodes([self], animate=True)
+
     def on_mount(self) -> None:
         super().on_mount()
         s = self.session
@@ -294,13 +300,13 @@ class DecisionStep(StepPane):
         self.query_one("#plan-card", Vertical).remove_children()
         self.query_one(FlowChart).show(None)
         self.query_one("#metrics", Static).update("")
+        self.query_one(FailureCost).show(None)
         self.query_one("#warnings", Static).update("")
         self.query_one("#mem-cards", ItemGrid).remove_children()
         self._show_force_errors(message)
 
     def _show_force_errors(self, message: str) -> None:
         """A refusal of the forced layout, at the fields it names (``layout.tp: …``, or
-        self.query_one(FailureCost).show(None)
         ``layout: tp(3) * pp(1) …`` naming the degrees the user set)."""
         rows = self.rows()
         for name in self._force_errors:
@@ -338,13 +344,13 @@ class DecisionStep(StepPane):
         self.query_one("#headline", Static).update(headline(plan))
         self.query_one(FlowChart).show(plan)
         self.query_one("#metrics", Static).update(metrics_table(plan))
+        self.query_one(FailureCost).show(plan)
         warnings = [w for w in plan.warnings if not w.startswith(BATCH_WARNING)]
         if len(warnings) < len(plan.warnings):
             warnings.append("the global batch: see the Training step for a batch to pick")
         warn = "\n".join(f"⚠ {w}" for w in warnings) if warnings else "No warnings."
         self.query_one("#warnings", Static).update(warn)
         self.query_one("#warnings", Static).set_class(bool(warnings), "-warn")
-        self.query_one(FailureCost).show(plan)
         usable = plan.usable_bytes
         memory = plan.gpu.memory_bytes
         card = self.query_one("#plan-card", Vertical)
