@@ -101,7 +101,9 @@ def _run(plan: Plan) -> str:
                 '  --node-rank "$SKYPILOT_NODE_RANK" \\',
                 '  --master-addr "$MASTER_ADDR" \\',
                 '  --master-port "$MASTER_PORT" \\',
-                f"  --max-restarts {plan.spec.launch.max_restarts} \\",
+                # SkyPilot's managed-job recovery restarts the task (resources.job_recovery);
+                # torchrun's own restarts stay off, as in the node scripts.
+                "  --max-restarts 0 \\",
                 "  --log-dir logs \\",
                 f"  --tee {TEE_ALL} \\",
                 f"  {words}",
@@ -124,6 +126,10 @@ def sky_task_dict(plan: Plan) -> dict[str, Any]:
         resources["accelerators"] = acc
     if wants_best_network(plan):
         resources["network_tier"] = "best"
+    if launch.max_restarts:
+        # ``sky jobs launch``: a task that fails is restarted up to N times (SkyPilot's
+        # managed-job recovery), its ranks resuming from the newest complete checkpoint.
+        resources["job_recovery"] = {"max_restarts_on_errors": launch.max_restarts}
     envs: dict[str, str] = {"MASTER_PORT": str(launch.master_port)}
     envs.update({env_name(k): launch.env[k] for k in sorted(launch.env)})
     return {
@@ -142,6 +148,15 @@ def sky_yaml(plan: Plan) -> str:
     header = [
         "# SkyPilot task written by dtrain-tui. From the bundle directory:",
         f"#   sky launch -c {run_name(plan)} sky.yaml",
+        *(
+            [
+                f"# or, restarted up to {plan.spec.launch.max_restarts} time(s) on failure "
+                "(resources.job_recovery), as a managed job:",
+                "#   sky jobs launch sky.yaml",
+            ]
+            if plan.spec.launch.max_restarts
+            else []
+        ),
         f"# Plan: {plan_summary(plan)}.",
         *(f"# {line}" for line in effective_batch_lines(plan)),
     ]

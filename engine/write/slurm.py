@@ -95,6 +95,10 @@ def _directives(plan: Plan) -> list[str]:
     else:
         opts.append(f"--gpus-per-node={plan.gpus_per_node}")
     opts += sbatch_options(plan.spec.launch)
+    if plan.spec.launch.max_restarts:
+        # The script requeues itself on a failed srun (see _requeue), so a plain sbatch run
+        # survives too; the batch output is appended across restarts.
+        opts += ["--requeue", "--open-mode=append"]
     opts.append(f"--output={batch_log_name('%j')}")
     # sbatch reads #SBATCH lines literally (no shell): the values are checked words.
     return [f"#SBATCH {o}" for o in opts]
@@ -104,6 +108,7 @@ def _body(plan: Plan) -> list[str]:
     launch = plan.spec.launch
     lines = [
         "set -euo pipefail",
+        *(['export DTRAIN_RESUME="${DTRAIN_RESUME:-auto}"'] if launch.max_restarts else []),
         "# sbatch runs a copy of this script in the job's working directory: the bundle.",
         f"if [[ ! -f {node_script_name(0)} ]]; then",
         '  echo "slurm.sbatch: no launch_node0.sh in $PWD; run sbatch from the bundle directory" >&2',
@@ -138,10 +143,28 @@ def _body(plan: Plan) -> list[str]:
         f'{REAPER_PYTHON_OK}; then exec python3 -I {NODE_REAPER} --node bash "$n"; fi; '
         f'echo "{NO_REAPER.format(node="$SLURM_NODEID")}" >&2; exec bash "$n"\' '
         "&& rc=0 || rc=$?",
+        *_requeue(launch.max_restarts),
         f'echo "{END_MARK}$rc"',
         'exit "$rc"',
     ]
     return lines
+
+
+def _requeue(max_restarts: int) -> list[str]:
+    """A failed srun requeues the job itself up to ``max_restarts`` times (Slurm counts them in
+    SLURM_RESTART_COUNT); the requeued job's ranks resume from the newest complete checkpoint
+    in the bundle (DTRAIN_RESUME=auto, the trainer's default)."""
+    if not max_restarts:
+        return []
+    return [
+        f'if [[ "$rc" -ne 0 && "${{SLURM_RESTART_COUNT:-0}}" -lt {max_restarts} ]]; then',
+        '  echo "[dtrain-tui] srun failed (exit $rc): requeueing job $SLURM_JOB_ID (restart '
+        f"$(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {max_restarts}), resuming from the newest "
+        'complete checkpoint"',
+        '  if scontrol requeue "$SLURM_JOB_ID"; then exit "$rc"; fi',
+        '  echo "[dtrain-tui] scontrol requeue failed; the job ends here" >&2',
+        "fi",
+    ]
 
 
 def slurm_sbatch(plan: Plan) -> str:
