@@ -105,10 +105,12 @@ def plan(spec: Spec) -> Plan:
 
 
 def _check_positions(spec: Spec, dims: ModelDims, warnings: list[str]) -> None:
-    """The sequence length against the positions the model was built for: past a learned
-    position table (GPT-2's) or an unscaled rotary context there is nothing to train, so it is
-    refused; a config that scales its rotary positions (YaRN, Llama 3's) may stretch further,
-    so it is warned."""
+    """The sequence length against the positions the model was built for, as a warning naming
+    ``training.seq_len``: past a learned position table (GPT-2's) or an unscaled rotary context
+    the model's own code cannot read the tokens, while a script that builds its model from the
+    dimensions (the example trainer sizes its position table to the sequence) can, so the plan
+    says it and goes on; a config that scales its rotary positions (YaRN, Llama 3's) may stretch
+    further only if the run scales it."""
     limit = dims.max_position
     seq = spec.training.seq_len
     if not limit or seq <= limit:
@@ -118,19 +120,19 @@ def _check_positions(spec: Spec, dims: ModelDims, warnings: list[str]) -> None:
             f"training.seq_len: the default {seq} tokens is past {dims.name}'s {limit} "
             f"positions; pass --seq-len {limit} (or less) to train what the model can read"
         )
-        return
-    if dims.rope and dims.rope_scaling:
+    elif dims.rope and dims.rope_scaling:
         warnings.append(
             f"training.seq_len: {seq} tokens is past {dims.name}'s {limit} positions; its "
             f"{dims.rope_scaling} rotary scaling may stretch that far, but only if the run "
             "scales it to this length (check the loss at the first steps)"
         )
-        return
-    raise SpecError(
-        f"{seq} tokens is longer than {dims.name}'s {limit} positions; use --seq-len {limit} "
-        "or less, or a model with a longer context",
-        field="training.seq_len",
-    )
+    else:
+        warnings.append(
+            f"training.seq_len: {seq} tokens is longer than {dims.name}'s {limit} positions: "
+            f"the model's own code cannot read past them; use --seq-len {limit} or less, or a "
+            "model with a longer context (a script that builds the model from its dimensions, "
+            "as the example trainer does, sizes the table to the sequence)"
+        )
 
 
 def _within_headroom(

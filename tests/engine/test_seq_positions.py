@@ -1,7 +1,8 @@
 """The sequence length against the model's positions: a learned position table (GPT-2's 1024)
-cannot be read past its end, so a longer ``training.seq_len`` is refused in one line naming the
-limit; a model whose config scales its rotary positions (YaRN, Llama 3's) is warned, not
-refused, past its stated context."""
+cannot be read past its end by the model's own code, so a longer ``training.seq_len`` is warned
+in one line naming the limit (a script that builds the model from its dimensions, as the example
+trainer does, sizes its table to the sequence and still runs); a model whose config scales its
+rotary positions (YaRN, Llama 3's) is warned past its stated context."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from engine.errors import SpecError
 from engine.plan.planner import plan
 from engine.plan.specs import HardwareSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
 
@@ -27,12 +25,12 @@ def _spec(model: str, seq_len: int, nodes: int = 1) -> Spec:
     )
 
 
-def test_gpt2_at_8k_tokens_is_refused_naming_its_1024_positions() -> None:
-    with pytest.raises(SpecError) as e:
-        plan(_spec("gpt2", 8192))
-    assert e.value.field == "training.seq_len"
-    assert "1024" in str(e.value) and "8192" in str(e.value)
-    assert plan(_spec("gpt2", 1024)).recommended.fits
+def test_gpt2_at_8k_tokens_is_warned_naming_its_1024_positions() -> None:
+    said = [w for w in plan(_spec("gpt2", 8192)).warnings if w.startswith("training.seq_len:")]
+    assert len(said) == 1 and "1024" in said[0] and "8192" in said[0]
+    inside = plan(_spec("gpt2", 1024))
+    assert inside.recommended.fits
+    assert not any(w.startswith("training.seq_len:") for w in inside.warnings)
 
 
 def test_the_default_length_past_the_table_is_warned() -> None:
@@ -49,7 +47,7 @@ def test_a_rope_scaled_model_past_its_context_is_warned_not_refused() -> None:
     assert not any(w.startswith("training.seq_len:") for w in inside.warnings)
 
 
-def test_the_cli_refuses_in_one_line() -> None:
+def test_the_cli_warns_in_one_line() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "cli", "plan", "--model", "gpt2", "--gpu", "h100"]
         + ["--seq-len", "8192"],
@@ -58,6 +56,6 @@ def test_the_cli_refuses_in_one_line() -> None:
         text=True,
         timeout=60,
     )
-    assert run.returncode == 2
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "training.seq_len" in lines[0] and "Traceback" not in run.stderr
+    assert run.returncode == 0, run.stderr
+    said = [line for line in run.stdout.splitlines() if "training.seq_len" in line]
+    assert len(said) == 1 and "1024 positions" in said[0] and "Traceback" not in run.stderr
