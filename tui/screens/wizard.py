@@ -66,6 +66,8 @@ class WizardScreen(Screen[None]):
         self.session = session
         self._status: tuple[str, bool] = ("", False)
         self._bar_on: StepPane | None = None
+        self._panes: dict[str, StepPane] = {}
+        """The steps built so far (a query walked the whole screen, several times a move)."""
         """The step drawn with the focus bar."""
         self.holding_keys = True
         """A step is being entered (the first one from the start): the app holds the keys
@@ -135,8 +137,7 @@ class WizardScreen(Screen[None]):
     # --- panes --------------------------------------------------------------------------------
     def pane(self, step: str) -> StepPane | None:
         """The step's pane, or None while it has not been visited yet."""
-        found = self.query(f"#step-{step}")
-        return cast(StepPane, found.first()) if found else None
+        return self._panes.get(step)
 
     @property
     def _decision(self) -> DecisionStep | None:
@@ -152,7 +153,7 @@ class WizardScreen(Screen[None]):
 
     def reload_steps(self) -> None:
         """The session got a whole new spec (a loaded profile): refill every built step."""
-        for pane in self.query(StepPane):
+        for pane in list(self._panes.values()):
             pane.reload()
 
     # --- drawing the session ------------------------------------------------------------------
@@ -167,7 +168,7 @@ class WizardScreen(Screen[None]):
         unfit = s.plan is not None and not s.plan.recommended.fits
         nav = self.query_one(StepNav)
         nav.set_state(s.current, invalid, pending, planned=s.plan is not None, unfit=unfit)
-        for pane in self.query(StepPane):
+        for pane in list(self._panes.values()):
             pane.session_changed()  # the plan or its refusal changed: steps that show it follow
 
     def set_status(self, text: str, *, error: bool = False) -> None:
@@ -311,7 +312,9 @@ class WizardScreen(Screen[None]):
         pane = self.pane(step)
         if pane is None:
             pane = step_class(step)(self.session)
-            await switcher.mount(pane)
+            mounting = switcher.mount(pane)
+            self._panes[step] = pane  # in the DOM from here on, as a query would find it
+            await mounting
         elif step in (Step.NETWORK, Step.LAUNCH):
             pane.revalidate()  # their summaries depend on the hardware step
         self.session.current = step
