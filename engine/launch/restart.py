@@ -26,6 +26,7 @@ drives either.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -39,7 +40,6 @@ from pathlib import Path
 
 from engine.launch.base import LaunchBackend
 from engine.launch.options import LaunchOptions
-from engine.launch.streams import LaunchError
 from engine.plan.specs import Host
 from engine.rundir.events import Event, LineBatch, LineEvent, RunStateChanged
 from engine.rundir.files import iso, new_run_dir
@@ -315,9 +315,11 @@ class RestartingRun:
                 n += 1
                 try:
                     backend = self._begin(n, options, excluded=excluded)
-                except (LaunchError, OSError) as e:
+                except Exception as e:  # noqa: BLE001 - _begin ended the run, said here once
                     self._say(f"restart {n - 1} could not start: {e}")
                     return
+                if self._stop.is_set():  # a stop asked while it was starting
+                    backend.request_stop(self._stop_reason or "stopped by the user")
         except BaseException as e:  # never leave the caller waiting on a run that is gone
             if not self._final.is_set():
                 self._finish(RunState.FAILED, f"restart policy failed: {type(e).__name__}: {e}")
@@ -427,7 +429,7 @@ def _write_atomic(path: Path, text: str) -> None:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        with __import__("contextlib").suppress(OSError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
 
