@@ -776,6 +776,17 @@ def _from_count(spec: ModelSpec, params: float) -> ModelDims:
     else:
         active = n
         experts_params = 0
+    embedding = 2 * vocab * (spec.hidden or hidden)
+    if n <= embedding:
+        # The blocks would hold a negative count: no shape fits, and every estimate would be
+        # nonsense (negative memory, negative MFU).
+        raise SpecError(
+            f"{format_count(params)} parameters is less than the embeddings alone of the "
+            f"smallest shape a bare count maps to ({format_count(embedding)}: vocab {vocab} x "
+            f"hidden {spec.hidden or hidden}, input and output); give the dimensions "
+            "(--layers --hidden --heads --vocab) instead",
+            field="model.params",
+        )
     return ModelDims(
         name=f"custom-{format_count(params)}",
         arch="generic",
@@ -792,7 +803,7 @@ def _from_count(spec: ModelSpec, params: float) -> ModelDims:
         tie_embeddings=spec.tie_embeddings,
         params_total=n,
         params_active=min(active, n),
-        params_embedding=2 * vocab * hidden,
+        params_embedding=embedding,
         params_experts=max(experts_params, 0),
         **_traits("generic", True),
     )

@@ -190,3 +190,18 @@ def test_rotary_embedding_is_read_as_transformers_states_it(tmp_path: Path) -> N
     with pytest.raises(SpecError, match="rope_theta must be a positive number") as e:
         load_hf_config(tmp_path / "bad.json")
     assert e.value.field == "model.config_path (rope_theta)"
+
+
+def test_a_bare_count_smaller_than_its_shapes_embeddings_is_refused_naming_the_field() -> None:
+    """A count below what the smallest shape's embeddings hold would leave the blocks a negative
+    share (negative memory and MFU in the plan)."""
+    import pytest
+
+    from engine.errors import SpecError
+    from engine.plan.models import resolve_model
+    from engine.plan.specs import ModelSpec
+
+    with pytest.raises(SpecError) as e:
+        resolve_model(ModelSpec(params=1e6))
+    assert e.value.field == "model.params" and "--layers" in str(e.value)
+    assert resolve_model(ModelSpec(params=1e8)).params_total == 100_000_000
