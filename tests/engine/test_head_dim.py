@@ -101,7 +101,6 @@ def test_the_attention_of_narrow_heads_takes_longer_at_the_same_flops() -> None:
     wide = resolve_model(spec.model)
     narrow = wide.model_copy(update={"heads": 64, "kv_heads": 8, "head_dim": 64})  # same q width
     d = LayoutDraft(Strategy.DDP, Framework.MEGATRON, dp=8, precision=Precision.BF16)
-    t = 4096.0
     fast = perf.terms(wide, d, hw, 4096).forward.attention
     slow = perf.terms(narrow, d, hw, 4096).forward.attention
     assert slow / fast == pytest.approx(1 / perf.head_dim_factor(64, hw.softmax_head_dim))
