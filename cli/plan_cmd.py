@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 from cli.spec_options import add_spec_options, spec_from_args
@@ -84,12 +85,22 @@ def _duration(s: float) -> str:
 
 def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
     """The human report; ``forcing``: the line that says what a forced layout costs."""
-    from engine.plan.annotate import describe, recompute_text
+    w = out.write
+    _render_setup(p, w)
+    _render_recommendation(p, w, forcing)
+    w("\nDecision path\n")
+    for i, s in enumerate(p.path, 1):
+        w(f"  {i}. {s.question}\n     -> {s.answer}: {s.reason}\n")
+    _render_memory_table(p, w)
+    _render_closing_sections(p, w)
+
+
+def _render_setup(p: Plan, w: Callable[[str], object]) -> None:
+    """The Model, Hardware, Training (and Estimates) lines, then a blank line."""
     from engine.plan.models import architecture_notes
 
     m = p.model
     r = p.recommended
-    w = out.write
     moe = f", MoE {m.num_experts}x top-{m.experts_per_token}" if m.is_moe else ""
     notes = "".join(f", {n}" for n in architecture_notes(m))
     w(
@@ -111,6 +122,14 @@ def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
         + (f"Estimates {p.calibration.label()}\n" if p.calibration is not None else "")
         + "\n"
     )
+
+
+def _render_recommendation(p: Plan, w: Callable[[str], object], forcing: str) -> None:
+    """The recommended (or forced) layout: its batch split, step time, budget and notes."""
+    from engine.plan.annotate import describe, recompute_text
+
+    r = p.recommended
+    t = p.spec.training
     status = p.margin_text()
     label = "Forced" if p.forced else "Plan"
     w(f"{label}: {describe(r)}  [{status}]\n")
@@ -133,9 +152,13 @@ def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
         w(f"  token budget {_count(t.tokens or 0)}: {r.gpu_hours:,.0f} GPU-hours{cost}\n")
     for n in r.notes:
         w(f"  note: {n}\n")
-    w("\nDecision path\n")
-    for i, s in enumerate(p.path, 1):
-        w(f"  {i}. {s.question}\n     -> {s.answer}: {s.reason}\n")
+
+
+def _render_memory_table(p: Plan, w: Callable[[str], object]) -> None:
+    """Memory per GPU for the recommended layout (starred) and each alternative."""
+    from engine.plan.annotate import describe
+
+    r = p.recommended
     w("\nMemory per GPU (GiB)\n")
     rows: list[tuple[str, Layout]] = [("* " + describe(r), r)] + [
         ("  " + describe(a), a) for a in p.alternatives
@@ -154,6 +177,13 @@ def render(p: Plan, out: TextIO, *, forcing: str = "") -> None:
         w(f"  {name:<{width}} " + " ".join(f"{v:>8}" for v in vals) + "\n")
     kept = f"; {_gib(p.headroom_bytes)} GiB more kept free" if p.headroom_bytes else ""
     w(f"  (usable: {_gib(p.usable_bytes)} GiB of {_gib(p.gpu.memory_bytes)}{kept})\n")
+
+
+def _render_closing_sections(p: Plan, w: Callable[[str], object]) -> None:
+    """What failures cost, the alternatives with why each lost, and the warnings (each only when
+    there is something to say)."""
+    from engine.plan.annotate import describe
+
     if p.resilience is not None:
         from engine.plan.resilience import summary_lines
 

@@ -200,39 +200,11 @@ def run_drill(
     )
     ref.start()
     _drive(ref, lambda: None, cancel, deadline_s)
-    watch = ref.watches[-1]
-    report.reference = dict(watch.losses)
-    report.steps = max(watch.losses, default=0)
-    if ref.state != RunState.SUCCEEDED:
-        report.problems.append(f"the reference run {ref.state}: {ref.record.reason}")
+    if not _record_reference(report, ref):
         return report
-    if report.steps < 2:
-        report.problems.append(
-            "the reference run printed fewer than 2 `[dtrain] step=N/T loss=X` lines; "
-            "the drill needs the script's steps and losses"
-        )
+    plan_steps = _schedule_kills(report, bundle_dir, kills, every, rng, manifest.world_size, say)
+    if plan_steps is None:
         return report
-    fit = max(1, report.steps // (2 * (kills + 1)))  # a few checkpoints before each kill
-    planned = _plan_every(bundle_dir)
-    if not every and planned > fit:
-        say(
-            f"drill: the plan checkpoints every {planned} steps, more than this run's "
-            f"{report.steps}; the drill checkpoints every {fit} to test the restarts"
-        )
-    report.every = every or (planned if 0 < planned <= fit else fit)
-    lo = report.every + 1
-    if report.steps - lo < kills:
-        report.problems.append(
-            f"{report.steps} steps leave no room for {kills} kill(s) after the first checkpoint "
-            f"(every {report.every}); pass fewer --kills or a smaller --every"
-        )
-        return report
-    plan_steps = sorted(rng.sample(range(lo, report.steps), kills))
-    world = manifest.world_size
-    report.recoveries = [
-        Recovery(attempt=i + 1, rank=rng.randrange(world), planned_step=s)
-        for i, s in enumerate(plan_steps)
-    ]
 
     # 2. The drill: the same job, killed K times, restarted by the policy.
     say(
@@ -258,35 +230,100 @@ def run_drill(
     run.start()
 
     def tick() -> None:
-        n = len(run.watches)
-        w = run.watches[-1]
-        backend = run.current
-        if backend is None:
-            return
-        if n <= kills:
-            r = report.recoveries[n - 1]
-            if r.killed_at is None and (w.last_step or 0) >= r.planned_step and _saved(ckpt_dir):
-                pid = rank_pid(backend.run_id, r.rank)
-                if pid is not None:
-                    r.killed_step = w.last_step
-                    r.killed_at = time.time()
-                    os.kill(pid, signal.SIGKILL)
-                    say(f"drill: SIGKILL rank {r.rank} (pid {pid}) at step {w.last_step}")
-        if n >= 2 and n - 2 < len(report.recoveries):
-            r = report.recoveries[n - 2]
-            ended = run.watches[n - 2].ended
-            if r.killed_at is not None and r.detect_s is None and ended is not None:
-                r.detect_s = ended - r.killed_at
-            if r.killed_at is not None and r.restart_s is None and w.running_at is not None:
-                r.restart_s = w.running_at - r.killed_at
-            k = r.killed_step
-            if r.back_s is None and r.killed_at is not None and k is not None and k in w.step_seen:
-                r.back_s = w.step_seen[k] - r.killed_at
+        _observe(run, report, kills, ckpt_dir, say)
 
     _drive(run, tick, cancel, deadline_s)
     tick()
     _judge(report, run.watches, run.state, run.record.reason)
     return report
+
+
+def _record_reference(report: DrillReport, ref: RestartingRun) -> bool:
+    """Keep the reference run's losses and step count in ``report``; False (with the problem
+    noted) when it failed or printed too few steps to drill on."""
+    watch = ref.watches[-1]
+    report.reference = dict(watch.losses)
+    report.steps = max(watch.losses, default=0)
+    if ref.state != RunState.SUCCEEDED:
+        report.problems.append(f"the reference run {ref.state}: {ref.record.reason}")
+        return False
+    if report.steps < 2:
+        report.problems.append(
+            "the reference run printed fewer than 2 `[dtrain] step=N/T loss=X` lines; "
+            "the drill needs the script's steps and losses"
+        )
+        return False
+    return True
+
+
+def _schedule_kills(
+    report: DrillReport,
+    bundle_dir: Path,
+    kills: int,
+    every: int | None,
+    rng: random.Random,
+    world: int,
+    say: Callable[[str], None],
+) -> list[int] | None:
+    """Choose the checkpoint interval and, for each kill, its step and rank (into
+    ``report.recoveries``); the kill steps, or None (with the problem noted) when the run is too
+    short for them."""
+    fit = max(1, report.steps // (2 * (kills + 1)))  # a few checkpoints before each kill
+    planned = _plan_every(bundle_dir)
+    if not every and planned > fit:
+        say(
+            f"drill: the plan checkpoints every {planned} steps, more than this run's "
+            f"{report.steps}; the drill checkpoints every {fit} to test the restarts"
+        )
+    report.every = every or (planned if 0 < planned <= fit else fit)
+    lo = report.every + 1
+    if report.steps - lo < kills:
+        report.problems.append(
+            f"{report.steps} steps leave no room for {kills} kill(s) after the first checkpoint "
+            f"(every {report.every}); pass fewer --kills or a smaller --every"
+        )
+        return None
+    plan_steps = sorted(rng.sample(range(lo, report.steps), kills))
+    report.recoveries = [
+        Recovery(attempt=i + 1, rank=rng.randrange(world), planned_step=s)
+        for i, s in enumerate(plan_steps)
+    ]
+    return plan_steps
+
+
+def _observe(
+    run: RestartingRun,
+    report: DrillReport,
+    kills: int,
+    ckpt_dir: Path,
+    say: Callable[[str], None],
+) -> None:
+    """One look at the drill run: kill the planned rank once its step is reached (and a
+    checkpoint saved), and time the previous kill's detection, restart and return."""
+    n = len(run.watches)
+    w = run.watches[-1]
+    backend = run.current
+    if backend is None:
+        return
+    if n <= kills:
+        r = report.recoveries[n - 1]
+        if r.killed_at is None and (w.last_step or 0) >= r.planned_step and _saved(ckpt_dir):
+            pid = rank_pid(backend.run_id, r.rank)
+            if pid is not None:
+                r.killed_step = w.last_step
+                r.killed_at = time.time()
+                os.kill(pid, signal.SIGKILL)
+                say(f"drill: SIGKILL rank {r.rank} (pid {pid}) at step {w.last_step}")
+    if n >= 2 and n - 2 < len(report.recoveries):
+        r = report.recoveries[n - 2]
+        ended = run.watches[n - 2].ended
+        if r.killed_at is not None and r.detect_s is None and ended is not None:
+            r.detect_s = ended - r.killed_at
+        if r.killed_at is not None and r.restart_s is None and w.running_at is not None:
+            r.restart_s = w.running_at - r.killed_at
+        k = r.killed_step
+        if r.back_s is None and r.killed_at is not None and k is not None and k in w.step_seen:
+            r.back_s = w.step_seen[k] - r.killed_at
 
 
 def _judge(report: DrillReport, watches: list[AttemptWatch], state: RunState, reason: str) -> None:

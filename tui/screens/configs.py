@@ -132,6 +132,30 @@ def launch_command(out_dir: Path, name: str | None, run_name: str = "RUN") -> st
     return f"dtrain-tui launch {where}"
 
 
+def preview_source(out_dir: Path, name: str, state: str, files: dict[str, str]) -> tuple[str, str]:
+    """The preview's heading for ``name`` in ``state`` and the text shown under it: the plan's
+    text, or for a file this plan no longer uses, what is on disk."""
+    if state in (STALE, KEPT):
+        why = (
+            "the next write removes it (unedited)"
+            if state == STALE
+            else "you edited it: the next write keeps it"
+        )
+        try:
+            text = (out_dir / name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        return f"{name} · no longer used by this plan; {why}", text
+    head = {
+        NEW: f"{name} · new file (not in {out_dir})",
+        CHANGED: f"{name} · differs from {out_dir / name} (diff below)",
+        SAME: f"{name} · identical to {out_dir / name}",
+        YOURS: f"{name} · yours on disk (edited, or not written by dtrain-tui): "
+        "the next write backs it up first (diff below)",
+    }[state]
+    return head, files.get(name, "")
+
+
 class ConfigsStep(StepPane):
     STEP = Step.CONFIGS
 
@@ -393,26 +417,7 @@ class ConfigsStep(StepPane):
     def show_preview(self, name: str) -> None:
         out = self.out_dir
         state = self._state(name)
-        if state in (STALE, KEPT):
-            why = (
-                "the next write removes it (unedited)"
-                if state == STALE
-                else "you edited it: the next write keeps it"
-            )
-            head = f"{name} · no longer used by this plan; {why}"
-            try:
-                text = (out / name).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                text = ""
-        else:
-            text = self.files.get(name, "")
-            head = {
-                NEW: f"{name} · new file (not in {out})",
-                CHANGED: f"{name} · differs from {out / name} (diff below)",
-                SAME: f"{name} · identical to {out / name}",
-                YOURS: f"{name} · yours on disk (edited, or not written by dtrain-tui): "
-                "the next write backs it up first (diff below)",
-            }[state]
+        head, text = preview_source(out, name, state, self.files)
         from rich.syntax import Syntax  # pygments is heavy: import it when a file is shown
 
         theme = "ansi_dark" if self.app.current_theme.dark else "ansi_light"
