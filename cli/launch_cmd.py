@@ -104,6 +104,10 @@ def _options(args: argparse.Namespace, manifest_hosts: list[str], spec_launch: A
     launch = LaunchSpec.model_validate(
         {**(spec_launch.model_dump() if spec_launch else {}), **given}
     )
+    if launch.identity_file:  # before the run directory: a FIFO or a device is one line
+        from engine.launch.ssh_connect import check_key_file
+
+        check_key_file(str(Path(launch.identity_file).expanduser()))
     sky: dict[str, Any] = {}  # not spec options: passed on as given
     if args.sky_down:
         sky["sky_down"] = True

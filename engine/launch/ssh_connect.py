@@ -48,6 +48,25 @@ def fingerprint(key: Any) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+KEY_FILE_LIMIT = 1 << 20
+"""A private key file is a few KiB; past this it is not one (``/dev/zero`` grew without end)."""
+
+
+def check_key_file(path: str) -> None:
+    """A key file that is there must be a regular file of at most :data:`KEY_FILE_LIMIT`
+    bytes: paramiko would read a FIFO or a device forever. A missing one is left to paramiko,
+    which names it on connect."""
+    from engine.errors import DtrainError
+    from engine.fsio import read_regular_bytes
+
+    try:
+        read_regular_bytes(path, KEY_FILE_LIMIT, label=path, follow=True)
+    except FileNotFoundError:
+        return
+    except DtrainError as e:
+        raise LaunchError(f"key file {e}", field="--identity") from None
+
+
 def known_hosts_name(hostname: str, port: int) -> str:
     return hostname if port == 22 else f"[{hostname}]:{port}"
 
@@ -106,6 +125,8 @@ class SshConnector:
         with self._lock:
             self._host_keys = self._load_known_hosts()
         for t in targets:
+            for path in t.identity:
+                check_key_file(path)
             if len(t.identity) == 1:
                 self.load_key(t.identity[0])
 

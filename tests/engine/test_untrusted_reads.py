@@ -170,6 +170,12 @@ def _launch_bundle(tmp: Path, kind: str) -> list[str]:
     return ["launch", str(out)]
 
 
+def _launch_identity(tmp: Path, kind: str) -> list[str]:
+    out = _bundle(tmp)
+    key = _arg(tmp, kind, "id_ed25519")
+    return ["launch", str(out), "--backend", "ssh", "--hosts", "127.0.0.9", "--identity", key]
+
+
 def _write_over(tmp: Path, kind: str) -> list[str]:
     out = _bundle(tmp)
     _bad(out / "bundle.json", kind)
@@ -196,6 +202,7 @@ CASES = [
     Case("calibrate (rank log)", _calibrate_log),
     Case("calibrate --preflight", _calibrate_preflight),
     Case("launch (bundle.json)", _launch_bundle),
+    Case("launch --identity", _launch_identity),
     Case("write --out (bundle.json)", _write_over, needles=("bundle.json (not a dtrain-tui",)),
 ]
 
