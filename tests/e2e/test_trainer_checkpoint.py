@@ -9,6 +9,7 @@ sees the lines, the test waits on events and exits with deadlines."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -26,7 +27,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.e2e.launch_util import free_port, make_bundle, rank_pid
+from tests.e2e.launch_util import free_port, make_bundle, rank_pid, run_pids
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +45,17 @@ CKPT_RE = re.compile(
     r"stall_s=(?P<stall>[\d.]+)$"
 )
 DEADLINE = 180.0
+
+
+_STARTED: list[Run] = []
+"""Every run a test started, reaped when the test ends however it ends (a failed wait too)."""
+
+
+@pytest.fixture(autouse=True)
+def _reap_runs() -> Any:
+    yield
+    while _STARTED:
+        _STARTED.pop().reap()
 
 
 class Run:
@@ -73,6 +85,7 @@ class Run:
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        _STARTED.append(self)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -107,7 +120,17 @@ class Run:
     def kill_all(self) -> None:
         with_pgid = self.proc.pid
         os.killpg(with_pgid, signal.SIGKILL)
+        self.reap()
         self.finish()
+
+    def reap(self) -> None:
+        """SIGKILL every process of this run: torchrun starts its workers in sessions of their
+        own, so killing the script's group leaves the ranks running."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in run_pids(self.run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     @property
     def text(self) -> str:
