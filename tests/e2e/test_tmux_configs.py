@@ -71,7 +71,8 @@ def test_70b_plan_write_edit_in_editor_write_again(tmux: Tmux, tmp_path: Path) -
     tmux.wait_for("pretrain_gpt.sh")
     tmux.keys("C-s")
     tmux.wait_for("✓ wrote")
-    bundle = tmp_path / "dtrain-bundle"
+    # A bundle directory no one chose is named after the set-up (dtrain-bundle-<model>-...).
+    (bundle,) = tmp_path.glob("dtrain-bundle*")
     args = bundle / "megatron_args.txt"
     assert args.is_file() and (bundle / "pretrain_gpt.sh").is_file()
     # The file list has the focus, on its first file; the list is the bundle's files by name
