@@ -760,6 +760,16 @@ def ckpt_to_prune(steps: list[int], keep: int, milestone_every: int) -> list[int
     return [s for s in ordered if s not in kept]
 
 
+def _disk_error(where: Path, e: RuntimeError) -> BaseException:
+    """torch.save's zip writer reports a full disk as a RuntimeError with no errno: name it
+    ENOSPC when the file system has no room left, else keep the error as it is."""
+    try:
+        full = shutil.disk_usage(where).free < (1 << 20)
+    except OSError:
+        full = False
+    return OSError(errno.ENOSPC, "No space left on device", str(where)) if full else e
+
+
 def _failure_reason(e: BaseException | None) -> str:
     """One short reason for a failed save: a full disk said plainly, else the first line."""
     seen: list[BaseException] = []
@@ -991,6 +1001,8 @@ class Checkpointer:
             torch.save(self._state_extras(step), p.dir / f"rank{self.rank}.pt")
         except OSError as e:
             p.error = e
+        except RuntimeError as e:  # torch's zip writer on a full disk: "unexpected pos 64 vs 0"
+            p.error = _disk_error(p.dir, e)
         # Every rank enters the save whatever happened above: its collectives must match.
         try:
             if self.ds is not None:
