@@ -1037,6 +1037,11 @@ class Checkpointer:
             # (DCP's CheckpointException is a BaseException: local_error() reads it below)
             concurrent.futures.wait([p.future])
         err = p.local_error() if p.local_done() else None
+        if err is not None and _failure_reason(err) != "no space left on device":
+            # DCP's CheckpointException may carry its writers' errors without an errno.
+            full_err = _disk_error(p.dir, RuntimeError(str(err)))
+            if isinstance(full_err, OSError):
+                err = full_err
         full = _failure_reason(err) == "no space left on device" if err is not None else False
         flags = torch.tensor(
             [float(p.local_done()), float(p.local_done() and err is None), float(full)],

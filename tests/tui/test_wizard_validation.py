@@ -73,7 +73,7 @@ async def _invalid(tmp_path: Path) -> None:
         await retype(pilot, "A100 80GB")  # aliases resolve through the catalog
         assert _row(app, "gpu").error == ""
         assert app.spec.hardware.gpu == "a100-80gb"
-        await pilot.press("tab", "tab", "tab")
+        await pilot.press("tab", "tab")  # GPUs per node, then nodes (the suggestions: no stop)
         assert focused_id(app) == "f-nodes"
         await retype(pilot, "-2")
         assert _row(app, "nodes").error == "must be at least 1, not -2"
