@@ -198,7 +198,8 @@ class WizardScreen(Screen[None]):
         pane up to date with the session's plan."""
         s = self.session
         decision = self._decision
-        if decision is not None:
+        # A pane still being built draws the session's plan itself once mounted (on_mount).
+        if decision is not None and decision.ready:
             if s.plan is not None:
                 decision.show_plan(s.plan, s.plan_elapsed_s)
             elif s.plan_failure:
