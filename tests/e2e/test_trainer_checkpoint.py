@@ -28,6 +28,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.e2e.launch_util import free_port, make_bundle, rank_pid, run_pids
+from tests.engine.fullfs import small_tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -266,18 +267,8 @@ def test_ddp_killed_runs_resume_bit_for_bit_and_a_killed_save_is_removed(
 
 
 def test_a_full_disk_fails_one_save_in_one_line_and_training_goes_on(tmp_path: Path) -> None:
-    disk = tmp_path / "disk"
-    disk.mkdir()
     # One checkpoint of this model takes about 1.8 MB: room for one, not two.
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "3m") as disk:
         b = make_bundle(
             tmp_path / "b", steps=6, script_args=["--ckpt-every", "2", "--ckpt-keep", "3"]
         )
@@ -293,8 +284,6 @@ def test_a_full_disk_fails_one_save_in_one_line_and_training_goes_on(tmp_path: P
         assert kept == ["step_00000002"]
         state = flat_state(disk / "step_00000002", tmp_path)
         assert any(k.startswith("/model/") for k in state)
-    finally:
-        subprocess.run(["umount", str(disk)], check=False)
 
 
 def test_fsdp2_resumes_at_two_ranks_and_resharded_at_one(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from cli import main
 from cli.spec_options import _LAUNCH_OPTS, _MODEL_OPTS, _OTHER_OPTS, whole_number
+from tests.engine.fullfs import small_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -655,27 +656,8 @@ def test_run_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     _expect(["launch", *TINY, "--run-dir", str(f / "run")], "--run-dir", "not a directory")
 
 
-@contextlib.contextmanager
-def _small_tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        pytest.skip("mount is not available")
-    if mounted.returncode != 0:
-        pytest.skip("mounting a tmpfs is not permitted here")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], capture_output=True, timeout=10)
-
-
 def test_a_full_disk_in_write_is_one_line(tmp_path: Path) -> None:
-    with _small_tmpfs(tmp_path / "small", "64k") as mnt:
+    with small_tmpfs(tmp_path / "small", "64k") as mnt:
         (mnt / "filler").write_bytes(b"\0" * 48 * 1024)
         err = _expect(["write", *TINY, "--out", str(mnt / "bundle")], "--out", "no space left")
         assert str(mnt / "bundle") in err
