@@ -34,7 +34,7 @@ from engine.monitor.compare import read_plan_figures
 from engine.monitor.reader import Batch, BatchReader, FirehoseTuning
 from engine.monitor.state import ErrorRecord, MonitorState, Snapshot
 from engine.rundir.events import EventSource, stop_run
-from engine.rundir.record import FINAL_STATES, RunState
+from engine.rundir.record import FINAL_STATES, RunState, read_record
 from tui.lifecycle import torn_down
 from tui.messages import RankLinesReceived, RunFinished
 from tui.screens.monitor_keys import MonitorKeys
@@ -64,6 +64,21 @@ run that ended ``stopped`` these node lines are the stop itself, not errors to c
 def stop_echo(rec: ErrorRecord, run_state: str) -> bool:
     """``rec`` is the echo of the user's stop: a node-level line of a run that ended stopped."""
     return run_state == RunState.STOPPED and rec.rank is None and bool(STOP_ECHO.search(rec.text))
+
+
+def launch_nodes(source: EventSource, run_dir: Path | None) -> int:
+    """How many nodes the run starts on: a launch backend's manifest, else run.json's
+    ``nodes``; 0 when neither says (a canned source, a run.json not written yet)."""
+    manifest = getattr(source, "manifest", None)
+    nodes = getattr(manifest, "nodes", 0)
+    if isinstance(nodes, int) and nodes > 0:
+        return nodes
+    if run_dir is None:
+        return 0
+    try:
+        return read_record(run_dir).nodes
+    except DtrainError:
+        return 0
 
 
 def _monitor_commands() -> Any:
@@ -136,6 +151,7 @@ class MonitorScreen(MonitorKeys):
         idle_after_s: float = 10.0,
         stop_source_on_exit: bool = False,
         can_go_back: bool = False,
+        nodes: int = 0,
     ) -> None:
         super().__init__()
         self.source = source
@@ -181,6 +197,8 @@ class MonitorScreen(MonitorKeys):
         self._nccl_full = False
         self.plan_figures = read_plan_figures(self.run_dir)
         """What the run's plan.json promises (None: no plan to compare with)."""
+        self.launch_nodes = nodes or launch_nodes(source, self.run_dir)
+        """The nodes the run was launched on (0: not known yet), said while it starts."""
 
     @property
     def snapshot(self) -> Snapshot:
@@ -320,7 +338,10 @@ class MonitorScreen(MonitorKeys):
             )
             grid.snapshot = snap
         root = grid.root_cause
-        self.query_one(MonitorHeader).show(self.run_title, run_state, snap, self.delivered, grid)
+        if not self.launch_nodes and run_state == RunState.STARTING:
+            self.launch_nodes = launch_nodes(self.source, self.run_dir)  # run.json came since
+        header = self.query_one(MonitorHeader)
+        header.show(self.run_title, run_state, snap, self.delivered, grid, nodes=self.launch_nodes)
         self.query_one(RankStrip).show(snap, root)
         grid.retitle()
         self.nccl.retitle(self.reader.nccl_summary.headline(), snap.transport)

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from engine.monitor.state import Snapshot
-from engine.rundir.record import RunState
+from engine.rundir.record import FINAL_STATES, RunState
 from tui.format import plural
 
 if TYPE_CHECKING:  # the grid is handed in; this module never makes one
@@ -28,6 +28,26 @@ _STATE_CLASS: dict[str, str] = {
 }
 """Run state -> its component class (``monitor-header--<name>``); any other (starting, running,
 or a state a newer launcher wrote) is ``live``."""
+
+
+GENERIC_START = "starting "
+"""How a launch backend's own STARTING message begins ("starting 8 ranks on 2 node(s)"): the
+header says it its own way. Any other message (a Slurm job pending) is what is happening."""
+
+
+def starting_text(run_state: str, snap: Snapshot, nodes: int = 0) -> str | None:
+    """What the run is doing while no rank has printed a line yet (torchrun and Python's
+    imports take seconds), e.g. ``launching torchrun on 2 nodes…``; None once a rank line
+    came, or the run is over."""
+    if run_state in FINAL_STATES or any(st.lines for st in snap.ranks.values()):
+        return None
+    if run_state == RunState.STARTING and snap.run_message:
+        if not snap.run_message.startswith(GENERIC_START):
+            return f"{snap.run_message}…"
+    where = f" on {plural(nodes, 'node')}" if nodes > 0 else ""
+    if run_state == RunState.STARTING:
+        return f"launching torchrun{where}…"
+    return f"torchrun started{where}; waiting for the first rank line…"
 
 
 class MonitorHeader(Static):
@@ -55,13 +75,31 @@ class MonitorHeader(Static):
     MonitorHeader > .monitor-header--errors { color: ansi_red; text-style: bold; }
     """
 
-    def show(self, title: str, run_state: str, snap: Snapshot, lines: int, grid: PaneGrid) -> None:
-        """Redraw the row: ``lines`` delivered so far; view, page, zoom and filter of ``grid``."""
+    def show(
+        self,
+        title: str,
+        run_state: str,
+        snap: Snapshot,
+        lines: int,
+        grid: PaneGrid,
+        *,
+        nodes: int = 0,
+    ) -> None:
+        """Redraw the row: ``lines`` delivered so far; view, page, zoom and filter of ``grid``;
+        ``nodes``: the nodes launched (0: not known), said while no rank has printed yet."""
         part = self._part
         header = Text(no_wrap=True, overflow="ellipsis")
         header.append(" monitor ", part("badge"))
         header.append(f" {title} ", part("title"))
         header.append(f"● {run_state}", part(_STATE_CLASS.get(run_state, "live")))
+        starting = starting_text(run_state, snap, nodes)
+        if starting is not None:
+            # Seconds of "0 ranks · 0 lines" say nothing: say what is happening instead.
+            header.append(f": {starting}", part("live"))
+            if snap.errors:  # a node's error before any rank printed (ssh, torchrun itself)
+                header.append(f"  {plural(len(snap.errors), 'error')}", part("errors"))
+            self.update(header, layout=False)
+            return
         if grid.root_cause is not None and run_state == RunState.FAILED:
             # Early in the row: a narrow terminal cuts the row's end, never this.
             header.append(f" · root cause: rank {grid.root_cause}", part("errors"))
