@@ -321,7 +321,8 @@ def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | N
     from engine.plan.planner import plan as make_plan
     from engine.rundir.files import new_run_dir
     from engine.write import write_bundle
-    from engine.write.common import check_spec_batch, run_name
+    from engine.write.checks import check_spec_batch
+    from engine.write.naming import run_name
 
     p = make_plan(spec)
     check_spec_batch(p)  # the bundle must train the global batch asked for

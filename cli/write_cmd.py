@@ -66,8 +66,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.plan.planner import plan
     from engine.write.bundle import WriteOptions, render_bundle, write_bundle
-    from engine.write.common import check_spec_batch, plan_summary
+    from engine.write.checks import check_spec_batch
     from engine.write.ds_config import Scheduler
+    from engine.write.summary import plan_summary
 
     if args.print_file is None and args.out is None:
         raise DtrainError("say where to write: pass --out DIR (or --print FILE)", field="--out")

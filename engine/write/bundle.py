@@ -31,17 +31,7 @@ from engine.errors import DtrainError, one_line
 from engine.fsio import JSON_LIMIT, atomic_write_text, read_regular_text, unused_path
 from engine.plan.names import Framework
 from engine.plan.result import Plan
-from engine.write.common import (
-    check_batch,
-    check_world,
-    hosts,
-    master_addr,
-    natural_key,
-    run_name,
-    script_args,
-    script_path,
-    uses_example_trainer,
-)
+from engine.write.checks import check_batch_product, check_world
 from engine.write.ds_config import Scheduler, ds_config
 from engine.write.fsdp import FSDP_VERSION, accelerate_config, fsdp_settings
 from engine.write.hostfile import hostfile
@@ -53,9 +43,12 @@ from engine.write.launch_scripts import (
 )
 from engine.write.manifest import MANIFEST, BundleManifest, plain_name
 from engine.write.megatron import PRETRAIN_GPT, megatron_args, pretrain_gpt_script
+from engine.write.naming import natural_key, run_name
 from engine.write.nccl_env import nccl_env
+from engine.write.nodes import hosts, master_addr
 from engine.write.plan_json import check_ckpt_dir, plan_json
 from engine.write.readme import bundle_readme
+from engine.write.script import script_args, script_path, uses_example_trainer
 from engine.write.sky import sky_yaml
 from engine.write.slurm import SBATCH_NAME, slurm_sbatch
 
@@ -154,7 +147,7 @@ def agent_text() -> str:
 def _check(plan: Plan) -> None:
     check_world(plan)
     check_ckpt_dir(plan)
-    check_batch(plan.recommended)
+    check_batch_product(plan.recommended)
     hosts(plan)
     script_path(plan)
     script_args(plan)

@@ -3,7 +3,7 @@ precision block, the batch triple, clipping, optimizer and (when asked) a schedu
 
 Raw DeepSpeed rejects ``"auto"``; those are written only for the Hugging Face Trainer /
 Accelerate integration (``launch.hf_integration``), which fills them in before DeepSpeed sees
-the file. The batch product is checked here first (:func:`engine.write.common.check_batch`).
+the file. The batch product is checked here first (:func:`engine.write.checks.check_batch_product`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 from engine.errors import DtrainError
 from engine.plan.names import Framework, Offload, Optimizer, Precision
 from engine.plan.result import Plan
-from engine.write.common import check_batch, lr
+from engine.write.checks import check_batch_product
+from engine.write.learning_rate import lr
 from engine.write.quoting import json_text
 
 AUTO = "auto"
@@ -155,7 +156,7 @@ def ds_config_dict(
             f"ds_config.json is for DeepSpeed plans; this plan uses {lay.framework.value}",
             field="layout.framework",
         )
-    check_batch(lay)
+    check_batch_product(lay)
     auto = plan.spec.launch.hf_integration
     cfg: dict[str, Any] = {
         "train_batch_size": AUTO if auto else lay.global_batch,

@@ -12,7 +12,8 @@ from typing import Any
 from engine.errors import DtrainError
 from engine.plan.names import Framework, Offload, Precision, Recompute, Strategy
 from engine.plan.result import Plan
-from engine.write.common import check_batch, master_addr, torch_dtype_name
+from engine.write.checks import check_batch_product
+from engine.write.nodes import master_addr
 from engine.write.quoting import json_text
 from engine.write.yamlio import dump_yaml
 
@@ -69,6 +70,16 @@ def _sharding(plan: Plan) -> str:
     return _SHARDING[strategy]
 
 
+def torch_dtype_name(precision: Precision) -> str:
+    """``bfloat16`` / ``float16`` / ``float32`` as torch spells them."""
+    return {
+        Precision.BF16: "bfloat16",
+        Precision.FP8: "bfloat16",  # FP8 linears inside bf16 mixed precision
+        Precision.FP16: "float16",
+        Precision.FP32: "float32",
+    }[precision]
+
+
 def _check_version(version: int) -> int:
     if version not in (1, 2):
         raise DtrainError(f"{version} is not an FSDP version; pass 1 or 2", field="--fsdp-version")
@@ -84,7 +95,7 @@ def fsdp_settings_dict(plan: Plan, *, version: int = FSDP_VERSION) -> dict[str, 
             f"fsdp.json is for FSDP plans; this plan uses {lay.framework.value}",
             field="layout.framework",
         )
-    check_batch(lay)
+    check_batch_product(lay)
     sharding = _sharding(plan)
     mixed: dict[str, Any] | None = None
     if lay.precision != Precision.FP32:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from engine.plan.result import Plan
-from engine.write.common import hosts
+from engine.write.nodes import hosts
 from engine.write.quoting import plain_word
 
 

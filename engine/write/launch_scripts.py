@@ -16,25 +16,19 @@ dtrain_agent.py SCRIPT ARGS...``), which runs the script as ``__main__`` with it
 arguments and answers the launcher's diagnosis request and samples telemetry, whatever the
 script (``engine/trainer/agent.py``).
 
-Every spec value in a script is shell-quoted (:func:`engine.write.common.q`) or refused.
+Every spec value in a script is shell-quoted (:func:`engine.write.quoting.shell_word`) or refused.
 """
 
 from __future__ import annotations
 
 from engine.plan.names import Framework
 from engine.plan.result import Plan
-from engine.write.common import (
-    effective_batch_lines,
-    hosts,
-    lr_advice_lines,
-    master_addr,
-    plan_summary,
-    q,
-    run_name,
-    script_args,
-    script_path,
-    single_line,
-)
+from engine.write.learning_rate import lr_advice_lines
+from engine.write.naming import run_name
+from engine.write.nodes import hosts, master_addr
+from engine.write.quoting import comment_text, shell_word
+from engine.write.script import script_args, script_path
+from engine.write.summary import effective_batch_lines, plan_summary
 
 TEE_ALL = 3
 """torchrun ``--tee 3``: copy both stdout (1) and stderr (2) of every rank, prefixed."""
@@ -47,7 +41,7 @@ PREFLIGHT_SCRIPT = "preflight.py"
 AGENT_SCRIPT = "dtrain_agent.py"
 """The rank agent (``engine/trainer/agent.py``), in every bundle: torchrun's training script,
 the real script and its arguments after it (a script never starts with ``-``: refused by
-:func:`engine.write.common.script_path`, so the agent never takes it for an option of its own)."""
+:func:`engine.write.script.script_path`, so the agent never takes it for an option of its own)."""
 
 
 def node_script_name(node: int) -> str:
@@ -98,7 +92,7 @@ def _render_word(word: str) -> str:
         return f'"{word}"'
     if word == "127.0.0.1:$MASTER_PORT":
         return '"127.0.0.1:${MASTER_PORT}"'
-    return q(word)
+    return shell_word(word)
 
 
 CKPT_VARS = ("DTRAIN_CKPT_DIR", "DTRAIN_CKPT_EVERY", "DTRAIN_RESUME")
@@ -115,7 +109,7 @@ def ckpt_env_lines(plan: Plan) -> list[str]:
 
     section = checkpoint_section(plan)
     where = str(section["dir"])
-    value = q(where) if where.startswith("/") else f'"$PWD"/{q(where)}'
+    value = shell_word(where) if where.startswith("/") else f'"$PWD"/{shell_word(where)}'
     lines = [
         "# Checkpoints (plan.json's checkpoint section): where to save, how often, where to",
         "# resume from; any of them set before this script wins. README.md: Checkpoints.",
@@ -135,7 +129,7 @@ def node_script(plan: Plan, node: int) -> str:
     addr = master_addr(plan)
     g = plan.gpus_per_node
     first, last = node * g, node * g + g - 1
-    where = f" on {single_line(str(parsed[node]))}" if parsed else ""
+    where = f" on {comment_text(str(parsed[node]))}" if parsed else ""
     lines = [
         "#!/usr/bin/env bash",
         f"# dtrain-tui launch script for run {run_name(plan)}: node {node} of {plan.nodes}{where}, "
@@ -165,7 +159,9 @@ def node_script(plan: Plan, node: int) -> str:
                 ': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0 (no hosts in the spec)}"'
             )
         else:
-            lines.append(f'if [[ -z "${{MASTER_ADDR:-}}" ]]; then MASTER_ADDR={q(addr)}; fi')
+            lines.append(
+                f'if [[ -z "${{MASTER_ADDR:-}}" ]]; then MASTER_ADDR={shell_word(addr)}; fi'
+            )
     lines.append(f'if [[ -z "${{MASTER_PORT:-}}" ]]; then MASTER_PORT={launch.master_port}; fi')
     lines.append("export MASTER_ADDR MASTER_PORT" if plan.nodes > 1 else "export MASTER_PORT")
     lines += ckpt_env_lines(plan)
@@ -189,10 +185,10 @@ def node_script(plan: Plan, node: int) -> str:
     lines += [
         f"# {PREFLIGHT_VAR}=1 (set by `dtrain-tui preflight`): this same world runs the bundle's",
         f"# {PREFLIGHT_SCRIPT} (all-reduce sweep, node pairs, GEMM) instead of the training script.",
-        f"ENTRY={q(argv[split])}",
+        f"ENTRY={shell_word(argv[split])}",
         f'if [[ "${{{PREFLIGHT_VAR}:-}}" == 1 ]]; then ENTRY={PREFLIGHT_SCRIPT}; fi',
     ]
-    tail = " ".join([AGENT_SCRIPT, '"$ENTRY"', *(q(w) for w in argv[split + 1 :])])
+    tail = " ".join([AGENT_SCRIPT, '"$ENTRY"', *(shell_word(w) for w in argv[split + 1 :])])
     if megatron:
         tail += ' "${MEGATRON_ARGS[@]}"'
     body.append(tail)

@@ -30,8 +30,12 @@ from engine.plan.names import MoeDispatcher, Optimizer, PPSchedule, Precision, R
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import TrainingSpec
 from engine.plan.stages import accounted_ends, stage_layers
-from engine.write.common import check_batch, lr, master_addr, q, run_name, single_line
+from engine.write.checks import check_batch_product
 from engine.write.launch_scripts import ckpt_env_lines
+from engine.write.learning_rate import lr
+from engine.write.naming import run_name
+from engine.write.nodes import master_addr
+from engine.write.quoting import comment_text, shell_word
 
 PRETRAIN_GPT = "pretrain_gpt.sh"
 """The bundle's Megatron-LM command for 3D plans, next to ``megatron_args.txt``."""
@@ -149,7 +153,7 @@ def megatron_args_list(plan: Plan) -> list[str]:
     lay = plan.recommended
     m = plan.model
     tr = plan.spec.training
-    check_batch(lay)
+    check_batch_product(lay)
     lay.check_megatron(m.layers, tr.optimizer)
     return [
         *_parallel_args(lay, m, tr),
@@ -416,7 +420,7 @@ def pretrain_gpt_script(plan: Plan) -> str:
         "# Environment:",
         "#   MEGATRON_LM      your Megatron-LM checkout (required)",
         "#   DATA_PATH        Megatron's --data-path (a preprocessed dataset prefix); unset: mock data",
-        f"#   TOKENIZER_MODEL  a Hugging Face tokenizer (name or directory) for {single_line(m.name)}",
+        f"#   TOKENIZER_MODEL  a Hugging Face tokenizer (name or directory) for {comment_text(m.name)}",
         "#   NODE_RANK        this node's rank (default 0)",
         "#   MASTER_ADDR, MASTER_PORT, TORCHRUN as for launch_node*.sh",
         "set -euo pipefail",
@@ -440,7 +444,7 @@ def pretrain_gpt_script(plan: Plan) -> str:
     if addr is None:
         lines.append(': "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"')
     else:
-        lines.append(f'if [[ -z "${{MASTER_ADDR:-}}" ]]; then MASTER_ADDR={q(addr)}; fi')
+        lines.append(f'if [[ -z "${{MASTER_ADDR:-}}" ]]; then MASTER_ADDR={shell_word(addr)}; fi')
     lines += [
         "export MASTER_ADDR MASTER_PORT",
         *ckpt_env_lines(plan),

@@ -10,7 +10,8 @@ from typing import Any
 from engine.errors import DtrainError
 from engine.plan.resilience import shared_ckpt_dir
 from engine.plan.result import Plan
-from engine.write.common import lr, run_name
+from engine.write.learning_rate import lr
+from engine.write.naming import run_name
 from engine.write.quoting import json_text
 
 

@@ -6,14 +6,10 @@ from collections.abc import Iterable
 
 from engine.plan.names import Framework
 from engine.plan.result import Plan
-from engine.write.common import (
-    effective_batch_lines,
-    lr_advice_lines,
-    natural_key,
-    plan_summary,
-    run_name,
-    single_line,
-)
+from engine.write.learning_rate import lr_advice_lines
+from engine.write.naming import natural_key, run_name
+from engine.write.quoting import comment_text
+from engine.write.summary import effective_batch_lines, plan_summary
 
 _WHAT = {
     "plan.json": "the plan (`dtrain-tui plan --json` schema) plus the trainer's `training` settings",
@@ -51,7 +47,7 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
         *lr_advice_lines(plan),
         "",
     ]
-    lines.extend(f"> warning: {single_line(w)}" for w in plan.warnings)
+    lines.extend(f"> warning: {comment_text(w)}" for w in plan.warnings)
     if plan.warnings:
         lines.append("")
     lines += ["## Files", ""]
@@ -106,7 +102,7 @@ def bundle_readme(plan: Plan, files: Iterable[str]) -> str:
     if script is not None and not script.startswith(("/", "~")):
         lines += [
             "",
-            f"The training script `{single_line(script)}` is a relative path: node scripts run from this",
+            f"The training script `{comment_text(script)}` is a relative path: node scripts run from this",
             "directory, so copy the script here (or write the bundle with an absolute `--script`).",
         ]
     if plan.spec.launch.remote_setup:
@@ -133,7 +129,7 @@ def checkpoint_lines(plan: Plan) -> list[str]:
             f" (the plan's interval that loses the least work: one save about "
             f"{res.save_s:.3g} s, an interruption every {res.mtbf_s / 3600:.3g} h expected)"
         )
-    where = single_line(str(section["dir"]))
+    where = comment_text(str(section["dir"]))
     said = (
         f"The run saves to `{where}` every {every} steps{why}; `--ckpt-dir` and `--ckpt-every` "
         "when writing the bundle change them."

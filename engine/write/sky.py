@@ -19,16 +19,11 @@ from typing import Any
 
 from engine.plan.names import Framework, NetworkTier
 from engine.plan.result import Plan
-from engine.write.common import (
-    effective_batch_lines,
-    plan_summary,
-    q,
-    run_name,
-    script_args,
-    script_path,
-)
 from engine.write.launch_scripts import AGENT_SCRIPT, PREFLIGHT_SCRIPT, PREFLIGHT_VAR, TEE_ALL
-from engine.write.quoting import comment_text, env_name
+from engine.write.naming import run_name
+from engine.write.quoting import comment_text, env_name, shell_word
+from engine.write.script import script_args, script_path
+from engine.write.summary import effective_batch_lines, plan_summary
 from engine.write.yamlio import dump_yaml
 
 # Catalog key -> SkyPilot accelerator name (`sky show-gpus`).
@@ -82,7 +77,7 @@ def _run(plan: Plan) -> str:
     gloo = plan.gpu.dist_backend == "gloo"
     nproc = str(plan.gpus_per_node) if gloo else '"$SKYPILOT_NUM_GPUS_PER_NODE"'
     # Through the bundle's rank agent, as the node scripts start every rank.
-    words = " ".join([AGENT_SCRIPT, '"$ENTRY"', *(q(w) for w in script_args(plan))])
+    words = " ".join([AGENT_SCRIPT, '"$ENTRY"', *(shell_word(w) for w in script_args(plan))])
     return (
         "\n".join(
             [
@@ -90,7 +85,7 @@ def _run(plan: Plan) -> str:
                 "set -a; source ./nccl.env; set +a",
                 f"# {PREFLIGHT_VAR}=1 (set by `dtrain-tui preflight`): this same world runs the",
                 f"# bundle's {PREFLIGHT_SCRIPT} (all-reduce sweep, node pairs, GEMM) instead.",
-                f"ENTRY={q(script_path(plan))}",
+                f"ENTRY={shell_word(script_path(plan))}",
                 f'if [[ "${{{PREFLIGHT_VAR}:-}}" == 1 ]]; then ENTRY={PREFLIGHT_SCRIPT}; fi',
                 'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
                 "export MASTER_ADDR",

@@ -22,15 +22,10 @@ from __future__ import annotations
 
 from engine.plan.result import Plan
 from engine.plan.specs import LaunchSpec
-from engine.write.common import (
-    check_shell_value,
-    effective_batch_lines,
-    plan_summary,
-    q,
-    run_name,
-    single_line,
-)
 from engine.write.launch_scripts import node_script_name
+from engine.write.naming import run_name
+from engine.write.quoting import comment_text, shell_line, shell_word
+from engine.write.summary import effective_batch_lines, plan_summary
 
 SBATCH_NAME = "slurm.sbatch"
 TASK_LOG_DIR = "logs"
@@ -79,7 +74,7 @@ def sbatch_options(launch: LaunchSpec) -> list[str]:
     for opt, fld in _OPTIONAL:
         value = getattr(launch, fld)
         if value is not None:
-            out.append(f"--{opt}={check_shell_value(str(value), f'launch.{fld}')}")
+            out.append(f"--{opt}={shell_line(str(value), f'launch.{fld}')}")
     return out
 
 
@@ -118,7 +113,7 @@ def _body(plan: Plan) -> list[str]:
     if launch.remote_setup:
         lines += [
             "# remote_setup from the spec, verbatim (srun's tasks inherit what it sets).",
-            check_shell_value(launch.remote_setup, "launch.remote_setup"),
+            shell_line(launch.remote_setup, "launch.remote_setup"),
         ]
     lines += [
         'HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
@@ -135,8 +130,8 @@ def _body(plan: Plan) -> list[str]:
         "# One task per node; the first task to fail ends every other one.",
         'srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \\',
         "  --open-mode=append \\",
-        f"  --output={q(task_log_name('%j', 0, 'stdout').replace('_0.', '_%t.'))} \\",
-        f"  --error={q(task_log_name('%j', 0, 'stderr').replace('_0.', '_%t.'))} \\",
+        f"  --output={shell_word(task_log_name('%j', 0, 'stdout').replace('_0.', '_%t.'))} \\",
+        f"  --error={shell_word(task_log_name('%j', 0, 'stderr').replace('_0.', '_%t.'))} \\",
         # Under the child subreaper the launcher puts beside the scripts (daemons a script
         # leaves behind are stopped at its end), else the script alone, said in one line.
         f'  bash -c \'n="./launch_node${{SLURM_NODEID}}.sh"; if [[ -f {NODE_REAPER} ]] && '
@@ -171,7 +166,7 @@ def slurm_sbatch(plan: Plan) -> str:
     """``slurm.sbatch`` text."""
     header = [
         "#!/usr/bin/env bash",
-        f"# Slurm batch script written by dtrain-tui for run {single_line(run_name(plan))}. "
+        f"# Slurm batch script written by dtrain-tui for run {comment_text(run_name(plan))}. "
         "From the bundle directory:",
         f"#   sbatch {SBATCH_NAME}",
         f"# Plan: {plan_summary(plan)}.",

@@ -30,7 +30,7 @@ from engine.plan.names import Strategy
 from engine.plan.result import Plan
 from engine.plan.specs import LaunchSpec, ModelSpec
 from engine.write import render_bundle, write_bundle
-from engine.write.common import run_name
+from engine.write.naming import run_name
 from engine.write.nccl_env import nccl_env
 from engine.write.quoting import comment_text, env_name, is_env_name
 from engine.write.sky import sky_yaml

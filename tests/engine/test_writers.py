@@ -244,7 +244,7 @@ def test_a_model_name_with_a_newline_cannot_escape_a_comment(tmp_path: Path) -> 
     assert not canary.exists()
     import sky
 
-    from engine.write.common import run_name
+    from engine.write.naming import run_name
 
     task = sky.Task.from_yaml(str(tmp_path / "b" / "sky.yaml"))
     assert task.name == run_name(plan) and "\n" not in task.name

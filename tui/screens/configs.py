@@ -323,7 +323,7 @@ class ConfigsStep(StepPane):
         plan = self.session.plan
         run = "RUN"
         if plan is not None:
-            from engine.write.common import run_name
+            from engine.write.naming import run_name
 
             run = run_name(plan)
         command = launch_command(self.out_dir, self.highlighted_name(), run)

@@ -244,7 +244,7 @@ class LaunchStep(StepPane):
         from engine.launch.options import LaunchOptions, backend_hosts
         from engine.launch.preflight import run_preflight
         from engine.rundir.files import new_run_dir
-        from engine.write.common import run_name
+        from engine.write.naming import run_name
         from tui import services
 
         try:
@@ -291,7 +291,7 @@ class LaunchStep(StepPane):
         from engine.launch.drill import run_drill
         from engine.launch.options import LaunchOptions
         from engine.rundir.files import new_run_dir
-        from engine.write.common import run_name
+        from engine.write.naming import run_name
         from tui import services
 
         try:
