@@ -5,9 +5,10 @@ Reads the run-directory contract the launch backends write: ``RUN/run.json`` (th
 :func:`engine.rundir.record.read_record`, which bounds what an untrusted file may ask for; the
 text in it is made safe for a terminal here), ``RUN/logs/rank<R>.stdout.log``,
 ``rank<R>.stderr.log`` and ``node<i>.log``. Lines come out as :class:`LineBatch` events (one per
-file read, in file order, so no line of a rank is lost or reordered); a rank's exit is reported
-only after its files have been drained, so its last lines come before its exit. Pure I/O on plain
-files: no threads of its own (the monitor polls it from its reader thread).
+file read, in file order, so no line of a rank is lost or reordered; files found at once, a
+finished run's, in the order they were last written: :func:`replay_order`); a rank's exit is
+reported only after its files have been drained, so its last lines come before its exit. Pure
+I/O on plain files: no threads of its own (the monitor polls it from its reader thread).
 
 A run directory may come from someone else: a log that is a symlink, or leads out of the run
 directory (``logs`` itself a symlink), or is not a regular file, is not read; one line says so
@@ -114,6 +115,29 @@ def _run_info(rec: RunRecord) -> _RunInfo:
     return info
 
 
+def replay_order(logs: Path, names: list[str]) -> list[str]:
+    """``names`` (files of ``logs``) in the order their contents are replayed: the file last
+    written longest ago first (mtime), so a rank's Traceback (its stderr, written as it died)
+    comes after the steps its stdout printed before, and torchrun's summary (the node log)
+    after both. At the same mtime: by rank, stdout before stderr, node logs after ranks.
+
+    Only an approximation: the logs hold no time or sequence per line, so the lines of two
+    files are not interleaved (each file comes whole, in its own order); a live run's files,
+    read as they grow, come in the order they were written to within a poll."""
+
+    def key(name: str) -> tuple[int, int, int, int]:
+        m = _FILE_RE.match(name)
+        try:
+            mtime = os.lstat(logs / name).st_mtime_ns
+        except OSError:
+            mtime = 0
+        if m is None or m[1] is None:
+            return (mtime, 1, int(m[3]) if m is not None else 0, 0)
+        return (mtime, 0, int(m[1]), 1 if m[2] == "stderr" else 0)
+
+    return sorted(names, key=key)
+
+
 class _LogFiles:
     """The run directory's log files, followed: which there are (looked for again every
     ``rescan_s``), what each gave since the last read, a truncated or rotated one read again,
@@ -161,12 +185,10 @@ class _LogFiles:
             self._note(f"{LOGS}: {what}; its files are not read")
             return
         try:
-            names = sorted(os.listdir(logs))
+            names = [n for n in os.listdir(logs) if n not in self._tails]
         except OSError:
             return
-        for name in names:
-            if name in self._tails:
-                continue
+        for name in replay_order(logs, names):
             m = _FILE_RE.match(name)
             if m is None:
                 continue
