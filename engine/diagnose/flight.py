@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from engine.errors import DtrainError
 from engine.fsio import DUMP_LIMIT, read_regular_bytes
+from engine.rundir.record_parts import Collective, DiagnosisRecord, GroupFinding, RankRef
 
 FR_PREFIX = "[dtrain] fr "
 """What the rank agent's dump line starts with (the rest is one JSON object); the agent, which
@@ -63,35 +64,6 @@ _DTYPES = {
     "Float8_e4m3fn": "float8_e4m3fn",
     "Float8_e5m2": "float8_e5m2",
 }
-
-
-class Collective(BaseModel, frozen=True):
-    """One Flight Recorder entry: a collective a rank entered."""
-
-    pg: str
-    """The process group's name (``"0"`` is the default group)."""
-    pg_desc: str = ""
-    """Its description (``default_pg``, or what ``new_group(group_desc=...)`` named it)."""
-    seq: int
-    """The collective's sequence number in its group (the same on every rank for one call)."""
-    op: str
-    """``all_reduce``, ``broadcast``, ``barrier``... (profiling name without ``gloo:``/``nccl:``)."""
-    input_sizes: list[list[int]] = Field(default_factory=list)
-    input_dtypes: list[str] = Field(default_factory=list)
-    state: str = ""
-    created_ns: int = 0
-
-    def shapes(self) -> str:
-        """``[1024] float32`` (each input, comma-separated)."""
-        parts = []
-        for i, size in enumerate(self.input_sizes):
-            dtype = self.input_dtypes[i] if i < len(self.input_dtypes) else ""
-            parts.append(f"[{', '.join(str(d) for d in size)}] {dtype}".strip())
-        return ", ".join(parts) or "no tensors"
-
-    def name(self) -> str:
-        """``all_reduce #8``."""
-        return f"{self.op} #{self.seq}"
 
 
 class GroupStatus(BaseModel, frozen=True):
@@ -129,48 +101,11 @@ class RankDump(BaseModel, frozen=True):
         return next((e for e in reversed(self.entries) if e.pg == pg and e.seq == seq), None)
 
 
-class RankRef(BaseModel, frozen=True):
-    rank: int
-    node: int
-    host: str = ""
-
-    def where(self) -> str:
-        return f"node {self.node}, host {self.host}" if self.host else f"node {self.node}"
-
-
-class GroupFinding(BaseModel, frozen=True):
-    """One process group where some ranks are behind the others."""
-
-    pg: str
-    pg_desc: str = ""
-    behind: list[RankRef]
-    """Ranks that never entered :attr:`missed`."""
-    behind_last: dict[int, int] = Field(default_factory=dict)
-    """Each behind rank's last collective sequence number in the group."""
-    missed: Collective | None = None
-    """The first collective the behind ranks never entered (None: outside every dump's buffer)."""
-    missed_seq: int
-    waiting: list[RankRef]
-    """Ranks that entered it (and maybe more) and wait."""
-    waiting_in: Collective | None = None
-    """What the waiting ranks last entered."""
-
-
-class Diagnosis(BaseModel, frozen=True):
-    """The answer: who is stuck where. ``summary`` is the one line shown everywhere."""
-
-    summary: str
-    why: str = ""
-    """What triggered it (a hang, a monitor's request)."""
-    at: float = 0.0
-    """When it was made (wall seconds)."""
-    stuck_ranks: list[int] = Field(default_factory=list)
-    no_dump: list[RankRef] = Field(default_factory=list)
-    groups: list[GroupFinding] = Field(default_factory=list)
-    stacks: dict[int, list[str]] = Field(default_factory=dict)
-    dumps: int = 0
-    """How many ranks answered."""
-    world_size: int = 0
+Diagnosis = DiagnosisRecord
+"""The answer: who is stuck where. ``summary`` is the one line shown everywhere. It is run.json's
+``diagnosis`` as it is written, so the model lives with the record
+(:mod:`engine.rundir.record_parts`, with :class:`Collective`, :class:`RankRef` and
+:class:`GroupFinding`)."""
 
 
 # --------------------------------------------------------------------------- parsing

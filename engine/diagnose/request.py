@@ -14,10 +14,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from engine.errors import DtrainError
 from engine.rundir.record import read_record
+from engine.rundir.record_parts import DiagnosisRecord
 
 DIAGNOSE_REQUEST = "diagnose.request"
 """``RUN/diagnose.request``: written by a monitor to ask the launcher for a diagnosis."""
@@ -57,7 +57,7 @@ def take_diagnose_request(run_dir: Path) -> bool:
     return True
 
 
-def diagnosis_of(run_dir: Path) -> dict[str, Any] | None:
+def diagnosis_of(run_dir: Path) -> DiagnosisRecord | None:
     """run.json's ``diagnosis`` (None: none yet, or run.json unreadable right now)."""
     try:
         return read_record(run_dir).diagnosis
@@ -67,14 +67,14 @@ def diagnosis_of(run_dir: Path) -> dict[str, Any] | None:
 
 def wait_diagnosis(
     run_dir: Path, since: float, timeout: float = WAIT_S, poll_s: float = 0.2
-) -> dict[str, Any] | None:
+) -> DiagnosisRecord | None:
     """The diagnosis written at or after ``since`` (wall time), waiting up to ``timeout``; None
     when none came (the launcher is gone, or the run ended first)."""
     deadline = time.monotonic() + timeout
     while True:
         diag = diagnosis_of(run_dir)
-        at = diag.get("at") if diag else None
-        if diag is not None and isinstance(at, int | float) and at >= since - 1.0:
+        # A diagnosis without a time reads at 0.0: always an earlier one.
+        if diag is not None and diag.at >= since - 1.0:
             return diag
         if time.monotonic() > deadline:
             return None

@@ -35,6 +35,7 @@ from engine.errors import DtrainError
 from engine.fsio import read_regular_bytes
 from engine.plan.catalog import get_network
 from engine.plan.names import NetworkTier
+from engine.rundir.record_parts import TransportRecord
 
 MAX_FILE_BYTES = 4 << 20
 """plan.json, nccl.env, sky.yaml larger than this are not read (they come from disk, maybe
@@ -446,6 +447,10 @@ class TransportReport:
             "nodes": self.nodes,
             "findings": [f.to_json() for f in self.findings],
         }
+
+    def to_record(self) -> TransportRecord:
+        """run.json's ``transport`` entry, typed (:meth:`to_json`'s values, field for field)."""
+        return TransportRecord.model_validate(self.to_json())
 
 
 class TransportCheck:

@@ -39,17 +39,17 @@ class TransportWatch:
                 changed = self.notes.feed(node, host, lines) or changed
             if not changed:
                 return
-            data = self.notes.report().to_json()
+            rec = self.notes.report().to_record()
             key = (
-                data["verdict"],
-                tuple(data["chosen"]),
-                tuple((label, str(n.get("network"))) for label, n in data["nodes"].items()),
-                tuple((f["kind"], f["title"], tuple(f["nodes"])) for f in data["findings"]),
+                rec.verdict,
+                tuple(rec.chosen),
+                tuple((label, str(n.network)) for label, n in rec.nodes.items()),
+                tuple((f.kind, f.title, tuple(f.nodes)) for f in rec.findings),
             )
             if key == self._written:
                 return
             self._written = key
             try:
-                self.run.set_transport(data)
+                self.run.set_transport(rec)
             except OSError:
                 pass

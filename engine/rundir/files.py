@@ -38,6 +38,7 @@ from typing import IO, Any
 
 from engine.fsio import atomic_write_text
 from engine.rundir.record import RUN_JSON, RunRecord, RunState, read_record
+from engine.rundir.record_parts import DiagnosisRecord, TransportRecord
 
 
 def default_runs_root() -> Path:
@@ -203,14 +204,20 @@ class RunDir:
                 r.host = names[r.node_rank]
             self._write()
 
-    def set_diagnosis(self, diagnosis: dict[str, Any]) -> None:
-        """run.json's ``diagnosis`` (who is stuck where), replacing an earlier one."""
+    def set_diagnosis(self, diagnosis: DiagnosisRecord | dict[str, Any]) -> None:
+        """run.json's ``diagnosis`` (who is stuck where), replacing an earlier one; JSON values
+        are read as a file's would be."""
+        if isinstance(diagnosis, dict):
+            diagnosis = DiagnosisRecord.from_untrusted(diagnosis)
         with self._lock:
             self._record.diagnosis = diagnosis
             self._write()
 
-    def set_transport(self, transport: dict[str, Any]) -> None:
-        """run.json's ``transport`` (the NCCL transport check), replacing an earlier one."""
+    def set_transport(self, transport: TransportRecord | dict[str, Any]) -> None:
+        """run.json's ``transport`` (the NCCL transport check), replacing an earlier one; JSON
+        values are read as a file's would be."""
+        if isinstance(transport, dict):
+            transport = TransportRecord.from_untrusted(transport)
         with self._lock:
             self._record.transport = transport
             self._write()

@@ -21,7 +21,10 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the check only reads its fields: no pydantic for this module's importers
+    from engine.rundir.record_parts import LauncherRecord
 
 STOP_REQUEST = "stop.request"
 """``RUN/stop.request``: written by a monitor to ask the launcher to stop the run."""
@@ -54,7 +57,9 @@ def proc_start_ticks(pid: int) -> int | None:
 
 
 def launcher_record(pid: int | None = None) -> dict[str, Any]:
-    """What run.json's ``launcher`` holds for this process (or ``pid``)."""
+    """What run.json's ``launcher`` holds for this process (or ``pid``), as JSON values
+    (:class:`engine.rundir.record.RunRecord` takes them as a
+    :class:`~engine.rundir.record_parts.LauncherRecord`)."""
     pid = os.getpid() if pid is None else pid
     return {
         "pid": pid,
@@ -64,18 +69,18 @@ def launcher_record(pid: int | None = None) -> dict[str, Any]:
     }
 
 
-def launcher_gone(rec: object) -> str:
+def launcher_gone(rec: LauncherRecord | None) -> str:
     """Why the launcher ``rec`` (run.json's ``launcher``) is known to be gone, or "" when it is
-    alive, or when this machine cannot tell (another host or boot, no record)."""
-    if not isinstance(rec, dict) or not isinstance(rec.get("pid"), int):
+    alive, or when this machine cannot tell (another host or boot, no record or pid)."""
+    if rec is None or rec.pid is None:
         return ""
-    if rec.get("host") != socket.gethostname() or rec.get("boot_id") != _boot_id():
+    if rec.host != socket.gethostname() or rec.boot_id != _boot_id():
         return ""
-    pid = int(rec["pid"])
+    pid = rec.pid
     started = proc_start_ticks(pid)
     if started is None:
         return f"{LAUNCHER_DIED} (pid {pid} is gone)"
-    if isinstance(rec.get("start_ticks"), int) and started != rec["start_ticks"]:
+    if rec.start_ticks is not None and started != rec.start_ticks:
         return f"{LAUNCHER_DIED} (pid {pid} is now another process)"
     return ""
 

@@ -8,6 +8,10 @@ file: run.json may come from another machine or another version, so a field of t
 falls back to its default and numbers that size memory or screen rows (ranks, nodes, world size)
 are checked against the bundle manifest's bounds (one-line :class:`DtrainError` naming the file).
 
+``backend`` and ``framework`` read as their enums when they name one (any other string is kept
+as it was); ``launcher``, ``diagnosis`` and ``transport`` are the typed parts of
+:mod:`engine.rundir.record_parts`, each read as much as it can be (never an error).
+
 The reaper (:mod:`engine.launch.reaper`) runs as a bare script and patches run.json with the
 stdlib: ``state``, ``reason``, ``ended_at``, ``launcher_died`` and each rank's ``reason``, the
 names below.
@@ -18,16 +22,22 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from engine.errors import DtrainError
 from engine.fsio import JSON_LIMIT, read_regular_text
+from engine.plan.names import Backend, Framework
 from engine.rundir.launcher import launcher_gone
+from engine.rundir.record_parts import DiagnosisRecord, LauncherRecord, TransportRecord
 from engine.write.manifest import MAX_NODES, MAX_RANKS
 
 RUN_JSON = "run.json"
+
+# A known name reads as its enum, any other string stays that string (tried in this order).
+_BackendName = Annotated[Backend | str, Field(union_mode="left_to_right")]
+_FrameworkName = Annotated[Framework | str, Field(union_mode="left_to_right")]
 
 
 class RunState(StrEnum):
@@ -99,7 +109,9 @@ class RunRecord(BaseModel):
     name: str = ""
     run_id: str = ""
     """Tags every process of the run (``DTRAIN_RUN_ID``)."""
-    backend: str = ""
+    backend: _BackendName = ""
+    """The launch backend; a name this version does not know (a newer one's), or none, stays
+    the string the file holds (so it reads, shows and writes back as it was)."""
     state: RunState = RunState.RUNNING
     """A run.json without a state reads ``running``, as it always has."""
     started_at: str | None = None
@@ -108,26 +120,36 @@ class RunRecord(BaseModel):
     gpus_per_node: int = 0
     world_size: int = 0
     dist_backend: str = ""
-    framework: str = ""
+    framework: _FrameworkName = ""
+    """As :attr:`backend`: a :class:`Framework` when known, else the string as it was."""
     hosts: list[str] = Field(default_factory=list)
     ranks: list[RankRecord] = Field(default_factory=list)
     failed_rank: int | None = None
     failed_node: int | None = None
     reason: str = ""
     """Why the run ended (or is ending); "" while it goes well."""
-    launcher: dict[str, Any] | None = None
-    """The launcher process (:func:`engine.rundir.launcher.launcher_record`)."""
+    launcher: LauncherRecord | None = None
+    """The launcher process (:func:`engine.rundir.launcher.launcher_record`'s values)."""
     launcher_died: bool = False
     """Set by the reaper or a reader when the launcher vanished; written only when true."""
-    diagnosis: dict[str, Any] | None = None
-    """Who is stuck where, when a hang was diagnosed (:class:`engine.diagnose.flight.Diagnosis`
-    as JSON values; ``summary`` is its one line); written only when set."""
-    transport: dict[str, Any] | None = None
-    """What NCCL chose against the plan (:meth:`engine.diagnose.transport.TransportReport.to_json`:
+    diagnosis: DiagnosisRecord | None = None
+    """Who is stuck where, when a hang was diagnosed (:func:`engine.diagnose.flight.diagnose`;
+    ``summary`` is its one line); written only when set."""
+    transport: TransportRecord | None = None
+    """What NCCL chose against the plan (:meth:`engine.diagnose.transport.TransportReport.to_record`:
     ``verdict``, ``expected``, ``chosen``, ``nodes``, ``findings``); written only when known."""
     attempts: list[AttemptRecord] = Field(default_factory=list)
     """Every attempt of a run the restart policy relaunched (``--max-restarts``), in order;
     written only when there are any."""
+
+    @field_validator("launcher", "diagnosis", "transport", mode="before")
+    @classmethod
+    def _part_from_dict(cls, v: object, info: ValidationInfo) -> object:
+        """A part given as JSON values (a launch backend's ``launcher_record()``, a dict read
+        back) is parsed as an untrusted file's would be: it never fails the record."""
+        if not isinstance(v, dict):
+            return v
+        return _PARTS[str(info.field_name)].from_untrusted(v)
 
     # --- the writer's side
 
@@ -143,6 +165,8 @@ class RunRecord(BaseModel):
             del data["diagnosis"]
         if self.transport is None:
             del data["transport"]
+        else:
+            data["transport"] = self.transport.to_dict()
         if not self.attempts:
             del data["attempts"]
         return data
@@ -184,7 +208,8 @@ class RunRecord(BaseModel):
             reason=str(data.get("reason") or data.get("failed_reason") or "")
             if state
             else _unknown_state(data.get("state"), path),
-            launcher=data["launcher"] if isinstance(data.get("launcher"), dict) else None,
+            # An entry that is an object is parsed by _part_from_dict; any other reads None.
+            launcher=v if isinstance(v := data.get("launcher"), dict) else None,
             launcher_died=data.get("launcher_died") is True,
             diagnosis=d if isinstance(d := data.get("diagnosis"), dict) else None,
             transport=t if isinstance(t := data.get("transport"), dict) else None,
@@ -287,6 +312,13 @@ def _attempts(attempts: object) -> list[AttemptRecord]:
             )
         )
     return out
+
+
+_PARTS: dict[str, type[LauncherRecord | DiagnosisRecord | TransportRecord]] = {
+    "launcher": LauncherRecord,
+    "diagnosis": DiagnosisRecord,
+    "transport": TransportRecord,
+}
 
 
 def _bounded(value: int, limit: int, what: str, path: Path | str) -> int:

@@ -102,9 +102,9 @@ def test_diagnose_request_on_a_running_run(tmp_path: Path) -> None:
             asked = request_diagnosis(tmp_path / "run")
             diag = wait_diagnosis(tmp_path / "run", asked, timeout=30)
             assert diag is not None, "the launcher did not answer"
-            summary = diag["summary"]
+            summary = diag.summary
         _names_rank1(summary)
-        assert diag is not None and diag["why"] == "asked from the monitor"
+        assert diag is not None and diag.why == "asked from the monitor"
         assert read_run(tmp_path / "run")["state"] == "running"
     finally:
         backend.stop()

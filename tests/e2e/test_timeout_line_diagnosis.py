@@ -67,24 +67,25 @@ def test_a_watchdog_line_names_the_stuck_rank_once(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, summary
             diag = wait_diagnosis(run, request_diagnosis(run), timeout=30)
             assert diag is not None, "the launcher did not answer"
-            summary = diag["summary"]
+            summary = diag.summary
         # The node script holds the FIFO open for reading: a write never blocks (ENXIO if not).
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         try:
             os.write(fd, f"{NCCL}\n{GLOO}\n".encode())
         finally:
             os.close(fd)
-        why, diag = "", {}
+        why, diag = "", None
         while not why.startswith("rank 0 reported a collective timeout: "):
             assert time.monotonic() < deadline, why
-            diag = diagnosis_of(run) or {}
-            why = diag.get("why", "")
+            diag = diagnosis_of(run)
+            why = diag.why if diag is not None else ""
             time.sleep(0.1)  # polling run.json for the launcher's answer
         assert why.endswith("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=8, "
                             "OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) "
                             "ran for 600086 milliseconds before timing out."), why  # fmt: skip
-        assert diag["summary"].startswith("rank 1 (node 0, host localhost) never entered "), diag
-        assert diag["stuck_ranks"] == [1]
+        assert diag is not None
+        assert diag.summary.startswith("rank 1 (node 0, host localhost) never entered "), diag
+        assert diag.stuck_ranks == [1]
         # Both lines reached the log; the first one is the run's (one diagnosis a run).
         rank0 = (run / "logs" / "rank0.stdout.log").read_text()
         assert NCCL in rank0 and GLOO in rank0

@@ -394,7 +394,8 @@ def test_launcher_writes_the_transport_entry_into_run_json(tmp_path: Path) -> No
     assert entry["findings"][0]["title"] == "plan assumes InfiniBand, NCCL chose Socket"
     assert entry["findings"][0]["nodes"] == ["node 0 (n0)", "node 1 (n1)"]
     # A reader takes any transport entry; one of the wrong type reads as none.
-    assert RunRecord.from_untrusted({"transport": entry}).transport == entry
+    typed = RunRecord.from_untrusted({"transport": entry}).transport
+    assert typed is not None and typed.to_dict() == entry
     assert RunRecord.from_untrusted({"transport": [1, 2]}).transport is None
     assert "transport" not in RunRecord().to_dict()
 

@@ -60,10 +60,10 @@ def _diagnose(screen: Any, run_dir: Path) -> None:
             severity="warning",
         )
         return
-    stuck = bool(diag.get("stuck_ranks") or diag.get("no_dump"))
+    stuck = bool(diag.stuck_ranks or diag.no_dump)
     app.call_from_thread(
         screen.notify,
-        str(diag.get("summary") or "no diagnosis"),
+        diag.summary or "no diagnosis",
         title="Diagnosis",
         severity="error" if stuck else "information",
         timeout=30,
