@@ -1,26 +1,25 @@
-"""Ask every rank of a running run for its Flight Recorder dump, and diagnose the answers.
+"""Ask the ranks of a running run for their Flight Recorder dumps, and read the answers.
 
-Called by the supervision of every launch backend (:mod:`engine.launch.supervise`) when a run
-hangs, before it is stopped, and when a monitor asks (``RUN/diagnose.request``,
-:mod:`engine.diagnose.request`). A backend that can reach its ranks defines
-``_ask_dumps(node) -> int``: it sends the request signal (:func:`dump_signal`,
-``SIGRTMIN+7``) to the node's rank processes and returns how many it signalled (local:
-:func:`signal_local`; SSH: :func:`remote_dump_command` over a fresh channel); or
-``_ask_all_dumps() -> int`` when one request reaches every node (Slurm: one ``srun --overlap``
-step in the job running :func:`dump_script` on each node). Only processes that block the signal
-are signalled (``SigBlk`` in /proc/PID/status): every rank started through the bundle's rank
-agent (``engine/trainer/agent.py``, whatever its script) blocks it and takes it in a thread of
-its own; any other program would be killed by it. A real-time signal, not SIGUSR1: that one is
-the script's (Lightning's Slurm requeue installs a handler for it).
+Called by the run's diagnosis (:mod:`engine.launch.diagnosis`, on the supervisor's thread) when
+a run hangs, before it is stopped, and when a monitor asks (``RUN/diagnose.request``,
+:mod:`engine.diagnose.request`), through a node driver's ``ask_dumps``
+(:class:`engine.launch.driver.NodeDriver`): it sends the request signal (:func:`dump_signal`,
+``SIGRTMIN+7``) to a node's rank processes and returns how many it signalled (local:
+:func:`signal_local`; SSH: :func:`remote_dump_command` over a fresh channel), or one request
+reaches every node (Slurm: one ``srun --overlap`` step in the job running :func:`dump_script`
+on each node). Only processes that block the signal are signalled (``SigBlk`` in
+/proc/PID/status): every rank started through the bundle's rank agent
+(``engine/trainer/agent.py``, whatever its script) blocks it and takes it in a thread of its
+own; any other program would be killed by it. A real-time signal, not SIGUSR1: that one is the
+script's (Lightning's Slurm requeue installs a handler for it).
 
 The ranks answer on stdout with one ``[dtrain] fr {json}`` line each, which reaches the run
 directory like any other line on every backend: the answers are read from each rank's stdout log
-past where it stood when asked, for at most :data:`DUMP_WAIT_S`. NCCL's own dumps on a
-collective timeout (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, in the bundle's ``logs/``) fill in for
-ranks that did not answer where the run's bundle is on this machine. The
-:class:`~engine.diagnose.flight.Diagnosis` goes into run.json (``diagnosis``) and, as one
-``[dtrain-tui] diagnosis: ...`` line, into the run's log.
-"""
+past where it stood when asked (:func:`log_sizes`, :func:`new_dumps`). NCCL's own dumps on a
+collective timeout (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, in the bundle's ``logs/``,
+:func:`nccl_trace_dumps`) fill in for ranks that did not answer where the run's bundle is on
+this machine. The stream readers look for a rank's own collective-timeout line
+(:func:`find_timeout_line`)"""
 
 from __future__ import annotations
 
@@ -29,22 +28,18 @@ import os
 import re
 import shlex
 import signal
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from engine.diagnose.flight import (
     FR_PREFIX,
-    Diagnosis,
     RankDump,
-    diagnose,
     dump_from_trace,
     parse_fr_line,
     read_trace_file,
 )
 from engine.launch.reaper import node_of, pids_with_env
-from engine.rundir.events import STDERR, STDOUT, LineEvent
+from engine.rundir.events import STDOUT
 from engine.rundir.files import rank_log
 
 DUMP_WAIT_S = 15.0
@@ -136,7 +131,8 @@ def remote_dump_command(run_id: str, node: int, *, node_var: str = "DTRAIN_NODE"
     return f"bash -c {shlex.quote(dump_script(run_id, node, node_var=node_var))}"
 
 
-def _log_sizes(run_path: Path, world: int) -> dict[int, int]:
+def log_sizes(run_path: Path, world: int) -> dict[int, int]:
+    """Each rank's stdout log size now: where its answers will start."""
     sizes: dict[int, int] = {}
     for rank in range(world):
         try:
@@ -146,7 +142,7 @@ def _log_sizes(run_path: Path, world: int) -> dict[int, int]:
     return sizes
 
 
-def _new_dumps(run_path: Path, offsets: dict[int, int], got: dict[int, RankDump]) -> None:
+def new_dumps(run_path: Path, offsets: dict[int, int], got: dict[int, RankDump]) -> None:
     """Read each rank's stdout log past its offset; whole lines only (the offset advances to
     the last newline read)."""
     for rank, off in offsets.items():
@@ -179,84 +175,6 @@ def nccl_trace_dumps(logs: Path, world: int) -> dict[int, RankDump]:
     return out
 
 
-def collect_diagnosis(run: Any, why: str, *, ask_ranks: bool = True) -> Diagnosis | None:
-    """Ask every rank of ``run`` (a :class:`engine.launch.supervise.SupervisedRun`) for its dump,
-    wait for the answers, diagnose, and record it (run.json, the log, an event). None when the
-    backend cannot ask and no NCCL dump is at hand. ``ask_ranks=False``: NCCL's files only."""
-    ask = getattr(run, "_ask_dumps", None) if ask_ranks else None
-    ask_all = getattr(run, "_ask_all_dumps", None) if ask_ranks else None
-    m = run.manifest
-    path: Path = run.run.path
-    offsets = _log_sizes(path, m.world_size)
-    asked = 0
-    if ask_all is not None:  # one request reaches every node (Slurm: one srun step)
-        try:
-            asked = int(ask_all())
-        except Exception as e:  # noqa: BLE001 - NCCL's files may still tell
-            run._say(0, f"could not ask the nodes for their dumps: {e}")
-    elif ask is not None:
-        for st in run._nodes:
-            if st.finished:
-                continue
-            try:
-                asked += int(ask(st.node))
-            except Exception as e:  # noqa: BLE001 - one unreachable node must not stop the rest
-                run._say(st.node, f"could not ask node {st.node} for its dump: {e}")
-    got: dict[int, RankDump] = {}
-    deadline = time.monotonic() + DUMP_WAIT_S
-    # Every rank answering ends the wait (a rank's forked children inherit its blocked request
-    # signal and are signalled too, but never answer).
-    want = min(asked, m.world_size)
-    while want and len(got) < want and time.monotonic() < deadline:
-        if run._final.wait(0.1) or run.force.is_set():
-            break
-        _new_dumps(path, offsets, got)
-    _new_dumps(path, offsets, got)
-    for rank, d in nccl_trace_dumps(run.run.bundle / "logs", m.world_size).items():
-        got.setdefault(rank, d)
-    if not got and not asked:
-        return None
-    # The nodes' hosts as known now (a scheduler's allocated names, not its placeholders).
-    hosts = [st.host for st in run._nodes] or getattr(run, "hosts", None)
-    diag = diagnose(
-        got,
-        m.world_size,
-        hosts=list(hosts) if hosts else None,
-        gpus_per_node=m.gpus_per_node,
-        why=why,
-        at=time.time(),
-    )
-    text = f"[dtrain-tui] diagnosis: {diag.summary}"
-    try:
-        run.run.set_diagnosis(diag.model_dump(mode="json"))
-        run.run.append(0, None, STDERR, (text + "\n").encode("utf-8", "replace"))
-    except OSError as e:
-        run._dir_failed(e)
-    run._emit(LineEvent(0, None, STDERR, text, time.time()))
-    return diag
-
-
-def diagnose_safely(run: Any, why: str, *, ask_ranks: bool = True) -> Diagnosis | None:
-    """:func:`collect_diagnosis` for the supervisor: a failure is one line in the run's log,
-    never the end of supervision."""
-    try:
-        return collect_diagnosis(run, why, ask_ranks=ask_ranks)
-    except Exception as e:  # noqa: BLE001
-        run._say(0, f"could not diagnose the run: {type(e).__name__}: {e}")
-        return None
-
-
-def diagnose_failed_run(run: Any) -> Diagnosis | None:
-    """A failed run that left NCCL dumps (a collective timed out: the watchdog dumped every
-    rank's recorder, TORCH_NCCL_DUMP_ON_TIMEOUT) and has no diagnosis yet: diagnose those."""
-    if run.run.record.diagnosis is not None:
-        return None
-    logs = run.run.bundle / "logs"
-    if not any(logs.glob(f"{NCCL_TRACE_PREFIX}*")):
-        return None
-    return diagnose_safely(run, "a collective timed out (NCCL's dumps)", ask_ranks=False)
-
-
 TIMEOUT_LINE_RE = re.compile(
     r"Watchdog caught collective operation timeout|Timed out waiting \d+ ?ms for \w+ operation"
 )
@@ -273,7 +191,7 @@ def find_timeout_line(
 ) -> tuple[int, int | None, str] | None:
     """For the stream readers (:mod:`engine.launch.pump`), on lines that passed
     :data:`TIMEOUT_GATE`: the first collective-timeout line with its node and rank, which the
-    pump keeps for :func:`diagnose_timeout` (the supervisor's thread: a reader must not wait for
+    pump keeps for the supervisor's diagnosis (its thread: a reader must not wait for
     the dumps, which may come through its own stream); None when there is none."""
     for (node, rank), lines in groups.items():
         for line in lines:
@@ -282,28 +200,9 @@ def find_timeout_line(
     return None
 
 
-def diagnose_timeout(run: Any) -> Diagnosis | None:
-    """Once per run, while it is neither failing nor stopping: a rank printed a collective
-    timeout (:func:`find_timeout_line`), so ask every rank for its dump as a hang would, before the
-    timed-out rank's exit stops the others."""
-    seen = run.pump.timeout_line
-    if seen is None or getattr(run, "_timeout_diagnosed", False):
-        return None
-    run._timeout_diagnosed = True
-    if run._failure is not None or run._stop_requested:
-        return None
-    node, rank, line = seen
-    who = f"rank {rank}" if rank is not None else f"node {node}"
-    text = line if len(line) <= 300 else line[:297] + "..."
-    return diagnose_safely(run, f"{who} reported a collective timeout: {text}")
-
-
 __all__ = [
     "TIMEOUT_GATE",
     "TIMEOUT_LINE_RE",
-    "diagnose_failed_run",
-    "diagnose_safely",
-    "diagnose_timeout",
     "dump_script",
     "dump_signal",
     "dump_signal_mask",
@@ -311,7 +210,8 @@ __all__ = [
     "DUMP_SIGNAL_NAME",
     "DUMP_SIGNAL_OFFSET",
     "DUMP_WAIT_S",
-    "collect_diagnosis",
+    "log_sizes",
+    "new_dumps",
     "nccl_trace_dumps",
     "remote_dump_command",
     "signal_local",

@@ -107,6 +107,13 @@ class OutputPump:
 
     # ------------------------------------------------------------------ public API
 
+    def use_lines(self, split: Split | None, control: ControlLine | None) -> None:
+        """A driver's own line splitting (the per-line path) and control lines, set before the
+        first stream is added."""
+        self.split = split
+        self.splitter.split = split
+        self.splitter.control = control
+
     def add_stream(self, node: int, stream: str, read: Callable[[], bytes]) -> None:
         """Pump ``read()`` (bytes, b"" at EOF) on a thread: split lines, attribute ranks, write the
         run dir, then queue the events."""

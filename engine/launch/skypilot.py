@@ -34,8 +34,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.base import LaunchBackend
+from engine.launch.driver import DumpReach
 from engine.launch.options import LaunchOptions
+from engine.launch.pump import ControlLine, Split
+from engine.launch.run_state import LaunchError, RunContext
 from engine.launch.torchrun_output import split_tee
 from engine.rundir.events import STDOUT
 
@@ -78,29 +81,30 @@ class _PipeWriter(io.TextIOBase):
         return False
 
 
-class SkyPilotBackend(LaunchBackend):
-    """The whole job is one SkyPilot job; lines are attributed to nodes by SkyPilot's prefixes."""
+class SkyPilotDriver:
+    """Launches, follows and cancels the run's one SkyPilot job; its lines are attributed to
+    nodes by SkyPilot's prefixes."""
 
-    name = "skypilot"
+    dump_reach: DumpReach = DumpReach.NONE
+    control: ControlLine | None = None
 
-    def __init__(
-        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
-    ) -> None:
-        super().__init__(bundle_dir, run_dir, options)
-        self.cluster = cluster_name_for(self.options.sky_cluster or self.manifest.name)
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.split: Split | None = self._split
+        self.cluster = cluster_name_for(ctx.options.sky_cluster or ctx.manifest.name)
         self.job_id: int | None = None
         self._result: int | None = None
-        self._finished = threading.Event()
+        self.finished = threading.Event()
+        """Set once SkyPilot's job ended (or its launch failed)."""
         self._cancelled = False
         self._worker: threading.Thread | None = None
         self._started_api_server = False
         """No local API server ran before this launch's first SDK call: stop it at the end."""
 
-    @property
     def hosts(self) -> list[str]:
         return [
             f"{self.cluster}-head" if i == 0 else f"{self.cluster}-worker{i}"
-            for i in range(self.manifest.nodes)
+            for i in range(self.ctx.manifest.nodes)
         ]
 
     def build_task(self) -> Any:
@@ -108,8 +112,8 @@ class SkyPilotBackend(LaunchBackend):
         directory's copy of the bundle, with the run's environment added."""
         import sky
 
-        yaml_name = self.manifest.sky_yaml or "sky.yaml"
-        path = self.run.bundle / yaml_name
+        yaml_name = self.ctx.manifest.sky_yaml or "sky.yaml"
+        path = self.ctx.run.bundle / yaml_name
         if not path.is_file():
             raise LaunchError(f"{yaml_name} is missing from the bundle", field="bundle")
         try:
@@ -122,28 +126,28 @@ class SkyPilotBackend(LaunchBackend):
             raise LaunchError(
                 f"{path}: SkyPilot refused the task: {e}{hint}", field="sky.yaml"
             ) from None
-        task.workdir = str(self.run.bundle)
-        task.update_envs(self.node_env())
-        if self.options.sky_cloud:
+        task.workdir = str(self.ctx.run.bundle)
+        task.update_envs(self.ctx.node_env())
+        if self.ctx.options.sky_cloud:
             try:
-                cloud = sky.CLOUD_REGISTRY.from_str(self.options.sky_cloud)
+                cloud = sky.CLOUD_REGISTRY.from_str(self.ctx.options.sky_cloud)
             except Exception as e:  # noqa: BLE001
                 raise LaunchError(f"{e}", field="--sky-cloud") from None
             task.set_resources({r.copy(cloud=cloud) for r in task.resources})
         return task
 
-    def _start(self) -> None:
+    def start_nodes(self) -> None:
         task = self.build_task()
         self._started_api_server = not api_server_running()
         r, w = os.pipe()
         out = _PipeWriter(w)
-        self._add_stream(0, STDOUT, lambda: os.read(r, 65536))
-        for i in range(self.manifest.nodes):
-            self.run.write_command(
+        self.ctx.add_stream(0, STDOUT, lambda: os.read(r, 65536))
+        for i in range(self.ctx.manifest.nodes):
+            self.ctx.run.write_command(
                 i,
-                f"sky.launch(sky.Task.from_yaml({str(self.run.bundle / 'sky.yaml')!r}), "
-                f"cluster_name={self.cluster!r}, down={self.options.sky_down!r}, "
-                f"idle_minutes_to_autostop={self.options.sky_autostop_min!r}); node {i} is "
+                f"sky.launch(sky.Task.from_yaml({str(self.ctx.run.bundle / 'sky.yaml')!r}), "
+                f"cluster_name={self.cluster!r}, down={self.ctx.options.sky_down!r}, "
+                f"idle_minutes_to_autostop={self.ctx.options.sky_autostop_min!r}); node {i} is "
                 + ("the head" if i == 0 else f"worker{i}"),
             )
 
@@ -154,8 +158,8 @@ class SkyPilotBackend(LaunchBackend):
                 req = sky.launch(
                     task,
                     cluster_name=self.cluster,
-                    down=self.options.sky_down,
-                    idle_minutes_to_autostop=self.options.sky_autostop_min,
+                    down=self.ctx.options.sky_down,
+                    idle_minutes_to_autostop=self.ctx.options.sky_autostop_min,
                 )
                 result = sky.stream_and_get(req, output_stream=out)
                 job_id = result[0] if isinstance(result, tuple) else result
@@ -169,7 +173,7 @@ class SkyPilotBackend(LaunchBackend):
                     out.write(f"[dtrain-tui] SkyPilot: {type(e).__name__}: {e}\n")
                 self._result = 1
             finally:
-                self._finished.set()
+                self.finished.set()
                 os.close(w)
 
         self._worker = threading.Thread(target=work, name="dtrain-sky", daemon=True)
@@ -182,21 +186,21 @@ class SkyPilotBackend(LaunchBackend):
             setup = _SETUP_RE.match(raw)
             return 0, None, raw[setup.end() :] if setup else raw
         n = int(m.group("rank")) if m.group("rank") is not None else 0
-        if not 0 <= n < self.manifest.nodes:
+        if not 0 <= n < self.ctx.manifest.nodes:
             return 0, None, raw
-        return split_tee(n, self.manifest.gpus_per_node, raw[m.end() :])
+        return split_tee(n, self.ctx.manifest.gpus_per_node, raw[m.end() :])
 
-    def _node_exit(self, node: int) -> tuple[bool, int | None]:
-        if not self._finished.is_set():
+    def node_exit(self, node: int) -> tuple[bool, int | None]:
+        if not self.finished.is_set():
             return False, None
         if node != 0:
             # Every node's lines come through one pipe, counted as node 0's stream, so the base
             # sees no open stream for this node: it is finished only once that pipe is drained,
             # or it would end before its torchrun failure table (its ranks' exit codes) arrived.
-            if self.pump.open_streams(0) > 0:
+            if self.ctx.pump.open_streams(0) > 0:
                 return False, None
         code = self._result
-        if code == JOB_CANCELLED and (self._cancelled or self._stop_requested):
+        if code == JOB_CANCELLED and (self._cancelled or self.ctx.stop_requested):
             return True, -15
         return True, code
 
@@ -207,12 +211,19 @@ class SkyPilotBackend(LaunchBackend):
             return
         sky.stream_and_get(sky.cancel(self.cluster, job_ids=[self.job_id]))
 
-    def _kill_node(self, node: int, reason: str) -> None:
+    def kill_node(self, node: int, reason: str) -> None:
         if node != 0 or self._cancelled:
             return
         self._cancelled = True
         self._do_cancel()
-        self._finished.wait(30)
+        self.finished.wait(30)
+
+    def kill_node_now(self, node: int) -> None:
+        self.kill_node(node, "killed by the user")
+
+    def ask_dumps(self, node: int | None) -> int:
+        """SkyPilot gives no way to the ranks' processes (:attr:`DumpReach.NONE`)."""
+        return 0
 
     def down(self) -> None:
         """Tear the cluster down (``sky down``)."""
@@ -220,16 +231,16 @@ class SkyPilotBackend(LaunchBackend):
 
         sky.stream_and_get(sky.down(self.cluster))
 
-    def _close(self) -> None:
+    def close(self) -> None:
         try:
-            if self.options.sky_down and self._cancelled:
+            if self.ctx.options.sky_down and self._cancelled:
                 # launch(down=True) tears down after a finished job; a cancelled one needs asking.
                 with contextlib.suppress(Exception):
                     self.down()
         finally:
             self._stop_api_server()
 
-    def _teardown_after_failed_start(self) -> None:
+    def teardown_after_failed_start(self) -> None:
         self._stop_api_server()
 
     def _stop_api_server(self) -> None:
@@ -242,9 +253,38 @@ class SkyPilotBackend(LaunchBackend):
         try:
             sky.api_stop()
         except Exception as e:  # noqa: BLE001 - said, never a traceback at the end of a run
-            self._say(0, f"could not stop the SkyPilot API server this launch started: {e}")
+            self.ctx.say(0, f"could not stop the SkyPilot API server this launch started: {e}")
         else:
-            self._say(0, "stopped the SkyPilot API server this launch started")
+            self.ctx.say(0, "stopped the SkyPilot API server this launch started")
+
+
+class SkyPilotBackend(LaunchBackend):
+    """The whole job is one SkyPilot job; lines are attributed to nodes by SkyPilot's prefixes."""
+
+    name = "skypilot"
+
+    def __init__(
+        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
+    ) -> None:
+        ctx = RunContext(bundle_dir, run_dir, options, backend=self.name)
+        self.driver: SkyPilotDriver = SkyPilotDriver(ctx)
+        super().__init__(ctx, self.driver)
+
+    @property
+    def cluster(self) -> str:
+        return self.driver.cluster
+
+    @property
+    def job_id(self) -> int | None:
+        return self.driver.job_id
+
+    def build_task(self) -> Any:
+        """The ``sky.Task`` SkyPilot receives (:meth:`SkyPilotDriver.build_task`)."""
+        return self.driver.build_task()
+
+    def down(self) -> None:
+        """Tear the cluster down (``sky down``)."""
+        self.driver.down()
 
 
 def api_server_running() -> bool:

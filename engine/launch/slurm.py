@@ -41,9 +41,12 @@ from typing import Any
 
 from engine.fsio import atomic_write_text
 from engine.launch import reaper
-from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.base import LaunchBackend
+from engine.launch.driver import DumpReach, RunControl
 from engine.launch.guard import ReaperGuard
 from engine.launch.options import LaunchOptions
+from engine.launch.pump import ControlLine, Split
+from engine.launch.run_state import LaunchError, RunContext
 from engine.launch.slurm_cli import (
     NEVER_REASONS,
     JobInfo,
@@ -130,20 +133,15 @@ def slurm_json(job_id: str | None, job: JobInfo | None, restarts: int, hosts: li
     return json.dumps(data, indent=2) + "\n"
 
 
-class SlurmBackend(LaunchBackend):
-    """The whole run is one Slurm batch job, one task per node."""
+class SlurmDriver:
+    """Submits the run as one Slurm batch job (one task per node), follows it, cancels it."""
 
-    name = "slurm"
+    dump_reach: DumpReach = DumpReach.ALL_NODES
+    split: Split | None = None
+    control: ControlLine | None = None
 
-    def __init__(
-        self,
-        bundle_dir: Path,
-        run_dir: Path | None = None,
-        options: LaunchOptions | None = None,
-        *,
-        sbatch_args: Sequence[str] = (),
-    ) -> None:
-        super().__init__(bundle_dir, run_dir, options)
+    def __init__(self, ctx: RunContext, *, sbatch_args: Sequence[str] = ()) -> None:
+        self.ctx = ctx
         self.sbatch_args = list(sbatch_args)
         """Options put before the script on sbatch's command line (they win over #SBATCH)."""
         self.job_id: str | None = None
@@ -161,19 +159,20 @@ class SlurmBackend(LaunchBackend):
         self._srun_rc: int | None = None
         self._cancelled = False
         self._watcher: threading.Thread | None = None
+        self._control: RunControl | None = None
+        """The supervisor, once the job is followed: what the job's end fails or stops."""
         self._env: dict[str, str] = {}
         self._reaper = ReaperGuard()
-        login = self.options.login_host
+        login = self.ctx.options.login_host
         self._runner: SlurmRunner = (
-            LocalRunner() if login is None else SshRunner(self.options, login)
+            LocalRunner() if login is None else SshRunner(self.ctx.options, login)
         )
         self._workdir = ""
         """The bundle's directory where the job runs (on the login node with --login-host)."""
 
-    @property
     def hosts(self) -> list[str]:
         """Placeholders until Slurm allocates the nodes (then their names, in run.json too)."""
-        return [f"slurm-node{i}" for i in range(self.manifest.nodes)]
+        return [f"slurm-node{i}" for i in range(self.ctx.manifest.nodes)]
 
     # ------------------------------------------------------------------ start
 
@@ -182,23 +181,23 @@ class SlurmBackend(LaunchBackend):
         argv = ["sbatch", *extra, f"--chdir={where}", *self.sbatch_args, SBATCH_NAME]
         return self._runner.run(argv, env=self._env, cwd=where)
 
-    def _start(self) -> None:
-        if not (self.run.bundle / SBATCH_NAME).is_file():
+    def start_nodes(self) -> None:
+        if not (self.ctx.run.bundle / SBATCH_NAME).is_file():
             raise LaunchError(
                 f"{SBATCH_NAME} is missing from the bundle; write it again with dtrain-tui write",
                 field="bundle",
             )
-        self._env = self._runner.job_env(self.node_env())
+        self._env = self._runner.job_env(self.ctx.node_env())
         if isinstance(self._runner, LocalRunner):
             # Killed outright after sbatch, this launcher leaves the job to the reaper's
             # scancel (over SSH, the runner's guard channel does it on the login node).
-            self._reaper.start(self.run_id, self.run.path)
+            self._reaper.start(self.ctx.run_id, self.ctx.run.path)
         self._runner.connect()
-        for note in getattr(self._runner, "notes", []):
-            self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
+        for note in self._runner.notes:
+            self.ctx.note(note)
         # The child subreaper each task's script runs under (the sbatch script's srun line).
-        shutil.copyfile(reaper.__file__, self.run.bundle / NODE_REAPER)
-        self._workdir = self._runner.put_bundle(self.run.bundle, self.run_id)
+        shutil.copyfile(reaper.__file__, self.ctx.run.bundle / NODE_REAPER)
+        self._workdir = self._runner.put_bundle(self.ctx.run.bundle, self.ctx.run_id)
         # Ask Slurm first: an unknown partition or a bad time limit is one line naming the field.
         test = self._sbatch("--test-only")
         if test.returncode != 0:
@@ -210,22 +209,24 @@ class SlurmBackend(LaunchBackend):
         if not self.job_id.isdigit():
             raise LaunchError(f"sbatch said {r.stdout.strip()!r}, not a job id")
         self._runner.guard(self.job_id, self._env)
-        cmd = submit_command(self._workdir, self.sbatch_args, self.options.login_host)
-        for i in range(self.manifest.nodes):
-            self.run.write_command(i, f"{cmd}  # job {self.job_id}, task {i} is node {i}")
+        cmd = submit_command(self._workdir, self.sbatch_args, self.ctx.options.login_host)
+        for i in range(self.ctx.manifest.nodes):
+            self.ctx.run.write_command(i, f"{cmd}  # job {self.job_id}, task {i} is node {i}")
         self._write_slurm_json()
         follow = self._runner.follow
         batch = follow(f"{self._workdir}/{batch_log_name(self.job_id)}", self._job_ended)
         batch.on_data = self._scan_batch
-        self._add_stream(0, STDOUT, batch.read)
-        for i in range(self.manifest.nodes):
+        self.ctx.add_stream(0, STDOUT, batch.read)
+        for i in range(self.ctx.manifest.nodes):
             for stream in (STDOUT, STDERR):
                 name = task_log_name(self.job_id, i, stream)
                 f = follow(f"{self._workdir}/{name}", self._job_ended)
-                self._add_stream(i, stream, f.read)
+                self.ctx.add_stream(i, stream, f.read)
 
-    def start(self) -> None:
-        super().start()
+    def follow(self, control: RunControl) -> None:
+        """Follow the submitted job on a thread of its own; its end fails or stops the run
+        through ``control`` (the supervisor). Called once the run started."""
+        self._control = control
         self._watcher = threading.Thread(target=self._watch, name="dtrain-slurm", daemon=True)
         self._watcher.start()
 
@@ -245,15 +246,15 @@ class SlurmBackend(LaunchBackend):
     def _watch(self) -> None:
         assert self.job_id is not None
         errors = 0
-        while not self._final.is_set():
+        while not self.ctx.final.is_set():
             try:
                 job = show_job(self.job_id, self._env, self._runner.run)
                 errors = 0
             except LaunchError as e:
                 errors += 1
                 if errors == 3:
-                    self._say(0, f"cannot read slurm job {self.job_id}: {e} (retrying)")
-                self._final.wait(POLL_S)
+                    self.ctx.say(0, f"cannot read slurm job {self.job_id}: {e} (retrying)")
+                self.ctx.final.wait(POLL_S)
                 continue
             if job is None:  # forgotten by slurmctld (MinJobAge): ended long ago
                 self._job_over = True
@@ -263,15 +264,15 @@ class SlurmBackend(LaunchBackend):
             if job.final:
                 self._ended(job)
                 return
-            self._final.wait(POLL_S)
+            self.ctx.final.wait(POLL_S)
 
     def _seen(self, job: JobInfo) -> None:
         old, self.job = self.job, job
         if job.state == "PENDING":
-            self._hang.restart()  # waiting in the queue is not a hang
+            self.ctx.hang.restart()  # waiting in the queue is not a hang
         if job.restarts > self.restarts:
             self.restarts = job.restarts
-            self._say(0, f"slurm job {job.job_id} was requeued (restart {job.restarts})")
+            self.ctx.say(0, f"slurm job {job.job_id} was requeued (restart {job.restarts})")
         if not self._hosts_set and job.nodelist not in ("", "(null)", "None"):
             self._hosts_set = self._allocated(job)
         if old is not None and (old.state, old.reason, old.nodelist) == (
@@ -295,14 +296,14 @@ class SlurmBackend(LaunchBackend):
             # On a thread of its own: failing cancels the job and waits for this watcher to
             # see it end.
             threading.Thread(
-                target=self._fail,
+                target=self._fail_run,
                 args=(None, None, f"slurm job {job.job_id} can never start: {job.reason}: {why}"),
                 daemon=True,
             ).start()
             return
-        self._record(state=RunState.STARTING, reason=text)
-        self._emit(RunStateChanged(RunState.STARTING, text, time.time()))
-        self._say(0, text)
+        self.ctx.record(state=RunState.STARTING, reason=text)
+        self.ctx.emit(RunStateChanged(RunState.STARTING, text, time.time()))
+        self.ctx.say(0, text)
 
     def _allocated(self, job: JobInfo) -> bool:
         """Put the allocated nodes' names in place of the placeholders; True when done."""
@@ -310,7 +311,7 @@ class SlurmBackend(LaunchBackend):
             names = hostnames(job.nodelist, self._env, self._runner.run)
         except LaunchError:
             return False
-        if len(names) != len(self._nodes):
+        if len(names) != len(self.ctx.nodes):
             return False
         self._set_hosts(names)
         return True
@@ -318,42 +319,42 @@ class SlurmBackend(LaunchBackend):
     def _running(self, job: JobInfo) -> None:
         restart = f" (restart {job.restarts})" if job.restarts else ""
         text = f"slurm job {job.job_id} running on {job.nodelist}{restart}"
-        self._record(state=RunState.RUNNING, reason="")
-        self._emit(RunStateChanged(RunState.RUNNING, text, time.time()))
-        self._say(0, text)
+        self.ctx.record(state=RunState.RUNNING, reason="")
+        self.ctx.emit(RunStateChanged(RunState.RUNNING, text, time.time()))
+        self.ctx.say(0, text)
 
     def _set_hosts(self, names: list[str]) -> None:
         """The allocated node names in place of the placeholders (events and run.json)."""
-        for st, name in zip(self._nodes, names, strict=True):
+        for st, name in zip(self.ctx.nodes, names, strict=True):
             st.host = name
-        self.run.set_hosts(names)
+        self.ctx.run.set_hosts(names)
 
     def _ended(self, job: JobInfo) -> None:
         """The job reached a final state: blame what Slurm did before the nodes' exits count."""
         self._job_over = True
-        if job.state == "CANCELLED" and not self._cancelled and not self._stop_requested:
-            self.request_stop(f"slurm job {job.job_id} was cancelled outside dtrain-tui (scancel)")
+        if job.state == "CANCELLED" and not self._cancelled and not self.ctx.stop_requested:
+            self._stop_run(f"slurm job {job.job_id} was cancelled outside dtrain-tui (scancel)")
         elif job.state in _FAIL_STATES:
             limit = f" ({job.time_limit})" if job.time_limit else ""
             what = _FAIL_STATES[job.state].format(limit=limit)
-            self._fail(None, None, f"slurm job {job.job_id} {what}")
+            self._fail_run(None, None, f"slurm job {job.job_id} {what}")
         elif job.state == "FAILED" and job.reason not in ("NonZeroExitCode", "None"):
             # Slurm could not start the batch script or srun's tasks (no output of ours).
-            self._fail(
+            self._fail_run(
                 None, None, f"slurm job {job.job_id} failed: {job.reason} (see slurmd's log)"
             )
         self._job_ended.set()
 
     def _write_slurm_json(self) -> None:
-        text = slurm_json(self.job_id, self.job, self.restarts, [st.host for st in self._nodes])
+        text = slurm_json(self.job_id, self.job, self.restarts, [st.host for st in self.ctx.nodes])
         try:
-            atomic_write_text(self.run.path / SLURM_JSON, text)
+            atomic_write_text(self.ctx.run.path / SLURM_JSON, text)
         except OSError as e:
-            self._dir_failed(e)
+            self.ctx.dir_failed(e)
 
     # ------------------------------------------------------------------ supervision hooks
 
-    def _node_exit(self, node: int) -> tuple[bool, int | None]:
+    def node_exit(self, node: int) -> tuple[bool, int | None]:
         if not self._job_ended.is_set():
             return False, None
         job = self.job
@@ -361,7 +362,7 @@ class SlurmBackend(LaunchBackend):
             return True, 0
         if node in self._task_codes:
             return True, self._task_codes[node]
-        if self._cancelled or self._stop_requested:
+        if self._cancelled or self.ctx.stop_requested:
             return True, -15
         if self._task_codes:  # another task failed; srun named no failure of this one
             return True, 0 if self._srun_rc is None else -15
@@ -379,22 +380,22 @@ class SlurmBackend(LaunchBackend):
         if r.returncode != 0 and "already completing or completed" not in r.stderr:
             raise LaunchError(f"scancel {self.job_id}: {slurm_message(r.stderr)}")
 
-    def _kill_node(self, node: int, reason: str) -> None:
+    def kill_node(self, node: int, reason: str) -> None:
         if node != 0:
             return  # one job: cancelling it (node 0's turn) stops every node
-        killed = self.force.is_set()
+        killed = self.ctx.force.is_set()
         self._cancel(now=killed)
         deadline = time.monotonic() + CANCEL_WAIT_S
         while not self._job_over and time.monotonic() < deadline:
-            if self.force.wait(0.2) and not killed:  # kill(): SIGKILL now, once
+            if self.ctx.force.wait(0.2) and not killed:  # kill(): SIGKILL now, once
                 killed = True
                 self._cancel(now=True)
 
-    def _kill_node_now(self, node: int) -> None:
+    def kill_node_now(self, node: int) -> None:
         if node == 0:
             self._cancel(now=True)
 
-    def _ask_all_dumps(self) -> int:
+    def ask_dumps(self, node: int | None) -> int:
         """SIGUSR1 to the ranks on every node of the running job, for their Flight Recorder
         dumps (:mod:`engine.launch.frdump`): one ``srun --overlap`` step inside the job (here or
         on the login node) runs :func:`~engine.launch.frdump.dump_script` once per node; each
@@ -403,20 +404,20 @@ class SlurmBackend(LaunchBackend):
         if self.job_id is None or self._job_over or job is None or job.state != "RUNNING":
             return 0
         r = self._runner.run(
-            dump_srun(self.job_id, self.manifest.nodes, self.run_id), env=self._env
+            dump_srun(self.job_id, self.ctx.manifest.nodes, self.ctx.run_id), env=self._env
         )
         if r.returncode != 0 and not r.stdout.strip():
             raise LaunchError(f"srun into job {self.job_id}: {slurm_message(r.stderr)}")
         return sum(int(w) for w in r.stdout.split() if w.isdigit())
 
-    def _teardown_after_failed_start(self) -> None:
+    def teardown_after_failed_start(self) -> None:
         with contextlib.suppress(Exception):
             self._cancel(now=True)
         self._job_ended.set()
         self._reaper.done()
         self._runner.close()
 
-    def _close(self) -> None:
+    def close(self) -> None:
         if not self._job_over:
             # The run ended on our side first (a hang, a full disk): the job must not outlive it.
             with contextlib.suppress(Exception):
@@ -424,3 +425,50 @@ class SlurmBackend(LaunchBackend):
         self._write_slurm_json()
         self._reaper.done()
         self._runner.close()
+
+    def _fail_run(self, rank: int | None, node: int | None, reason: str) -> None:
+        if self._control is not None:
+            self._control.fail(rank, node, reason)
+
+    def _stop_run(self, reason: str) -> None:
+        if self._control is not None:
+            self._control.request_stop(reason)
+
+
+class SlurmBackend(LaunchBackend):
+    """The whole run is one Slurm batch job, one task per node."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        bundle_dir: Path,
+        run_dir: Path | None = None,
+        options: LaunchOptions | None = None,
+        *,
+        sbatch_args: Sequence[str] = (),
+    ) -> None:
+        ctx = RunContext(bundle_dir, run_dir, options, backend=self.name)
+        self.driver: SlurmDriver = SlurmDriver(ctx, sbatch_args=sbatch_args)
+        super().__init__(ctx, self.driver)
+
+    @property
+    def sbatch_args(self) -> list[str]:
+        return self.driver.sbatch_args
+
+    @property
+    def job_id(self) -> str | None:
+        return self.driver.job_id
+
+    @property
+    def job(self) -> JobInfo | None:
+        """The job as last seen."""
+        return self.driver.job
+
+    @property
+    def restarts(self) -> int:
+        return self.driver.restarts
+
+    def start(self) -> None:
+        super().start()
+        self.driver.follow(self.supervisor)

@@ -4,7 +4,7 @@
 Only the client commands every Slurm installation has (``sbatch``, ``scontrol``, ``sinfo``,
 ``scancel``) and no accounting database: a job is followed with ``scontrol show job -o``, which
 keeps a finished job for ``MinJobAge`` seconds. Every call has a timeout; a failure is one
-:class:`~engine.launch.streams.LaunchError` line naming the option to fix when Slurm says which.
+:class:`~engine.launch.errors.LaunchError` line naming the option to fix when Slurm says which.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from engine.launch.streams import LaunchError
+from engine.launch.errors import LaunchError
 
 CMD_TIMEOUT_S = 30.0
 """Seconds one Slurm command may take (slurmctld answers in milliseconds when healthy)."""

@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
+from engine.launch.errors import LaunchError
 from engine.launch.local import find_torchrun
 from engine.launch.options import LaunchOptions
 from engine.launch.slurm_cli import CMD_TIMEOUT_S, run_slurm, slurm_env
 from engine.launch.ssh_remote import remote_path_expr
-from engine.launch.streams import LaunchError
 from engine.plan.specs import Host
 
 POLL_S = 1.0
@@ -51,6 +51,8 @@ class SlurmRunner(Protocol):
 
     where: str
     """Where the commands run, for messages: "this machine" or "login node HOST"."""
+    notes: list[str]
+    """What connecting said for the run's log (an SSH config's choices); after ``connect``."""
 
     def job_env(self, node_env: Mapping[str, str]) -> dict[str, str]:
         """The environment sbatch runs in (the job inherits it: ``--export=ALL``)."""
@@ -110,6 +112,9 @@ class LocalRunner:
     """This machine is the login node: its file system is the compute nodes' too."""
 
     where = "this machine"
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
 
     def job_env(self, node_env: Mapping[str, str]) -> dict[str, str]:
         env = slurm_env(node_env)

@@ -25,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.launch import reaper
-from engine.launch.base import LaunchBackend, LaunchError
+from engine.launch.base import LaunchBackend
+from engine.launch.driver import DumpReach
 from engine.launch.options import LaunchOptions
 from engine.launch.policy import STOP_GRACE_S
+from engine.launch.pump import ControlLine, Split
+from engine.launch.run_state import LaunchError, RunContext
 from engine.launch.ssh_connect import HostKeyError, SshConnector, Target
 from engine.launch.ssh_remote import (
     EARLY_EXIT,
@@ -42,22 +45,24 @@ from engine.rundir.events import STDERR, STDOUT
 from engine.write.slurm import NODE_REAPER
 
 
-class SshBackend(LaunchBackend):
-    """Run each node's script over SSH."""
+class SshDriver:
+    """Starts each node's script over SSH, stops it over a fresh channel."""
 
-    name = "ssh"
+    dump_reach: DumpReach = DumpReach.EACH_NODE
+    split: Split | None = None
 
-    def __init__(
-        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
-    ) -> None:
-        super().__init__(bundle_dir, run_dir, options)
-        self._ssh = SshConnector(self.options)
-        self._chans: list[Any] = []
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.control: ControlLine | None = self._control_line
+        self.connector = SshConnector(ctx.options)
+        """Every connection of the run (jump hosts too): closed at the end."""
+        self.channels: list[Any] = []
+        """Each node's exec channel (its wrapper's stdin, stdout and stderr)."""
         self._pgids: dict[int, int] = {}
         self._pgid_seen = threading.Condition()
         self._tar_lock = threading.Lock()
-        self._killed: set[int] = set()
-        self._node_clients: list[Any] = []
+        self.killed: set[int] = set()  # the nodes whose stop was sent
+        self.clients: list[Any] = []  # each node's connection
         self._went: set[int] = set()
         self._tar: bytes | None = None
         self._aborted = False
@@ -65,23 +70,26 @@ class SshBackend(LaunchBackend):
 
     # ------------------------------------------------------------------ start
 
-    def _start(self) -> None:
-        cfg = self._ssh.ssh_config()
-        targets = [self._ssh.target(i, h, cfg) for i, h in enumerate(self.options.hosts)]
+    def hosts(self) -> list[str]:
+        return self.ctx.given_hosts()
+
+    def start_nodes(self) -> None:
+        cfg = self.connector.ssh_config()
+        targets = [self.connector.target(i, h, cfg) for i, h in enumerate(self.ctx.options.hosts)]
         self._targets = targets
         n = len(targets)
-        self._node_clients = [None] * n
-        self._chans = [None] * n
+        self.clients = [None] * n
+        self.channels = [None] * n
         # Once for every node, before any connection: the tar, known_hosts, the key file.
         self._bundle_tar()
-        self._ssh.prepare(targets)
+        self.connector.prepare(targets)
 
         # Every node at once: connect, start the wrapper (one exec channel), which receives the
         # bundle on stdin, unpacks it, runs --remote-setup, reports ready and then waits for
         # "go". Only when every node is ready does any node get "go": a node that can't be
         # reached, fails auth or whose setup fails is named and nothing runs anywhere.
         def prepare(t: Target) -> None:
-            self._node_clients[t.node] = self._ssh.connect(t, cfg)
+            self.clients[t.node] = self.connector.connect(t, cfg)
             self._launch_node(t)
             self._wait_ready(t)
 
@@ -96,9 +104,9 @@ class SshBackend(LaunchBackend):
                     if isinstance(e, HostKeyError):
                         keys.extend(e.keys)
                     errors.append(e.message if isinstance(e, LaunchError) else f"{t.label}: {e}")
-        self._ssh.clients.extend(c for c in self._node_clients if c is not None)
-        for note in self._ssh.notes:
-            self.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
+        self.connector.clients.extend(c for c in self.clients if c is not None)
+        for note in self.connector.notes:
+            self.ctx.run.append(0, None, STDERR, f"[dtrain-tui] {note}\n".encode())
         if errors:
             self._abort_prepared()
             msg = "; ".join(errors) + " — nothing was started"
@@ -106,7 +114,7 @@ class SshBackend(LaunchBackend):
                 raise HostKeyError(msg, field="ssh", keys=keys)
             raise LaunchError(msg, field="ssh")
         for t in targets:  # every node is ready: go (milliseconds apart)
-            chan = self._chans[t.node]
+            chan = self.channels[t.node]
             assert chan is not None
             try:
                 chan.sendall(b"go\n")
@@ -117,8 +125,8 @@ class SshBackend(LaunchBackend):
                 ) from None
 
     def _wait_ready(self, t: Target) -> None:
-        chan = self._chans[t.node]
-        limit = max(self.options.connect_timeout_s, self.options.hang_timeout_s)
+        chan = self.channels[t.node]
+        limit = max(self.ctx.options.connect_timeout_s, self.ctx.options.hang_timeout_s)
         deadline = time.monotonic() + limit
         with self._pgid_seen:
             while t.node not in self._pgids:
@@ -148,7 +156,7 @@ class SshBackend(LaunchBackend):
             return
         self._aborted = True
         waiting: list[int] = []
-        for node, chan in enumerate(self._chans):
+        for node, chan in enumerate(self.channels):
             if chan is not None and node not in self._went:
                 with contextlib.suppress(Exception):
                     chan.shutdown_write()
@@ -156,9 +164,9 @@ class SshBackend(LaunchBackend):
         deadline = time.monotonic() + 3.0
         for node in waiting:
             # paramiko sets status_event on the exit status and on the channel closing.
-            self._chans[node].status_event.wait(max(0.0, deadline - time.monotonic()))
+            self.channels[node].status_event.wait(max(0.0, deadline - time.monotonic()))
         for node in waiting:
-            chan, client = self._chans[node], self._node_clients[node]
+            chan, client = self.channels[node], self.clients[node]
             if chan.exit_status_ready() or chan.closed or client is None:
                 continue
             with contextlib.suppress(Exception):
@@ -169,13 +177,13 @@ class SshBackend(LaunchBackend):
                 )
 
     def _remote_dir_expr(self, node: int) -> str:
-        return remote_dir_expr(self.options.remote_workdir, self.run_id, node)
+        return remote_dir_expr(self.ctx.options.remote_workdir, self.ctx.run_id, node)
 
     def _bundle_tar(self) -> bytes:
         """The run's bundle as one tar (:func:`bundle_tar`), built once for all nodes."""
         with self._tar_lock:
             if self._tar is None:
-                self._tar = bundle_tar(self.run.bundle)
+                self._tar = bundle_tar(self.ctx.run.bundle)
             return self._tar
 
     def master_addr(self) -> str | None:
@@ -185,33 +193,37 @@ class SshBackend(LaunchBackend):
         MASTER_ADDR), and one written for other hosts names the wrong machine: then it is node
         0's address as this launcher reaches it (after ~/.ssh/config). ``MASTER_ADDR`` in the
         run's environment always wins."""
-        if self.manifest.nodes < 2 or "MASTER_ADDR" in self.options.env or not self.options.hosts:
+        if (
+            self.ctx.manifest.nodes < 2
+            or "MASTER_ADDR" in self.ctx.options.env
+            or not self.ctx.options.hosts
+        ):
             return None
-        node0 = self._targets[0].hostname if self._targets else self.options.hosts[0].host
-        written = self.manifest.hosts
+        node0 = self._targets[0].hostname if self._targets else self.ctx.options.hosts[0].host
+        written = self.ctx.manifest.hosts
         if written:
             try:
                 first = Host.parse(written[0])
             except ValueError:
                 first = None
-            if first is None or first == self.options.hosts[0]:
+            if first is None or first == self.ctx.options.hosts[0]:
                 return None
-            if self.manifest.master_addr != first.host:
+            if self.ctx.manifest.master_addr != first.host:
                 return None  # chosen by the user, not derived from the hosts
         return node0
 
     def remote_command(self, node: int) -> str:
         """The exact command sent to ``node`` (also written to RUN/commands/node<i>.txt). Its
         stdin first carries the bundle tar (exactly its size, read by ``head -c``), then "go"."""
-        env = self.node_env()
+        env = self.ctx.node_env()
         addr = self.master_addr()
         if addr is not None:
             env["MASTER_ADDR"] = addr
         return node_wrapper(
             env,
             node,
-            script=self.manifest.node_scripts[node],
-            setup=self.options.remote_setup,
+            script=self.ctx.manifest.node_scripts[node],
+            setup=self.ctx.options.remote_setup,
             dir_expr=self._remote_dir_expr(node),
             tar_size=len(self._bundle_tar()),
         )
@@ -220,8 +232,8 @@ class SshBackend(LaunchBackend):
         """Start the node's wrapper on one exec channel and send it the bundle on stdin."""
         tar = self._bundle_tar()
         cmd = self.remote_command(t.node)
-        self.run.write_command(t.node, cmd)
-        client = self._node_clients[t.node]
+        self.ctx.run.write_command(t.node, cmd)
+        client = self.clients[t.node]
         transport = client.get_transport()
         try:
             chan = transport.open_session()
@@ -230,9 +242,9 @@ class SshBackend(LaunchBackend):
             raise LaunchError(
                 f"{t.label}: cannot start the node script: {e}", field="ssh"
             ) from None
-        self._chans[t.node] = chan
-        self._add_stream(t.node, STDOUT, lambda: chan.recv(65536))
-        self._add_stream(t.node, STDERR, lambda: chan.recv_stderr(65536))
+        self.channels[t.node] = chan
+        self.ctx.add_stream(t.node, STDOUT, lambda: chan.recv(65536))
+        self.ctx.add_stream(t.node, STDERR, lambda: chan.recv_stderr(65536))
         try:
             chan.sendall(tar)
         except Exception as e:  # noqa: BLE001
@@ -254,8 +266,8 @@ class SshBackend(LaunchBackend):
 
     # ------------------------------------------------------------------ running
 
-    def _node_exit(self, node: int) -> tuple[bool, int | None]:
-        chan = self._chans[node]
+    def node_exit(self, node: int) -> tuple[bool, int | None]:
+        chan = self.channels[node]
         if chan is None:
             return True, None
         transport = chan.get_transport()
@@ -264,22 +276,20 @@ class SshBackend(LaunchBackend):
             if status != -1:
                 return True, status
             # -1: the channel closed without an exit status (paramiko's convention).
-            self._node_lost(node, "connection lost (no exit status received)")
+            self.ctx.node_lost(node, "connection lost (no exit status received)")
             return False, None
         if transport is None or not transport.is_active():
-            self._node_lost(node, "connection lost")
+            self.ctx.node_lost(node, "connection lost")
         elif chan.closed:
-            self._node_lost(node, "channel closed without an exit status")
+            self.ctx.node_lost(node, "channel closed without an exit status")
         return False, None
 
-    def _kill_node(self, node: int, reason: str) -> None:
-        if node in self._killed:
+    def kill_node(self, node: int, reason: str) -> None:
+        if node in self.killed:
             return
-        self._killed.add(node)
-        client = (
-            self._node_clients[node] if node < len(getattr(self, "_node_clients", [])) else None
-        )
-        chan = self._chans[node] if node < len(self._chans) else None
+        self.killed.add(node)
+        client = self.clients[node] if node < len(self.clients) else None
+        chan = self.channels[node] if node < len(self.channels) else None
         pgid = self._pgids.get(node)
         if client is None:
             return
@@ -288,50 +298,73 @@ class SshBackend(LaunchBackend):
             return  # the node's own watcher cleans up when its connection drops
         with contextlib.suppress(Exception):
             kc = transport.open_session()
-            kc.exec_command(stop_command(self.run_id, node, pgid))
+            kc.exec_command(stop_command(self.ctx.run_id, node, pgid))
             kc.status_event.wait(STOP_GRACE_S + 10)  # set by paramiko when the exit status came
             kc.close()
         if chan is not None:
             chan.status_event.wait(5)
 
-    def _ask_dumps(self, node: int) -> int:
-        """SIGUSR1 to the node's ranks over a fresh channel: each prints its Flight Recorder
-        dump (:mod:`engine.launch.frdump`); how many were asked."""
+    def ask_dumps(self, node: int | None) -> int:
+        """The dump request to the node's ranks over a fresh channel: each prints its Flight
+        Recorder dump (:mod:`engine.launch.frdump`); how many were asked."""
+        if node is None:
+            return sum(self.ask_dumps(n) for n in range(len(self.clients)))
         from engine.launch.frdump import remote_dump_command
 
-        client = self._node_clients[node] if node < len(self._node_clients) else None
+        client = self.clients[node] if node < len(self.clients) else None
         transport = client.get_transport() if client is not None else None
         if transport is None or not transport.is_active():
             return 0
         chan = transport.open_session()
         try:
-            chan.exec_command(remote_dump_command(self.run_id, node))
+            chan.exec_command(remote_dump_command(self.ctx.run_id, node))
             chan.status_event.wait(10)  # set by paramiko when the exit status came
             out = chan.recv(64) if chan.recv_ready() else b""
         finally:
             chan.close()
         return int(out.strip() or 0)
 
-    def _kill_node_now(self, node: int) -> None:
-        """SIGKILL, at once, everything of the run on ``node`` (:meth:`kill`, a second Ctrl-C):
+    def kill_node_now(self, node: int) -> None:
+        """SIGKILL, at once, everything of the run on ``node`` (``kill()``, a second Ctrl-C):
         the group and every process tagged with the run id, over a fresh channel. Unlike
-        :meth:`_kill_node` it runs even while a stop is under way; that stop's grace loop on
+        :meth:`kill_node` it runs even while a stop is under way; that stop's grace loop on
         the node then finds nothing left and ends."""
-        client = self._node_clients[node] if node < len(self._node_clients) else None
+        client = self.clients[node] if node < len(self.clients) else None
         transport = client.get_transport() if client is not None else None
         if transport is None or not transport.is_active():
             return  # the node's own watcher cleans up when its connection drops
         with contextlib.suppress(Exception):
-            _run_quiet(client, kill_now_command(self.run_id, node, self._pgids.get(node)))
+            _run_quiet(client, kill_now_command(self.ctx.run_id, node, self._pgids.get(node)))
 
-    def _teardown_after_failed_start(self) -> None:
+    def teardown_after_failed_start(self) -> None:
         for i in sorted(self._went):  # only nodes told "go" run anything
-            self._kill_node(i, "start failed")
+            self.kill_node(i, "start failed")
         self._abort_prepared()
-        self._close()
+        self.close()
 
-    def _close(self) -> None:
-        self._ssh.close()
+    def close(self) -> None:
+        self.connector.close()
+
+
+class SshBackend(LaunchBackend):
+    """Run each node's script over SSH."""
+
+    name = "ssh"
+
+    def __init__(
+        self, bundle_dir: Path, run_dir: Path | None = None, options: LaunchOptions | None = None
+    ) -> None:
+        ctx = RunContext(bundle_dir, run_dir, options, backend=self.name)
+        self.driver: SshDriver = SshDriver(ctx)
+        super().__init__(ctx, self.driver)
+
+    def master_addr(self) -> str | None:
+        """MASTER_ADDR handed to every node (:meth:`SshDriver.master_addr`)."""
+        return self.driver.master_addr()
+
+    def remote_command(self, node: int) -> str:
+        """The exact command sent to ``node`` (:meth:`SshDriver.remote_command`)."""
+        return self.driver.remote_command(node)
 
 
 def bundle_tar(bundle: Path) -> bytes:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from engine.launch.errors import LaunchError
 from engine.launch.options import LaunchOptions
-from engine.launch.streams import LaunchError
 from engine.plan.specs import Host
 
 # Client-side preference among the ciphers paramiko offers: AES-GCM first (one AEAD pass per

@@ -1,6 +1,6 @@
 """What torchrun prints, parsed: which rank a line is from, and how the ranks of a node ended.
 
-Called by the launch backends' stream readers (:mod:`engine.launch.streams`) and by the SkyPilot
+Called by the launch backends' stream readers (:mod:`engine.launch.pump`) and by the SkyPilot
 backend, whose lines carry SkyPilot's node prefix before torchrun's. Pure functions and one small
 parser per node; no I/O, no threads.
 

@@ -289,7 +289,7 @@ def test_a_node_is_not_finished_before_the_shared_stream_delivered_its_table(
     b = _backend(bundle, tmp_path)
     checks = threading.Condition()
     count = [0]
-    real_check, real_add = b._check_nodes, b.pump.add_stream
+    real_check, real_add = b.supervisor.check_nodes, b.pump.add_stream
 
     def check_nodes() -> None:
         real_check()
@@ -301,7 +301,7 @@ def test_a_node_is_not_finished_before_the_shared_stream_delivered_its_table(
         def held_read() -> bytes:
             data = read()
             if b"Failures:" in data:
-                assert b._finished.wait(30)
+                assert b.driver.finished.wait(30)
                 with checks:
                     seen = count[0]
                     assert checks.wait_for(lambda: count[0] >= seen + 2, 30)
@@ -309,7 +309,7 @@ def test_a_node_is_not_finished_before_the_shared_stream_delivered_its_table(
 
         real_add(node, stream, held_read)
 
-    monkeypatch.setattr(b, "_check_nodes", check_nodes)
+    monkeypatch.setattr(b.supervisor, "check_nodes", check_nodes)
     monkeypatch.setattr(b.pump, "add_stream", add_stream)
     b.start()
     collect(b, timeout=60)

@@ -157,7 +157,7 @@ def test_connection_drop_fails_the_run_and_the_node_cleans_itself_up(
         time.sleep(0.05)
     assert len(run_pids(backend.run_id)) >= 6  # per node: the script, setsid sleep, sleep
     # The network to node 1 goes away: its TCP connection is cut under paramiko.
-    backend._node_clients[1].get_transport().sock.shutdown(2)
+    backend.driver.clients[1].get_transport().sock.shutdown(2)
     collect(backend, timeout=60)
     info = read_run(tmp_path / "run")
     assert info["state"] == "failed"
@@ -330,7 +330,8 @@ def test_ssh_config_alias_and_proxy_jump(
     events = collect(backend)
     assert backend.state == "succeeded", read_run(tmp_path / "run")["reason"]
     assert [e.line for e in events if isinstance(e, LineEvent) and e.rank == 0] == ["via root"]
-    assert len(backend._ssh.clients) == 3  # bastion, hop2 through it, the node through both
+    # bastion, hop2 through it, the node through both
+    assert len(backend.driver.connector.clients) == 3
 
 
 def test_remote_setup_failing_on_one_node_starts_nothing_anywhere(
@@ -348,7 +349,7 @@ def test_remote_setup_failing_on_one_node_starts_nothing_anywhere(
     assert f"node 1 (127.0.0.1:{servers[1].port}): --remote-setup failed" in str(ei.value)
     # Node 0 was ready and waiting for "go": the failed start closed its stdin and waited for
     # its wrapper to exit, which it did as "start cancelled" (99), without running the script.
-    chan0 = backend._chans[0]
+    chan0 = backend.driver.channels[0]
     assert chan0.status_event.wait(10) and chan0.exit_status == 99
     assert list(marks.iterdir()) == []
     assert read_run(tmp_path / "run")["state"] == "failed"

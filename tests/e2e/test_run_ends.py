@@ -397,7 +397,7 @@ def test_an_interrupt_anywhere_in_the_start_leaves_no_run_half_alive(
     # end when stopped). Either way nothing is left and run.json does not say it runs.
     b = stubborn_bundle(tmp_path)
     backend = LocalBackend(b, tmp_path / "run", LaunchOptions(hang_timeout_s=600))
-    real_emit = backend._emit
+    real_emit = backend.ctx.emit
 
     def interrupt(*_a: Any, **_kw: Any) -> None:
         raise KeyboardInterrupt
@@ -411,15 +411,15 @@ def test_an_interrupt_anywhere_in_the_start_leaves_no_run_half_alive(
             if getattr(ev, "state", None) == "starting":
                 raise KeyboardInterrupt
 
-        monkeypatch.setattr(backend, "_emit", emit)
+        monkeypatch.setattr(backend.ctx, "emit", emit)
     elif where == "after the nodes started":
-        real_record = backend._record
+        real_record = backend.ctx.record
 
         def record(**kw: Any) -> None:
             real_record(**kw)
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(backend, "_record", record)
+        monkeypatch.setattr(backend.ctx, "record", record)
     else:
         real_start = threading.Thread.start
 
@@ -435,7 +435,7 @@ def test_an_interrupt_anywhere_in_the_start_leaves_no_run_half_alive(
     monkeypatch.undo()
     if not backend.state.final:  # the nodes run: what `dtrain-tui launch` does then
         backend.supervise()
-        assert backend._supervisor is not None and backend._supervisor.is_alive()
+        assert backend.supervisor.watching
         backend.stop()
     collect(backend, timeout=60)
     assert backend.state == "stopped"

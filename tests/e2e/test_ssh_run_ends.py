@@ -197,7 +197,7 @@ def test_backend_kill_escalates_to_sigkill_at_once(
     stopper = threading.Thread(target=backend.stop, daemon=True)
     stopper.start()
     # The SIGTERMs went out (ignored): the stop now waits out its grace period.
-    assert _wait_for(lambda: backend._killed == {0, 1}, 10)
+    assert _wait_for(lambda: backend.driver.killed == {0, 1}, 10)
     t0 = time.monotonic()
     backend.kill()
     assert wait_no_pids(backend.run_id, timeout=10) == []

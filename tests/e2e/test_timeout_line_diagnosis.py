@@ -90,7 +90,7 @@ def test_a_watchdog_line_names_the_stuck_rank_once(tmp_path: Path) -> None:
         rank0 = (run / "logs" / "rank0.stdout.log").read_text()
         assert NCCL in rank0 and GLOO in rank0
         assert backend.pump.timeout_line == (0, 0, NCCL)
-        assert getattr(backend, "_timeout_diagnosed", False)
+        assert backend.supervisor.timeout_diagnosed
         assert read_run(run)["state"] == "running"  # a line alone does not end the run
     finally:
         backend.stop()
