@@ -27,7 +27,6 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import Footer
 
 from engine.errors import DtrainError
 from engine.monitor.compare import read_plan_figures
@@ -42,6 +41,7 @@ from tui.screens.monitor_stop import StopGuard
 from tui.widgets.charts import RankCharts
 from tui.widgets.filter_box import FilterBox
 from tui.widgets.gpu_panel import GpuPanel
+from tui.widgets.monitor_footer import MonitorFooter
 from tui.widgets.monitor_header import MonitorHeader
 from tui.widgets.monitor_side import MonitorSide
 from tui.widgets.nccl_pane import NcclPane
@@ -218,7 +218,7 @@ class MonitorScreen(MonitorKeys):
         yield RankCharts(id="mon-charts")
         yield self.nccl
         yield FilterBox(id="mon-search")
-        yield Footer()
+        yield MonitorFooter()
 
     def on_mount(self) -> None:
         self._tuning.apply()
@@ -338,10 +338,8 @@ class MonitorScreen(MonitorKeys):
             )
             grid.snapshot = snap
         root = grid.root_cause
-        if not self.launch_nodes and run_state == RunState.STARTING:
-            self.launch_nodes = launch_nodes(self.source, self.run_dir)  # run.json came since
-        header = self.query_one(MonitorHeader)
-        header.show(self.run_title, run_state, snap, self.delivered, grid, nodes=self.launch_nodes)
+        header, nodes = self.query_one(MonitorHeader), self.launch_nodes
+        header.show(self.run_title, run_state, snap, self.delivered, grid, nodes=nodes)
         self.query_one(RankStrip).show(snap, root)
         grid.retitle()
         self.nccl.retitle(self.reader.nccl_summary.headline(), snap.transport)
