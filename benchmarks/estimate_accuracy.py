@@ -511,9 +511,11 @@ def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
     """The planned layout as the time model takes it, with what the planner adds from the
     spec's training settings (the expert TP, the MoE dispatcher and capacity)."""
     return LayoutDraft(
-        **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft) if hasattr(lay, f.name)},
-        etp=lay.expert_tp,
-        **training_settings(spec.training),
+        **{
+            **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft)},
+            "etp": lay.expert_tp,
+            **training_settings(spec.training),
+        }
     )
 
 

@@ -225,7 +225,7 @@ def _forced(spec: Spec, rec: dict[str, Any], run: str) -> Spec:
 def _same_layout(a: Layout, rec: dict[str, Any]) -> bool:
     """Whether re-planning reproduced the layout plan.json records (its degrees and its split
     of the global batch)."""
-    mine = a.model_dump(mode="json")
+    mine = a.to_json_dict()
     keys = ("strategy", "framework", "tp", "pp", "dp", "cp", "ep", "micro_batch", "grad_accum")
     return all(rec.get(k, mine[k]) == mine[k] for k in keys)
 

@@ -780,24 +780,4 @@ def _forced_misfit(ctx: PlanContext, lay: Layout) -> str:
             f", and {gib(m.cpu_bytes * ctx.gpn)} per node offloaded "
             f"to host RAM of {gib(ctx.cpu_usable)} usable"
         )
-    return text + f"; {fix_hint(_draft_of(lay), ctx.dims)}"
-
-
-def _draft_of(lay: Layout) -> LayoutDraft:
-    return LayoutDraft(
-        strategy=lay.strategy,
-        framework=lay.framework,
-        tp=lay.tp,
-        pp=lay.pp,
-        dp=lay.dp,
-        cp=lay.cp,
-        ep=lay.ep,
-        etp=lay.expert_tp,
-        zero_stage=lay.zero_stage,
-        offload=lay.offload,
-        micro_batch=lay.micro_batch,
-        grad_accum=lay.grad_accum,
-        recompute=lay.recompute,
-        sequence_parallel=lay.sequence_parallel,
-        precision=lay.precision,
-    )
+    return text + f"; {fix_hint(lay, ctx.dims)}"

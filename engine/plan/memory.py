@@ -36,7 +36,6 @@ from functools import lru_cache, partial
 
 from engine.plan.dims import ModelDims
 from engine.plan.names import (
-    CpComm,
     Framework,
     Offload,
     Optimizer,
@@ -45,6 +44,7 @@ from engine.plan.names import (
     Recompute,
     Strategy,
 )
+from engine.plan.result import LayoutDraft as LayoutDraft  # re-exported: what it estimates
 from engine.plan.result import MemoryBreakdown
 from engine.plan.stages import in_flight, stage_layers
 
@@ -80,94 +80,6 @@ def default_headroom(dims: ModelDims, capacity_factor: float | None) -> float:
     :data:`MOE_HEADROOM` for dropless MoE, :data:`DENSE_HEADROOM` otherwise (a capacity factor
     caps what any rank receives)."""
     return MOE_HEADROOM if dims.is_moe and not capacity_factor else DENSE_HEADROOM
-
-
-@dataclass(frozen=True, slots=True)
-class LayoutDraft:
-    """A candidate layout before it is estimated: what :func:`estimate_memory` and
-    :mod:`engine.plan.perf` read; :meth:`engine.plan.search.Candidate.to_layout` turns a chosen
-    one into a :class:`engine.plan.result.Layout`."""
-
-    strategy: Strategy
-    framework: Framework
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    ep: int = 1
-    zero_stage: int = 0
-    offload: Offload = Offload.NONE
-    micro_batch: int = 1
-    grad_accum: int = 1
-    recompute: Recompute = Recompute.NONE
-    sequence_parallel: bool = False
-    precision: Precision = Precision.BF16
-    pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
-    virtual_stages: int = 1
-    first_stage_layers: int = 0
-    """Transformer layers on the first pipeline stage (Megatron's
-    ``--decoder-first-pipeline-num-layers``); 0: the even split. Per-stage counts:
-    :func:`engine.plan.stages.stage_layers`."""
-    last_stage_layers: int = 0
-    """The same for the last stage (``--decoder-last-pipeline-num-layers``)."""
-    fp8_linears: bool = False
-    """FP8 linear layers (Transformer Engine): each saves its input for the backward as the
-    FP8 copy it made for the forward GEMM (1 byte, not 2); see :func:`layer_activation_bytes`."""
-    recompute_layers: int = 0
-    """Under full recompute, how many layers of each model chunk are recomputed (Megatron's
-    ``--recompute-method block --recompute-num-layers N``: the first N of each pipeline stage,
-    or of each virtual chunk under interleaving, keep only their input, the rest keep
-    everything); 0: every layer."""
-    etp: int = 0
-    """Tensor parallelism inside each expert; 0: ``tp`` (see :attr:`expert_tp`)."""
-    capacity: float = 0.0
-    """MoE expert capacity factor (tokens beyond it dropped); 0: dropless routing."""
-    imbalance: float = 0.0
-    """The busiest expert rank's load over the mean as the user states it
-    (:attr:`engine.plan.specs.TrainingSpec.moe_imbalance`); 0: the planner's assumption."""
-    deepep: bool = False
-    """MoE tokens dispatched by DeepEP (:class:`engine.plan.names.MoeDispatcher`), not NCCL
-    all-to-all: each token crosses the network once per remote node."""
-    fused_ce: bool = False
-    """The trainer's loss is a fused cross-entropy (see
-    :attr:`engine.plan.specs.TrainingSpec.fused_cross_entropy`); Megatron's always is."""
-    grads_bf16: bool = False
-    """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
-    Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
-    sent, not 4. Only read for Megatron bf16 layouts."""
-    cp_comm: CpComm = CpComm.P2P
-    """How a Megatron layout's context parallelism moves keys and values
-    (:class:`engine.plan.names.CpComm`); PyTorch-native layouts always all-gather them
-    (:func:`engine.plan.frameworks.cp_comm_of`)."""
-    a2a_overlap: bool = False
-    """Megatron-Core's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm
-    --delay-wgrad-compute``): one micro-batch's forward runs layer by layer beside another's
-    backward, each hiding the other's dispatch and combine (see
-    :func:`engine.plan.frameworks.a2a_overlap_applies`)."""
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.dp
-
-    @property
-    def expert_tp(self) -> int:
-        """Tensor parallelism inside each expert (Megatron's ``--expert-tensor-parallel-size``,
-        which defaults to ``tp``). At 1 the experts are whole on their GPU and the
-        expert-parallel group is carved out of the stage's TP x DP x CP ranks (Megatron-Core's
-        "MoE parallel folding", which every Megatron-Bridge MoE recipe sets: Qwen3-235B on H100
-        as TP2 with EP32 over 16 data-parallel ranks): each rank routes its own
-        sequence-parallel share of the tokens, the experts' GEMMs see whole expert widths and an
-        MoE layer's MLP has no tensor-parallel collective."""
-        return self.etp or self.tp
-
-    @property
-    def expert_dp(self) -> int:
-        """Ranks of a pipeline stage holding the same experts: ``tp·dp·cp / (expert_tp·ep)``."""
-        return max(1, self.tp * self.dp * self.cp // (self.expert_tp * self.ep))
 
 
 # --------------------------------------------------------------------------------------------

@@ -209,9 +209,7 @@ def _way_out(spec: Spec, alts: list[Layout], path: list[PathStep]) -> list[Layou
     free = plan(spec.model_copy(update={"layout": LayoutSpec()}))
     if not free.recommended.fits:
         return alts
-    alt = free.recommended.model_copy(
-        update={"rejected_because": "fits, but is not the forced layout"}
-    )
+    alt = replace(free.recommended, rejected_because="fits, but is not the forced layout")
     path.append(
         PathStep(
             question="What would fit instead?",

@@ -1,19 +1,32 @@
 """The planner's result: frozen values that the CLI's ``--json``, the wizard's decision step and
 the config writers all read. ``Plan.to_json_dict()`` is the documented ``plan --json`` schema.
+A :class:`Layout` is the :class:`LayoutDraft` the search estimated plus its estimates, so a
+layout's fields are declared once, on the draft (which lives here, below the estimators that
+read it: :mod:`engine.plan.memory` re-exports it).
 
 All memory figures are bytes per GPU; times are seconds; ``mfu`` is a fraction in [0, 1].
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import KW_ONLY, dataclass, fields
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from engine.errors import DtrainError
 from engine.plan.calibration import Calibration
 from engine.plan.dims import ModelDims
 from engine.plan.names import (
+    CpComm,
     Framework,
     Offload,
     Optimizer,
@@ -27,6 +40,12 @@ from engine.plan.specs import Spec
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+NOT_IN_JSON = Field(exclude=True)
+"""Marks a :class:`LayoutDraft` field that ``plan --json`` leaves out: how the estimates treat
+the layout (FP8 activations, the MoE routing, the gradients' dtype, CP's traffic), which the
+``spec`` of the plan already says; the expert TP is shown as :attr:`LayoutDraft.expert_tp`."""
 
 
 class MemoryBreakdown(_Frozen):
@@ -51,41 +70,111 @@ class MemoryBreakdown(_Frozen):
     """Bytes moved to CPU memory per GPU by offload (optimizer and/or params)."""
 
 
-class Layout(_Frozen):
-    """One candidate parallel layout and its estimates."""
+@dataclass(frozen=True, slots=True)
+class LayoutDraft:
+    """A candidate layout before it is estimated: what :func:`engine.plan.memory.estimate_memory`
+    and :mod:`engine.plan.perf` read, built by the thousand by :mod:`engine.plan.search` (so a
+    plain dataclass: no validation). A :class:`Layout` is a draft with its estimates, so each
+    field here is a field of every Layout."""
 
     strategy: Strategy
     framework: Framework
+    _: KW_ONLY
     tp: int = 1
     pp: int = 1
     dp: int = 1
     cp: int = 1
     ep: int = 1
-    expert_tp: int = 1
-    """Tensor parallelism inside each expert (``--expert-tensor-parallel-size``): 1 keeps the
-    experts whole with EP folded over the TP ranks; ``tp`` splits them like a dense MLP."""
     zero_stage: int = 0
     offload: Offload = Offload.NONE
     micro_batch: int = 1
     grad_accum: int = 1
-    global_batch: int = 1
     recompute: Recompute = Recompute.NONE
     recompute_layers: int = 0
-    """Full recompute of only the first N layers of each pipeline stage (Megatron's block
-    method); 0: every layer (or no full recompute)."""
+    """Under full recompute, how many layers of each model chunk are recomputed (Megatron's
+    ``--recompute-method block --recompute-num-layers N``: the first N of each pipeline stage,
+    or of each virtual chunk under interleaving, keep only their input, the rest keep
+    everything); 0: every layer."""
     sequence_parallel: bool = False
     precision: Precision = Precision.BF16
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
     virtual_stages: int = 1
     """Interleaved pipeline: model chunks per stage (1: plain 1F1B)."""
     first_stage_layers: int = 0
-    """Layers on the first pipeline stage when it is lighter than the others (Megatron's
-    ``--decoder-first-pipeline-num-layers``); 0: the even split."""
+    """Transformer layers on the first pipeline stage (Megatron's
+    ``--decoder-first-pipeline-num-layers``); 0: the even split. Per-stage counts:
+    :func:`engine.plan.stages.stage_layers`."""
     last_stage_layers: int = 0
-    """Layers on the last pipeline stage when lighter (``--decoder-last-pipeline-num-layers``)."""
+    """The same for the last stage (``--decoder-last-pipeline-num-layers``)."""
     a2a_overlap: bool = False
-    """The expert-parallel all-to-all overlapped with another micro-batch's compute (Megatron's
-    ``--overlap-moe-expert-parallel-comm``)."""
+    """Megatron-Core's expert-parallel all-to-all overlap (``--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute``): one micro-batch's forward runs layer by layer beside another's
+    backward, each hiding the other's dispatch and combine (see
+    :func:`engine.plan.frameworks.a2a_overlap_applies`)."""
+    etp: Annotated[int, NOT_IN_JSON] = 0
+    """Tensor parallelism inside each expert; 0: ``tp`` (``plan --json`` shows
+    :attr:`expert_tp`)."""
+    fp8_linears: Annotated[bool, NOT_IN_JSON] = False
+    """FP8 linear layers (Transformer Engine): each saves its input for the backward as the
+    FP8 copy it made for the forward GEMM (1 byte, not 2); see
+    :func:`engine.plan.memory.layer_activation_bytes`."""
+    capacity: Annotated[float, NOT_IN_JSON] = 0.0
+    """MoE expert capacity factor (tokens beyond it dropped); 0: dropless routing."""
+    imbalance: Annotated[float, NOT_IN_JSON] = 0.0
+    """The busiest expert rank's load over the mean as the user states it
+    (:attr:`engine.plan.specs.TrainingSpec.moe_imbalance`); 0: the planner's assumption."""
+    deepep: Annotated[bool, NOT_IN_JSON] = False
+    """MoE tokens dispatched by DeepEP (:class:`engine.plan.names.MoeDispatcher`), not NCCL
+    all-to-all: each token crosses the network once per remote node."""
+    fused_ce: Annotated[bool, NOT_IN_JSON] = False
+    """The trainer's loss is a fused cross-entropy (see
+    :attr:`engine.plan.specs.TrainingSpec.fused_cross_entropy`); Megatron's always is."""
+    grads_bf16: Annotated[bool, NOT_IN_JSON] = False
+    """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
+    Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
+    sent, not 4. Only read for Megatron bf16 layouts."""
+    cp_comm: Annotated[CpComm, NOT_IN_JSON] = CpComm.P2P
+    """How a Megatron layout's context parallelism moves keys and values
+    (:class:`engine.plan.names.CpComm`); PyTorch-native layouts always all-gather them
+    (:func:`engine.plan.frameworks.cp_comm_of`)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: ``micro_batch x grad_accum x dp``, by construction."""
+        return self.micro_batch * self.grad_accum * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor parallelism inside each expert (Megatron's ``--expert-tensor-parallel-size``,
+        which defaults to ``tp``). At 1 the experts are whole on their GPU and the
+        expert-parallel group is carved out of the stage's TP x DP x CP ranks (Megatron-Core's
+        "MoE parallel folding", which every Megatron-Bridge MoE recipe sets: Qwen3-235B on H100
+        as TP2 with EP32 over 16 data-parallel ranks): each rank routes its own
+        sequence-parallel share of the tokens, the experts' GEMMs see whole expert widths and an
+        MoE layer's MLP has no tensor-parallel collective."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks of a pipeline stage holding the same experts: ``tp·dp·cp / (expert_tp·ep)``."""
+        return max(1, self.tp * self.dp * self.cp // (self.expert_tp * self.ep))
+
+
+_DRAFT_FIELDS = tuple(f.name for f in fields(LayoutDraft))
+_JSON_DERIVED = {"ep": "expert_tp", "grad_accum": "global_batch"}
+"""The draft's derived degrees ``plan --json`` writes, each after the field it follows."""
+
+
+@pydantic_dataclass(frozen=True, slots=True, kw_only=True, config=ConfigDict(extra="forbid"))
+class Layout(LayoutDraft):
+    """One candidate parallel layout and its estimates: the :class:`LayoutDraft` it was
+    estimated as (every field of the draft, declared there) and what the planner estimated of
+    it. :meth:`engine.plan.search.Candidate.to_layout` builds it."""
+
     memory_per_gpu: MemoryBreakdown
     fits: bool
     step_time_s: float
@@ -106,9 +195,29 @@ class Layout(_Frozen):
     """Why this candidate lost (None for the recommended one)."""
     notes: list[str] = Field(default_factory=list)
 
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
+    @staticmethod
+    def of(draft: LayoutDraft, **estimates: Any) -> Layout:
+        """``draft`` with its ``estimates`` (the fields a Layout adds to a draft), validated as
+        one dict by the type adapter: a quarter faster than the dataclass's ``__init__``."""
+        values = {name: getattr(draft, name) for name in _DRAFT_FIELDS}
+        values.update(estimates)
+        return _LAYOUT.validate_python(values)
+
+    @model_serializer(mode="wrap")
+    def _json(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The ``plan --json`` object: the fields with the derived degrees of
+        :data:`_JSON_DERIVED` in their places."""
+        out: dict[str, Any] = {}
+        for name, value in handler(self).items():
+            out[name] = value
+            if name in _JSON_DERIVED:
+                out[_JSON_DERIVED[name]] = getattr(self, _JSON_DERIVED[name])
+        return out
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The layout as ``plan --json`` writes it (``recommended``, each of ``alternatives``)."""
+        out: dict[str, Any] = _LAYOUT.dump_python(self, mode="json")
+        return out
 
     def check_megatron(self, layers: int, optimizer: Optimizer) -> None:
         """Refuse, in one line naming the field, what Megatron-LM cannot run as this layout
@@ -136,6 +245,10 @@ class Layout(_Frozen):
                 "which this layout does not use; pass --zero-stage 1 (or --optimizer adamw)",
                 field="training.optimizer",
             )
+
+
+_LAYOUT = TypeAdapter(Layout)
+"""Validates :meth:`Layout.of`'s values and writes a Layout's ``plan --json`` object."""
 
 
 class Resilience(_Frozen):
@@ -287,8 +400,8 @@ class Plan(_Frozen):
             "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node,
             "forced": self.forced,
-            "recommended": self.recommended.model_dump(mode="json"),
-            "alternatives": [a.model_dump(mode="json") for a in self.alternatives],
+            "recommended": self.recommended.to_json_dict(),
+            "alternatives": [a.to_json_dict() for a in self.alternatives],
             "path": [p.model_dump(mode="json") for p in self.path],
             "warnings": list(self.warnings),
             "usable_bytes": self.usable_bytes,

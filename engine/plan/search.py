@@ -54,11 +54,6 @@ CLEARLY_FASTER = 0.15
 MIN_CP_CHUNK = 4_096
 MAX_TP = 8
 
-DRAFT_FIELDS = tuple(name for name in Layout.model_fields if hasattr(LayoutDraft, name))
-"""The :class:`Layout` fields a :class:`LayoutDraft` holds, as a field or a derived property
-(``expert_tp``, ``global_batch``): the layout's shape, which :meth:`Candidate.to_layout` copies
-by name; the rest of a Layout is the estimates."""
-
 
 @dataclass(slots=True)
 class Candidate:
@@ -83,8 +78,8 @@ class Candidate:
         """The candidate as the Plan shows it (zeros where the time was never estimated)."""
         d = self.draft
         e = self.est
-        return Layout(
-            **{name: getattr(d, name) for name in DRAFT_FIELDS},
+        return Layout.of(
+            d,
             memory_per_gpu=self.mem,
             fits=self.fits,
             step_time_s=e.step_time_s if e else 0.0,

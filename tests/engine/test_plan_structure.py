@@ -4,12 +4,16 @@ traits on ModelDims."""
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import grimp
 import pytest
 
 from engine.errors import DtrainError
 from engine.plan.models import resolve_model
-from engine.plan.names import Optimizer, PPSchedule, Strategy
+from engine.plan.names import CpComm, Framework, Optimizer, PPSchedule, Recompute, Strategy
+from engine.plan.result import Layout, LayoutDraft, MemoryBreakdown
+from engine.plan.search import Candidate
 from engine.plan.specs import ModelSpec
 from tests.engine.writers_fixtures import make_plan
 
@@ -78,7 +82,7 @@ def test_the_megatron_writer_reads_the_framework_rules_not_the_time_model() -> N
 )
 def test_the_layout_refuses_what_megatron_cannot_run(change: dict[str, object], field: str) -> None:
     plan = make_plan(model=ModelSpec(preset="llama-3-8b"), gpu="h100-sxm", gpus_per_node=8)
-    lay = plan.recommended.model_copy(update=change)
+    lay = replace(plan.recommended, **change)
     with pytest.raises(DtrainError) as e:
         lay.check_megatron(plan.model.layers, Optimizer.ADAMW)
     assert e.value.field == field and "\n" not in str(e.value)
@@ -126,26 +130,61 @@ def test_the_model_carries_its_traits(model: ModelSpec, traits: tuple[bool, ...]
     assert got == traits
 
 
-def test_a_layout_is_its_draft_and_the_estimates() -> None:
-    # Candidate.to_layout copies the shape by name: a field added to both is carried, one
-    # added to Layout alone shows here.
-    from engine.plan.result import Layout
-    from engine.plan.search import DRAFT_FIELDS
+ESTIMATES = {
+    "memory_per_gpu",
+    "fits",
+    "step_time_s",
+    "tokens_per_s",
+    "mfu",
+    "compute_time_s",
+    "comm_time_s",
+    "bubble_fraction",
+    "scaling_efficiency",
+    "gpu_hours",
+    "cost_usd",
+    "rejected_because",
+    "notes",
+}
 
-    estimates = {
-        "memory_per_gpu",
-        "fits",
-        "step_time_s",
-        "tokens_per_s",
-        "mfu",
-        "compute_time_s",
-        "comm_time_s",
-        "bubble_fraction",
-        "scaling_efficiency",
-        "gpu_hours",
-        "cost_usd",
-        "rejected_because",
-        "notes",
-    }
-    assert set(Layout.model_fields) - set(DRAFT_FIELDS) == estimates
-    assert len(DRAFT_FIELDS) == 22
+
+def test_a_layout_is_its_draft_and_the_estimates() -> None:
+    # The shape is declared once, on LayoutDraft; Layout adds the estimates. A draft field (or
+    # a derived one, expert_tp, global_batch) declared again on Layout shows here.
+    shape = {f.name for f in fields(LayoutDraft)}
+    derived = {name for name, v in vars(LayoutDraft).items() if isinstance(v, property)}
+    assert issubclass(Layout, LayoutDraft)
+    assert set(Layout.__annotations__) == ESTIMATES
+    assert not (shape | derived) & set(vars(Layout))
+    assert {f.name for f in fields(Layout)} == shape | ESTIMATES
+
+
+def test_a_layout_carries_every_field_of_its_draft() -> None:
+    d = LayoutDraft(
+        Strategy.THREE_D,
+        Framework.MEGATRON,
+        tp=2,
+        dp=4,
+        ep=2,
+        etp=1,
+        micro_batch=2,
+        grad_accum=3,
+        recompute=Recompute.FULL,
+        recompute_layers=3,
+        a2a_overlap=True,
+        fp8_linears=True,
+        capacity=1.25,
+        imbalance=1.5,
+        deepep=True,
+        fused_ce=True,
+        grads_bf16=True,
+        cp_comm=CpComm.ALLGATHER,
+    )
+    mem = MemoryBreakdown(params=1, grads=1, optimizer=1, activations=1, buffers=1, total=5)
+    lay = Candidate(d, mem, fits=True).to_layout(rejected="slower")
+    assert all(getattr(lay, f.name) == getattr(d, f.name) for f in fields(LayoutDraft))
+    assert (lay.global_batch, lay.expert_tp, lay.rejected_because) == (24, 1, "slower")
+    # plan --json: the derived degrees after the field they follow, the spec's settings left out.
+    keys = list(lay.to_json_dict())
+    assert keys[6:9] == ["ep", "expert_tp", "zero_stage"]
+    assert keys[11:14] == ["grad_accum", "global_batch", "recompute"]
+    assert not {"etp", "fp8_linears", "deepep", "cp_comm"} & set(keys)

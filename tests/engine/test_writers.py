@@ -38,6 +38,7 @@ from engine.write import (
     write_bundle,
 )
 from engine.write.bundle import manifest_text
+from engine.write.checks import check_spec_batch
 from engine.write.manifest import read_manifest
 from tests.engine.writers_fixtures import golden_plans, make_plan
 
@@ -452,12 +453,15 @@ def test_ds_config_blocks() -> None:
 
 
 def test_wrong_batch_product_is_caught_with_every_factor_named() -> None:
+    # A Layout's global batch is its micro_batch x grad_accum x dp by construction: what can
+    # differ is the batch the spec asked for.
     plan = make_plan(strategy=Strategy.ZERO2, micro_batch=4, grad_accum=2, global_batch=12)
+    assert plan.recommended.global_batch == 16
     with pytest.raises(DtrainError) as e:
-        ds_config_dict(plan)
+        check_spec_batch(plan)
     msg = str(e.value)
     assert e.value.field == "training.global_batch"
-    assert "12" in msg and "micro_batch 4" in msg and "grad_accum 2" in msg and "dp 2" in msg
+    assert "12 is not training.micro_batch x grad_accum x dp (4 x 2 x 2 = 16)" in msg
 
 
 def test_nccl_env_per_fabric_with_a_reason_per_variable(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from engine.plan.names import Framework, Offload, Precision, Strategy
 from engine.plan.result import Plan
 from engine.plan.specs import ModelSpec
 from engine.write import Scheduler, ds_config_dict
+from engine.write.checks import check_spec_batch
 from tests.engine.writers_fixtures import make_plan
 
 pytestmark = pytest.mark.slow
@@ -214,7 +215,8 @@ def test_a_wrong_batch_product_is_rejected_by_deepspeed_and_by_us_first(ds_comm:
         grad_accum=2,
         global_batch=56,
     )
-    with pytest.raises(
-        DtrainError, match=r"global batch 56 != micro_batch 4 x grad_accum 2 x dp 8"
-    ):
-        ds_config_dict(bad)
+    # The layout trains its micro_batch x grad_accum x dp by construction; the spec's 56 is
+    # caught with every factor named.
+    assert bad.recommended.global_batch == 64
+    with pytest.raises(DtrainError, match=r"56 is not .* \(4 x 2 x 8 = 64\)"):
+        check_spec_batch(bad)

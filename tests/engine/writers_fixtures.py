@@ -87,11 +87,11 @@ def make_plan(
         dp=dp,
         cp=cp,
         ep=ep,
+        etp=1,  # expert TP 1 (the experts whole): what the golden files were written with
         zero_stage=zero_stage if zero_stage is not None else _ZERO.get(strategy, 0),
         offload=offload,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
-        global_batch=gb,
         recompute=recompute,
         sequence_parallel=sequence_parallel,
         precision=prec,

@@ -15,6 +15,7 @@ still found, each pinned by a test that failed before its fix:
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,8 @@ async def _gpu_list(tmp_path: Path) -> None:
 
 def test_layouts_differing_only_in_their_end_stages_are_named_apart() -> None:
     lay = make_plan(demo_spec()).recommended
-    lighter = lay.model_copy(update={"pp": 2, "last_stage_layers": 1})
-    even = lay.model_copy(update={"pp": 2})
+    lighter = replace(lay, pp=2, last_stage_layers=1)
+    even = replace(lay, pp=2)
     for form in NameForm:
         assert describe(lighter, form) != describe(even, form)
         assert "first/last stage even/1 layers" in describe(lighter, form)
@@ -75,7 +76,7 @@ def test_layouts_differing_only_in_their_end_stages_are_named_apart() -> None:
 
 
 def test_every_name_of_an_interleaved_layout_names_its_virtual_stages() -> None:
-    lay = make_plan(demo_spec()).recommended.model_copy(update={"pp": 2, "virtual_stages": 2})
+    lay = replace(make_plan(demo_spec()).recommended, pp=2, virtual_stages=2)
     assert "vp=2" in describe(lay)
     assert "tp1 pp2 dp2 vp2 · mb" in describe(lay, NameForm.CARD)
     assert "tp1 pp2 dp2 vp2 · " in describe(lay, NameForm.FULL)
