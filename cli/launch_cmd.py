@@ -410,6 +410,12 @@ def _drive(backend: Any, stop: _StopSignals, *, quiet: bool) -> int:
             except OSError:  # stdout closed (a pipe reader gone, a terminal hung up)
                 out = None
     msg = backend.run.record.reason
+    if backend.state == "failed":
+        from engine.monitor.root_error import failure_line
+
+        # The exit code alone says little: the blamed rank's own last error line with it.
+        cause = failure_line(backend.run.path)
+        msg = f"{msg}; {cause}" if cause and cause not in msg else msg
     _say(f"dtrain-tui: run {backend.state}: {msg} ({backend.run.path})")
     return stop.exit_code() if stop.got else int(backend.exit_code())
 

@@ -169,6 +169,8 @@ _ERROR_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
     (ErrorKind.CHILD_FAILED, re.compile(r"ChildFailedError")),
     (ErrorKind.TRACEBACK, re.compile(r"^\s*Traceback \(most recent call last\)")),
     (ErrorKind.EXCEPTION, re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): ")),
+    # The interpreter refusing the script itself (a wrong --script): the rank's only line.
+    (ErrorKind.EXCEPTION, re.compile(r"can't open file .*\[Errno \d+\]")),
     # The launcher's stuck-rank diagnosis (engine.launch.frdump): an error of the run's.
     (ErrorKind.DIAGNOSIS, re.compile(r"^\[dtrain-tui\] diagnosis: ")),
 )
@@ -184,6 +186,7 @@ _ERROR_GATE = (
     "aborted",
     "timed out",
     "Exception",
+    "can't open file",
 )
 
 
