@@ -4,8 +4,8 @@ Each picture is the real Textual app driven headless under ``run_test`` and save
 ``App.save_screenshot`` as SVG: the wizard's Decision step for a fixed spec (planning is pure,
 so the picture is the planner's real answer), the monitor replaying a canned failed run (a
 2-node, 4-rank run whose rank 3 runs out of memory), and the monitor's GPU panel (``g``) on a
-healthy 2 × 8 GPU run of that same plan, whose telemetry lines are made by the rank agent's own
-NVML code (``engine/trainer/agent.py``) reading a fake NVML with fixed readings. Nothing here is
+healthy 2 × 8 H100 run of the Decision step's plan, whose telemetry lines the rank agent's own
+NVML code (``engine/trainer/agent.py``) makes, reading a fake NVML with fixed readings. Nothing is
 drawn by hand; run it again after a change to what those screens show and commit the SVGs under
 ``docs/images/``. A fixed clock and fixed readings: two runs write the same bytes.
 
