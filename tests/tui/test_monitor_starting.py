@@ -137,3 +137,19 @@ def test_a_slurm_job_pending_is_said_as_the_backend_says_it() -> None:
             await wait_header(pilot, app.monitor, "● starting: slurm job 17 pending (Resources)…")
 
     asyncio.run(go())
+
+
+def test_at_80_columns_the_starting_word_fits_beside_a_long_run_name() -> None:
+    source = Gated([RunStateChanged("running", "started in 0.10s", CLOCK)], [])
+
+    async def go() -> None:
+        title = "20261202-133306-llama-3-8b"
+        app = MonitorApp(source, world_size=2, nodes=2, title=title, clock=lambda: CLOCK)  # type: ignore[arg-type]
+        async with app.run_test(size=(80, 24)) as pilot:
+            while app.monitor is None:
+                await pilot.pause(0.01)
+            shown = await wait_header(pilot, app.monitor, "● running: ")
+            assert f" {title} ● running: waiting for rank output…" in shown, shown
+            assert len(shown) <= 78, shown
+
+    asyncio.run(go())

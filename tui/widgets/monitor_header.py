@@ -56,7 +56,7 @@ def starting_text(run_state: str, snap: Snapshot, nodes: int = 0) -> str | None:
 
 def starting_short(run_state: str) -> str:
     """:func:`starting_text` for a narrow row."""
-    return "launching torchrun…" if run_state == RunState.STARTING else "no rank line yet…"
+    return "launching torchrun…" if run_state == RunState.STARTING else "waiting for rank output…"
 
 
 SHORTEN_TURN = 2
