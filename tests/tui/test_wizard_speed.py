@@ -31,8 +31,8 @@ def test_first_visit_to_configs_never_says_no_plan_yet(
     shown: list[str] = []
     original = ConfigsStep.refresh_files
 
-    def spy(self: ConfigsStep) -> None:
-        original(self)
+    def spy(self: ConfigsStep, *, if_changed: bool = False) -> None:
+        original(self, if_changed=if_changed)
         if self.is_mounted:
             shown.extend(_labels(self))
 

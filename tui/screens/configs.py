@@ -18,7 +18,9 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
+from rich.segment import Segment
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult, SuspendNotSupported
@@ -156,6 +158,66 @@ def preview_source(out_dir: Path, name: str, state: str, files: dict[str, str]) 
     return head, files.get(name, "")
 
 
+def drawn_from_key(
+    out: Path, files: dict[str, str], message: str, dark: bool
+) -> tuple[object, ...]:
+    """What the file list and the preview are drawn from: the output directory and what is in
+    it (name, inode, size, time of each entry: a write renames into place), the files (their
+    texts' hashes, which Python keeps with each string), the message, the theme."""
+    marks: list[object] = []
+    try:
+        with os.scandir(out) as it:
+            for entry in it:
+                st = entry.stat(follow_symlinks=True)
+                marks.append((entry.name, st.st_ino, st.st_size, st.st_mtime_ns))
+    except OSError:
+        marks.append(None)
+    texts = tuple(sorted((name, hash(text)) for name, text in files.items()))
+    return (str(out), texts, message, dark, tuple(sorted(marks, key=repr)))
+
+
+class RenderedOnce:
+    """A renderable drawn once per width: the preview's syntax highlighting (pygments) ran
+    again each time the step was shown (its height is measured, then it is drawn), tens of
+    milliseconds a visit for a long file. The segments are the renderable's own."""
+
+    MAX_DRAWN = 12
+    """Drawings kept: a width and whether measured or drawn (a switch lays the preview out at
+    two or three widths as the scrollbars settle; a resize draws it afresh)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+        self._drawn: dict[tuple[object, ...], list[Segment]] = {}
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        key = (
+            options.size,
+            options.min_width,
+            options.max_width,
+            options.max_height,
+            options.height,
+            options.justify,
+            options.overflow,
+            options.no_wrap,
+            options.highlight,
+            options.markup,
+            options.is_terminal,
+            options.encoding,
+            options.ascii_only,
+            options.legacy_windows,
+        )
+        segments = self._drawn.get(key)
+        if segments is None:
+            segments = list(console.render(self.renderable, options))
+            if len(self._drawn) >= self.MAX_DRAWN:
+                self._drawn.clear()
+            self._drawn[key] = segments
+        yield from segments
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.renderable)
+
+
 class ConfigsStep(StepPane):
     STEP = Step.CONFIGS
 
@@ -176,6 +238,8 @@ class ConfigsStep(StepPane):
         self.current: str | None = None
         self.preview: WritePreview | None = None
         """What writing now would do to the output directory (None: not known)."""
+        self._drawn: tuple[object, ...] | None = None
+        """What the list and the preview were last drawn from (see :func:`drawn_from_key`)."""
 
     def compose(self) -> ComposeResult:
         yield Static("Configs", classes="step-title")
@@ -229,7 +293,7 @@ class ConfigsStep(StepPane):
             return [f"out_dir: {p} is a file"]
         row.set_error(None)
         self.session.out_dir = p
-        self.refresh_files()
+        self.refresh_files(if_changed=True)  # typing in another directory redraws
         return []
 
     def first_focus(self) -> Widget | None:
@@ -358,9 +422,17 @@ class ConfigsStep(StepPane):
         self.render_error = message
         self.refresh_files()
 
-    def refresh_files(self) -> None:
+    def refresh_files(self, *, if_changed: bool = False) -> None:
+        """Redraw the file list and the preview; ``if_changed`` (entering the step): only if
+        what they are drawn from changed since they were drawn (a preview is highlighted and
+        diffed afresh, which was most of entering the step)."""
         if not self.is_mounted:
             return
+        out = self.out_dir
+        drawn_from = drawn_from_key(out, self.files, self.render_error, self.app.current_theme.dark)
+        if if_changed and drawn_from == self._drawn:
+            return
+        self._drawn = drawn_from
         ol = self.query_one("#file-list", OptionList)
         keep = self.highlighted_name()
         ol.clear_options()
@@ -370,7 +442,6 @@ class ConfigsStep(StepPane):
             )
             self.query_one("#preview-body", Static).update("")
             return
-        out = self.out_dir
         self.preview = self._preview(out)
         names = sorted(self.files)
         for name in names:
@@ -428,7 +499,7 @@ class ConfigsStep(StepPane):
         if state in (CHANGED, YOURS):
             parts.append(Text("\nDiff against the output directory", style="bold"))
             parts.append(Syntax(diff_text(out, name, text), "diff", theme=theme, word_wrap=False))
-        self.query_one("#preview-body", Static).update(Group(*parts))
+        self.query_one("#preview-body", Static).update(RenderedOnce(Group(*parts)))
 
     def show_result(self, message: str, *, ok: bool, confirm: bool = False) -> None:
         res = self.query_one("#write-result", Static)

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 from textual.containers import VerticalScroll
+from textual.walk import walk_depth_first
 from textual.widget import Widget
-from textual.widgets import Input, Select, Static
+from textual.widgets import Button, Input, OptionList, Select, Static, Tabs
 
 from engine.errors import DtrainError, one_line
 from tui.lifecycle import torn_down
@@ -30,6 +31,9 @@ AUTO = "auto"
 """The Select value meaning "let the planner choose" (the spec field stays None)."""
 
 _FIELD_PREFIX = re.compile(r"^(?:[a-z_]+\.)?([a-z_]+): ")
+
+_FOCUS_FIRST = (Input, Select, OptionList, Button, Tabs)
+"""What a step's first focus may be: its first focusable field, list, button or tab."""
 
 
 class StepPane(VerticalScroll):
@@ -46,6 +50,10 @@ class StepPane(VerticalScroll):
         self.session = session
         """The wizard's state: the spec this step edits a part of, the plan it shows."""
         self._loading = False
+        self._rows: dict[str, FieldRow] | None = None
+        """The step's field rows, found once it is mounted (they are all composed, never added
+        later): a query walks every widget of the step, and steps read their rows on each
+        refresh."""
 
     # --- to implement -------------------------------------------------------------------------
     def load(self) -> None:
@@ -75,8 +83,10 @@ class StepPane(VerticalScroll):
             self.revalidate()
 
     def first_focus(self) -> Widget | None:
-        for w in self.query("Input, Select, OptionList, Button, Tabs"):
-            if w.focusable:
+        # Walked lazily, in the DOM order a query has, stopping at the first match (a query
+        # matched every widget of the step against the selector first).
+        for w in walk_depth_first(self, Widget, with_root=False):
+            if isinstance(w, _FOCUS_FIRST) and w.focusable:
                 return w
         return None
 
@@ -84,6 +94,19 @@ class StepPane(VerticalScroll):
     ready = False
     """Composed and loaded: :meth:`session_changed` reaches the widgets (a pane still being
     mounted has none to update yet; it draws the session itself when it is ready)."""
+
+    ahead = False
+    """Built ahead of its first visit (the wizard builds the steps in idle time, so a move
+    only switches): until :meth:`entered` it fills its fields and draws the session but
+    validates nothing, so the steps not visited yet record no verdict, as when a step was
+    built on its first visit; entering it then loads and validates the spec as it is then."""
+
+    def entered(self) -> None:
+        """The wizard switched to this step: the first time, a step built ahead loads the
+        spec as it is now and validates it (what building it on this visit did)."""
+        if self.ahead:
+            self.ahead = False
+            self.reload()
 
     def on_mount(self) -> None:
         self.reload()
@@ -108,6 +131,8 @@ class StepPane(VerticalScroll):
         self.revalidate()
 
     def revalidate(self) -> None:
+        if self.ahead:
+            return  # not entered yet: validated (from the spec as it is then) when entered
         try:
             errors = self.check()
         except Exception as e:  # noqa: BLE001 - odd input must never crash the wizard
@@ -125,7 +150,12 @@ class StepPane(VerticalScroll):
             self.revalidate()
 
     def rows(self) -> dict[str, FieldRow]:
-        return {r.field_name: r for r in self.query(FieldRow)}
+        if self._rows is not None:
+            return self._rows
+        rows = {r.field_name: r for r in self.query(FieldRow)}
+        if self.ready:
+            self._rows = rows  # mounted and composed: the rows are all there for good
+        return rows
 
     def select_value(self, name: str) -> str | None:
         """A Select's value, None for auto or blank."""

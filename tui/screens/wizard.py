@@ -12,41 +12,24 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.color import Color
 from textual.containers import Horizontal
-from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Button, ContentSwitcher, Footer, Header, Static
+from textual.widgets import Button, ContentSwitcher, Header, Static
 
 from tui.lifecycle import torn_down
 from tui.messages import StepEntered, StepValidated
 from tui.screens.configs import RENDERING, ConfigsStep
 from tui.screens.decision import DecisionStep
-from tui.screens.hardware import HardwareStep
 from tui.screens.launch import LaunchStep
-from tui.screens.model import ModelStep
-from tui.screens.network import NetworkStep
 from tui.screens.step import StepPane
-from tui.screens.training import TrainingStep
+from tui.screens.step_panes import STEP_PANES, StepsScreen, step_class
 from tui.session import Step, WizardSession
+from tui.widgets.steady_footer import SteadyFooter
 from tui.widgets.step_nav import StepNav
 
-STEP_PANES: dict[Step, type[StepPane]] = {
-    Step.MODEL: ModelStep,
-    Step.HARDWARE: HardwareStep,
-    Step.NETWORK: NetworkStep,
-    Step.TRAINING: TrainingStep,
-    Step.DECISION: DecisionStep,
-    Step.CONFIGS: ConfigsStep,
-    Step.LAUNCH: LaunchStep,
-}
-"""The pane of each step; built when the step is first visited, with the wizard's session."""
+__all__ = ["STEP_PANES", "WizardScreen", "step_class"]
 
 
-def step_class(step: Step) -> type[StepPane]:
-    """The pane class of ``step``."""
-    return STEP_PANES[Step(step)]
-
-
-class WizardScreen(Screen[None]):
+class WizardScreen(StepsScreen):
     BINDINGS = [
         # ^n / ^b: in the step list's own key hint and on the Back / Next buttons; the footer
         # keeps room for f1 Help and ^q Quit at 80 columns.
@@ -62,36 +45,39 @@ class WizardScreen(Screen[None]):
     ]
 
     def __init__(self, session: WizardSession) -> None:
-        super().__init__(id="wizard")
-        self.session = session
+        super().__init__(session, id="wizard")
         self._status: tuple[str, bool] = ("", False)
         self._bar_on: StepPane | None = None
-        self._panes: dict[str, StepPane] = {}
-        """The steps built so far (a query walked the whole screen, several times a move)."""
         """The step drawn with the focus bar."""
-        self.holding_keys = True
-        """A step is being entered (the first one from the start): the app holds the keys
-        that arrive meanwhile and hands them, in order, to the field that gets the focus."""
-
-    @property
-    def current(self) -> Step:
-        return self.session.current
+        self._nav: StepNav | None = None
+        self._status_line: Static | None = None
+        self._buttons: dict[str, Button] = {}
+        """The frame's widgets, kept when composed: a query for one walks every built step
+        (tens of milliseconds a move with all seven built)."""
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="≡")
+        self._nav = StepNav(list(Step), id="nav")
+        self._switcher = ContentSwitcher(id="steps")
+        self._status_line = Static("", id="status-line", markup=False)
+        self._buttons = {
+            "back": Button("◀ Back", id="back", compact=True),
+            "next": Button("Next ▶", id="next", compact=True),
+        }
         with Horizontal(id="main"):
-            yield StepNav(list(Step), id="nav")
+            yield self._nav
             # Steps are built when first visited, the first one right after the first frame:
             # the frame (sidebar, status line, keys) is on screen before the fields are built.
-            yield ContentSwitcher(id="steps")
+            # Each is built once and kept: a later visit only switches to it.
+            yield self._switcher
         with Horizontal(id="navbar"):
-            yield Button("◀ Back", id="back", compact=True)
-            yield Static("", id="status-line", markup=False)
-            yield Button("Next ▶", id="next", compact=True)
-        yield Footer()
+            yield self._buttons["back"]
+            yield self._status_line
+            yield self._buttons["next"]
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
-        for button in self.query("#navbar Button"):
+        for button in self._buttons.values():
             button.can_focus = False  # clicking Back/Next keeps the focus in the step's fields
         self.sub_title = ""
         # The accent bar of the step holding the focus (see _mark_focused_step).
@@ -135,10 +121,6 @@ class WizardScreen(Screen[None]):
             self._mark_focused_step(pane)
 
     # --- panes --------------------------------------------------------------------------------
-    def pane(self, step: str) -> StepPane | None:
-        """The step's pane, or None while it has not been visited yet."""
-        return self._panes.get(step)
-
     @property
     def _decision(self) -> DecisionStep | None:
         return cast(DecisionStep | None, self.pane(Step.DECISION))
@@ -158,7 +140,8 @@ class WizardScreen(Screen[None]):
 
     # --- drawing the session ------------------------------------------------------------------
     def show_nav(self) -> None:
-        if torn_down(self) or not self.query(StepNav):
+        nav = self._nav
+        if nav is None or torn_down(self) or torn_down(nav) or not nav.is_attached:
             return  # being torn down (or not composed yet): no sidebar to draw on
         s = self.session
         invalid = {k: bool(v) for k, v in s.step_errors.items()}
@@ -166,7 +149,6 @@ class WizardScreen(Screen[None]):
             invalid[Step.TRAINING] = True  # refused at its Global batch field: no ✓ beside a ✗
         pending = {Step.DECISION} if s.planning else set()
         unfit = s.plan is not None and not s.plan.recommended.fits
-        nav = self.query_one(StepNav)
         nav.set_state(s.current, invalid, pending, planned=s.plan is not None, unfit=unfit)
         for pane in list(self._panes.values()):
             pane.session_changed()  # the plan or its refusal changed: steps that show it follow
@@ -174,9 +156,8 @@ class WizardScreen(Screen[None]):
     def set_status(self, text: str, *, error: bool = False) -> None:
         if (text, error) == self._status:
             return
-        lines = self.query("#status-line").results(Static)
-        line = next(lines, None)
-        if line is None or torn_down(self):
+        line = self._status_line
+        if line is None or torn_down(self) or torn_down(line) or not line.is_attached:
             return  # being torn down (or not composed yet)
         self._status = (text, error)
         line.update(text)
@@ -307,22 +288,18 @@ class WizardScreen(Screen[None]):
         release = getattr(self.app, "release_type_ahead", None)
         if release is not None:
             release()
+        self._build_ahead_later()
 
     async def _build_and_show(self, step: Step) -> None:
-        switcher = self.query_one(ContentSwitcher)
-        pane = self.pane(step)
-        if pane is None:
-            pane = step_class(step)(self.session)
-            mounting = switcher.mount(pane)
-            self._panes[step] = pane  # in the DOM from here on, as a query would find it
-            await mounting
-        elif step in (Step.NETWORK, Step.LAUNCH):
-            pane.revalidate()  # their summaries depend on the hardware step
+        switcher = self._switcher
+        assert switcher is not None, "entered a step before the wizard was composed"
+        pane = await self._built(step)
         self.session.current = step
         switcher.current = f"step-{step}"
         self.post_message(StepEntered(step))
         if step == Step.CONFIGS:
-            cast(ConfigsStep, pane).refresh_files()
+            # The files on disk may have changed meanwhile; redrawn only if anything did.
+            cast(ConfigsStep, pane).refresh_files(if_changed=True)
         target = pane.first_focus()
         if target is not None:
             target.focus()
@@ -331,5 +308,5 @@ class WizardScreen(Screen[None]):
             pane.call_after_refresh(pane.scroll_home, animate=False)
         self.show_nav()
         self._show_step_status()
-        self.query_one("#back", Button).disabled = step == Step.MODEL
-        self.query_one("#next", Button).disabled = step == Step.LAUNCH
+        self._buttons["back"].disabled = step == Step.MODEL
+        self._buttons["next"].disabled = step == Step.LAUNCH
