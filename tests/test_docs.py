@@ -62,6 +62,14 @@ SKIP: dict[tuple[str, str], str] = {
     ): "needs a Slurm cluster (tests/e2e start a real two-node one)",
     ("docs/launch/slurm.md", "dtrain-tui monitor"): "reads the Slurm run above",
     (
+        "docs/launch/ssh.md",
+        "dtrain-tui launch",
+    ): "needs SSH to four GPU nodes (tests/e2e start real sshd on 127.0.0.1)",
+    (
+        "docs/launch/ssh.md",
+        "dtrain-tui launch",
+    ): "needs SSH to four GPU nodes (tests/e2e start real sshd on 127.0.0.1)",
+    (
         "docs/calibrate.md",
         ".venv/bin/dtrain-tui launch",
     ): "a real training run: the README's tour runs one",
