@@ -36,6 +36,7 @@ import shutil
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,28 @@ def slurm_json(job_id: str | None, job: JobInfo | None, restarts: int, hosts: li
     return json.dumps(data, indent=2) + "\n"
 
 
+@dataclass
+class BatchExits:
+    """srun's per-task exits and the script's end line, read from the batch output as it
+    comes (:meth:`feed`, the batch log's follower)."""
+
+    task_codes: dict[int, int] = field(default_factory=dict)
+    """Exit code of each task srun named (task *t* is node *t*)."""
+    srun_rc: int | None = None
+    """srun's own exit code, once the batch script printed it."""
+    _tail: bytes = b""
+
+    def feed(self, data: bytes) -> None:
+        data, self._tail = self._tail + data, b""
+        cut = data.rfind(b"\n") + 1
+        data, self._tail = data[:cut], data[cut:]
+        for raw in data.decode("utf-8", "replace").splitlines():
+            self.task_codes.update(task_exits(raw))
+            if raw.startswith("[dtrain-tui] srun exit code "):
+                with contextlib.suppress(ValueError):
+                    self.srun_rc = int(raw.rsplit(" ", 1)[1])
+
+
 class SlurmDriver:
     """Submits the run as one Slurm batch job (one task per node), follows it, cancels it."""
 
@@ -153,10 +176,8 @@ class SlurmDriver:
         then read to their end and every node counts as finished."""
         self._job_over = False
         """Slurm reported a final state: nothing of the job runs, no scancel is needed."""
-        self._batch_tail = b""
         self._hosts_set = False
-        self._task_codes: dict[int, int] = {}
-        self._srun_rc: int | None = None
+        self._exits = BatchExits()
         self._cancelled = False
         self._watcher: threading.Thread | None = None
         self._control: RunControl | None = None
@@ -215,7 +236,7 @@ class SlurmDriver:
         self._write_slurm_json()
         follow = self._runner.follow
         batch = follow(f"{self._workdir}/{batch_log_name(self.job_id)}", self._job_ended)
-        batch.on_data = self._scan_batch
+        batch.on_data = self._exits.feed
         self.ctx.add_stream(0, STDOUT, batch.read)
         for i in range(self.ctx.manifest.nodes):
             for stream in (STDOUT, STDERR):
@@ -229,17 +250,6 @@ class SlurmDriver:
         self._control = control
         self._watcher = threading.Thread(target=self._watch, name="dtrain-slurm", daemon=True)
         self._watcher.start()
-
-    def _scan_batch(self, data: bytes) -> None:
-        """srun's per-task exits and the script's end line, from the batch output."""
-        data, self._batch_tail = self._batch_tail + data, b""
-        cut = data.rfind(b"\n") + 1
-        data, self._batch_tail = data[:cut], data[cut:]
-        for raw in data.decode("utf-8", "replace").splitlines():
-            self._task_codes.update(task_exits(raw))
-            if raw.startswith("[dtrain-tui] srun exit code "):
-                with contextlib.suppress(ValueError):
-                    self._srun_rc = int(raw.rsplit(" ", 1)[1])
 
     # ------------------------------------------------------------------ following the job
 
@@ -360,13 +370,17 @@ class SlurmDriver:
         job = self.job
         if job is not None and job.state == "COMPLETED":
             return True, 0
-        if node in self._task_codes:
-            return True, self._task_codes[node]
+        if node in self._exits.task_codes:
+            return True, self._exits.task_codes[node]
         if self._cancelled or self.ctx.stop_requested:
             return True, -15
-        if self._task_codes:  # another task failed; srun named no failure of this one
-            return True, 0 if self._srun_rc is None else -15
-        code = self._srun_rc if self._srun_rc is not None else (job.exit_code if job else None)
+        if self._exits.task_codes:  # another task failed; srun named no failure of this one
+            return True, 0 if self._exits.srun_rc is None else -15
+        code = (
+            self._exits.srun_rc
+            if self._exits.srun_rc is not None
+            else (job.exit_code if job else None)
+        )
         return True, code or 1
 
     def _cancel(self, *, now: bool) -> None:

@@ -42,6 +42,7 @@ from engine.launch.ssh_remote import (
 )
 from engine.plan.specs import Host
 from engine.rundir.events import STDERR, STDOUT
+from engine.write.manifest import BundleManifest
 from engine.write.slurm import NODE_REAPER
 
 
@@ -187,30 +188,10 @@ class SshDriver:
             return self._tar
 
     def master_addr(self) -> str | None:
-        """MASTER_ADDR handed to every node, or None to keep the bundle's. The bundle's address
-        stays when it was written for these hosts (or set by the user, e.g. an InfiniBand
-        address); a bundle written without hosts has none (its scripts refuse to start without
-        MASTER_ADDR), and one written for other hosts names the wrong machine: then it is node
-        0's address as this launcher reaches it (after ~/.ssh/config). ``MASTER_ADDR`` in the
-        run's environment always wins."""
-        if (
-            self.ctx.manifest.nodes < 2
-            or "MASTER_ADDR" in self.ctx.options.env
-            or not self.ctx.options.hosts
-        ):
-            return None
-        node0 = self._targets[0].hostname if self._targets else self.ctx.options.hosts[0].host
-        written = self.ctx.manifest.hosts
-        if written:
-            try:
-                first = Host.parse(written[0])
-            except ValueError:
-                first = None
-            if first is None or first == self.ctx.options.hosts[0]:
-                return None
-            if self.ctx.manifest.master_addr != first.host:
-                return None  # chosen by the user, not derived from the hosts
-        return node0
+        """MASTER_ADDR handed to every node, or None to keep the bundle's
+        (:func:`master_addr_for`, node 0 as this launcher reaches it once connected)."""
+        node0 = self._targets[0].hostname if self._targets else None
+        return master_addr_for(self.ctx.manifest, self.ctx.options, node0)
 
     def remote_command(self, node: int) -> str:
         """The exact command sent to ``node`` (also written to RUN/commands/node<i>.txt). Its
@@ -365,6 +346,30 @@ class SshBackend(LaunchBackend):
     def remote_command(self, node: int) -> str:
         """The exact command sent to ``node`` (:meth:`SshDriver.remote_command`)."""
         return self.driver.remote_command(node)
+
+
+def master_addr_for(
+    manifest: BundleManifest, options: LaunchOptions, node0: str | None = None
+) -> str | None:
+    """MASTER_ADDR handed to every node, or None to keep the bundle's. The bundle's address
+    stays when it was written for these hosts (or set by the user, e.g. an InfiniBand address);
+    a bundle written without hosts has none (its scripts refuse to start without MASTER_ADDR),
+    and one written for other hosts names the wrong machine: then it is node 0's address as
+    this launcher reaches it (``node0``, after ~/.ssh/config; else as the options name it).
+    ``MASTER_ADDR`` in the run's environment always wins."""
+    if manifest.nodes < 2 or "MASTER_ADDR" in options.env or not options.hosts:
+        return None
+    written = manifest.hosts
+    if written:
+        try:
+            first = Host.parse(written[0])
+        except ValueError:
+            first = None
+        if first is None or first == options.hosts[0]:
+            return None
+        if manifest.master_addr != first.host:
+            return None  # chosen by the user, not derived from the hosts
+    return node0 if node0 is not None else options.hosts[0].host
 
 
 def bundle_tar(bundle: Path) -> bytes:
