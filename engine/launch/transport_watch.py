@@ -1,5 +1,5 @@
 """The launcher's NCCL transport check: every node's reader threads feed it the lines they read
-(:class:`engine.launch.streams.StreamingRun`), and run.json's ``transport`` entry is rewritten
+(:class:`engine.launch.run_state.RunContext`), and run.json's ``transport`` entry is rewritten
 when the judgement changes (verdict, networks chosen, findings), not on every new fact.
 
 Judged against the bundle's plan.json, nccl.env and sky.yaml and the backend actually used
