@@ -5,10 +5,18 @@ Reads the run-directory contract the launch backends write: ``RUN/run.json`` (th
 :func:`engine.rundir.record.read_record`, which bounds what an untrusted file may ask for; the
 text in it is made safe for a terminal here), ``RUN/logs/rank<R>.stdout.log``,
 ``rank<R>.stderr.log`` and ``node<i>.log``. Lines come out as :class:`LineBatch` events (one per
-file read, in file order, so no line of a rank is lost or reordered; files found at once, a
-finished run's, in the order they were last written: :func:`replay_order`); a rank's exit is
+file read, in file order, so no line of a rank is lost or reordered); a rank's exit is
 reported only after its files have been drained, so its last lines come before its exit. Pure
 I/O on plain files: no threads of its own (the monitor polls it from its reader thread).
+
+What the directory holds when it is opened (a finished run, or a live one reopened) is replayed
+in the order it was written: the chunks ``logs/order.idx`` lists (:mod:`engine.rundir.files`),
+ranks and streams interleaved as they were appended; then the files are followed as they grow.
+What the index does not cover (an older run has none; a crash may leave it shorter than the
+logs) comes after, file by file, in :func:`replay_order`. The index is checked, never trusted:
+each record must name a log of the directory read by the rules below, start where that log's
+last indexed chunk ended and end inside the file; the first that does not (or a line that is no
+record) ends the indexed replay, with one line saying so, and the files are read on from there.
 
 A run directory may come from someone else: a log that is a symlink, or leads out of the run
 directory (``logs`` itself a symlink), or is not a regular file, is not read; one line says so
@@ -31,6 +39,7 @@ from engine.errors import DtrainError
 from engine.fsio import open_regular
 from engine.monitor.textsafe import safe_line
 from engine.rundir.events import STDERR, STDOUT, Event, LineBatch, RankExit, RunStateChanged
+from engine.rundir.files import ORDER_INDEX
 from engine.rundir.record import RUN_JSON, AttemptRecord, RunRecord, RunState, read_record
 from engine.write.manifest import MAX_NODES, MAX_RANKS
 
@@ -45,6 +54,13 @@ NO_LAUNCHER_QUIET_S = 30.0
 taken as ended: no process this machine can see will ever finish it."""
 NOTE = "[dtrain-tui] "
 """How a line of the monitor's own (a file not read) starts."""
+INDEX_BLOCK = 64 << 10
+"""How much of ``logs/order.idx`` is read at a time (the index is streamed, never held)."""
+MAX_RECORD = 128
+"""The longest index record taken (a log's name and two numbers are far shorter)."""
+RECORD_COST = 64
+"""Bytes of a poll's budget one index record counts for, so an index of tiny chunks still
+gives a short poll."""
 
 
 @dataclass(slots=True)
@@ -138,6 +154,56 @@ def replay_order(logs: Path, names: list[str]) -> list[str]:
     return sorted(names, key=key)
 
 
+class _BadRecord(ValueError):
+    """An index line that is not ``<log name> <offset> <nbytes>``."""
+
+
+def _parse_record(line: bytes) -> tuple[str, int, int]:
+    parts = line.split(b" ")
+    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 19 for p in parts[1:]):
+        raise _BadRecord
+    name = parts[0].decode("ascii", "replace")
+    if _FILE_RE.match(name) is None or int(parts[2]) <= 0:
+        raise _BadRecord
+    return name, int(parts[1]), int(parts[2])
+
+
+class _OrderIndex:
+    """``logs/order.idx`` read forward, a block at a time, and the replay's place in it: the
+    tail whose chunk is being read and its bytes still to read, and where each log's indexed
+    chunks end so far (the next record of that log must start there)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fh: BinaryIO = os.fdopen(fd, "rb")
+        self.buf = b""
+        self.pos = 0
+        self.count = 0
+        """Records taken so far."""
+        self.tail: _Tail | None = None
+        self.left = 0
+        self.ends: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+
+    def next(self) -> tuple[str, int, int] | None:
+        """The next complete record; None at the index's end (a record cut short by a crash,
+        or still being written, is not one). :class:`_BadRecord` for a line that is none."""
+        while True:
+            nl = self.buf.find(b"\n", self.pos)
+            if 0 <= nl - self.pos <= MAX_RECORD:
+                line, self.pos = self.buf[self.pos : nl], nl + 1
+                self.count += 1
+                return _parse_record(line)
+            if nl >= 0 or len(self.buf) - self.pos > MAX_RECORD:
+                raise _BadRecord
+            more = self.fh.read(INDEX_BLOCK)
+            if not more:
+                return None
+            self.buf, self.pos = self.buf[self.pos :] + more, 0
+
+    def close(self) -> None:
+        self.fh.close()
+
+
 class _LogFiles:
     """The run directory's log files, followed: which there are (looked for again every
     ``rescan_s``), what each gave since the last read, a truncated or rotated one read again,
@@ -154,8 +220,11 @@ class _LogFiles:
         self._logs_refused = False
         self._tails: dict[str, _Tail] = {}
         self._last_scan = 0.0
+        self._order: _OrderIndex | None = None
+        """The index being replayed (see the module docstring); None once it is over."""
 
     def close(self) -> None:
+        self._end_replay()
         for t in self._tails.values():
             if t.fh is not None:
                 t.fh.close()
@@ -202,8 +271,128 @@ class _LogFiles:
             else:
                 self._tails[name] = _Tail(logs / name, None, int(m[3]), STDOUT)
 
+    def open_index(self) -> None:
+        """Start replaying ``logs/order.idx`` (at the first scan): none there, or one refused
+        (a symlink, not a regular file), and the files are read as they are."""
+        if self._logs_refused:
+            return
+        label = f"{LOGS}/{ORDER_INDEX}"
+        try:
+            fd = open_regular(self.run_dir / LOGS / ORDER_INDEX, within=self.run_dir, label=label)
+        except DtrainError as e:
+            self._note(f"{e}")
+            return
+        except OSError:
+            return
+        self._order = _OrderIndex(fd)
+
+    def _end_replay(self) -> None:
+        if self._order is not None:
+            self._order.close()
+            self._order = None
+
+    def _replay(self, info: _RunInfo) -> list[Event]:
+        """The next indexed chunks, up to a poll's budget, as events: consecutive reads of one
+        file make one batch. The replay ends at the index's end or its first bad record."""
+        order = self._order
+        assert order is not None
+        events: list[Event] = []
+        now = time.time()
+        budget = self.poll_bytes
+        acc: list[bytes] = []
+        acc_tail: _Tail | None = None
+        over = False
+        while budget > 0:
+            if order.left == 0:
+                over = not self._take_record(order, info)
+                if over:
+                    break
+                budget -= RECORD_COST
+                continue
+            t = order.tail
+            assert t is not None and t.fh is not None
+            data = t.fh.read(min(order.left, self.chunk_bytes, budget))
+            if not data:  # shrank since it was checked: read on as a followed file is
+                over = True
+                break
+            order.left -= len(data)
+            budget -= len(data)
+            if acc_tail is not t:
+                if acc_tail is not None and (
+                    batch := self._lines(acc_tail, b"".join(acc), info, now)
+                ):
+                    events.append(batch)
+                acc, acc_tail = [], t
+            acc.append(data)
+        if acc_tail is not None and (batch := self._lines(acc_tail, b"".join(acc), info, now)):
+            events.append(batch)
+        if over:
+            self._end_replay()
+        return events
+
+    def _take_record(self, order: _OrderIndex, info: _RunInfo) -> bool:
+        """The next record as the chunk to read (``order.tail``, ``order.left``); False at the
+        index's end or at a record that does not check out (said in one line)."""
+        try:
+            rec = order.next()
+        except (_BadRecord, OSError):
+            rec, bad = None, "is not an order record"
+        else:
+            bad = ""
+        if rec is not None:
+            name, offset, nbytes = rec
+            t = self._tails.get(name)
+            if t is None:
+                self.scan(info)  # a live run's log made since the last look
+                t = self._tails.get(name)
+            end = offset + nbytes
+            if t is None or t.refused or (t.fh is None and not self._open(t)):
+                bad = f"names {name}, not a log read here"
+            elif offset != order.ends.get(name, 0):
+                bad = f"puts {name} at {offset}, not where its last chunk ended"
+            elif end > order.sizes.get(name, -1) and end > self._size(t, order):
+                bad = f"goes past the end of {name}"
+            else:
+                order.ends[name] = end
+                order.tail, order.left = t, nbytes
+                return True
+        if bad:
+            self._note(
+                f"{LOGS}/{ORDER_INDEX}: record {order.count} {bad}; the rest is replayed "
+                "file by file"
+            )
+        return False
+
+    @staticmethod
+    def _size(t: _Tail, order: _OrderIndex) -> int:
+        assert t.fh is not None
+        try:
+            size = os.fstat(t.fh.fileno()).st_size
+        except OSError:
+            size = -1
+        order.sizes[t.path.name] = size
+        return size
+
+    @staticmethod
+    def _lines(t: _Tail, data: bytes, info: _RunInfo, now: float) -> LineBatch | None:
+        """``data`` read from ``t``'s file: its whole lines as one batch (none yet: kept)."""
+        buf = t.rest + data if t.rest else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            t.keep(buf)
+            return None
+        lines = _decode_lines(buf[:cut], t.cut)
+        t.cut = 0
+        t.keep(buf[cut + 1 :])
+        if t.rank is not None:
+            t.node = info.rank_node.get(t.rank, t.node)
+        host = info.rank_host.get(t.rank, "") if t.rank is not None else ""
+        return LineBatch(t.node, t.rank, t.stream, tuple(lines), now, host)
+
     def drain(self, info: _RunInfo) -> tuple[list[Event], bool]:
         """Events for what the files gave, and whether any file gave a byte."""
+        if self._order is not None:
+            return self._replay(info), True
         rescan = time.monotonic() - self._last_scan >= self.rescan_s
         if rescan:
             self.scan(info)
@@ -229,18 +418,8 @@ class _LogFiles:
                 continue
             budget -= len(data)
             busy = True
-            buf = t.rest + data if t.rest else data
-            cut = buf.rfind(b"\n")
-            if cut < 0:
-                t.keep(buf)
-                continue
-            lines = _decode_lines(buf[:cut], t.cut)
-            t.cut = 0
-            t.keep(buf[cut + 1 :])
-            if t.rank is not None:
-                t.node = info.rank_node.get(t.rank, t.node)
-            host = info.rank_host.get(t.rank, "") if t.rank is not None else ""
-            events.append(LineBatch(t.node, t.rank, t.stream, tuple(lines), now, host))
+            if (batch := self._lines(t, data, info, now)) is not None:
+                events.append(batch)
         return events, busy
 
     def _open(self, t: _Tail) -> bool:
@@ -338,6 +517,7 @@ class RunDirSource:
         self._run_mtime = self._mtime()
         self._started = True
         self._logs.scan(self._info)
+        self._logs.open_index()
 
     @property
     def done(self) -> bool:

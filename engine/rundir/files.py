@@ -9,6 +9,8 @@ Layout (the contract the monitor reads)::
     RUN/logs/rank<R>.stdout.log     one file per global rank and stream
     RUN/logs/rank<R>.stderr.log
     RUN/logs/node<i>.log            lines of node i no rank can be named for (launcher chatter)
+    RUN/logs/order.idx              the order the logs were written in: one ``<file> <offset>
+                                    <nbytes>`` line per append (owner-only; best-effort)
     RUN/stop.request                written by a monitor to ask the launcher to stop the run
 
 Every line is appended and flushed here before a backend hands it to any consumer, so a crash of
@@ -17,6 +19,13 @@ written here only (a launch backend changes it through :meth:`RunDir.begin`, :me
 and :meth:`RunDir.set_rank_exit`) and read through :func:`engine.rundir.record.read_record`. It
 names its launcher (pid and start time): a reader believes ``running`` only while that process
 lives.
+
+The logs hold no time per line, so ``order.idx`` says how they interleave: every
+:meth:`RunDir.append` (one flushed chunk of whole lines, under the lock) adds, after the chunk is
+written, the log's name, the offset the chunk starts at in it and its length, so a reopened run
+replays ranks and streams as they were written (:mod:`engine.monitor.tail`). The index is
+best-effort: a failure writing it loses no log line and ends no run; it is written no more after
+its first error, and a reader replays what it does not cover file by file.
 
 A full disk is not a crash: :meth:`RunDir.append` raises the OSError for the backend to end the
 run with, and :meth:`RunDir.update` falls back to rewriting run.json in place, compact, so the
@@ -39,6 +48,9 @@ from typing import IO, Any
 from engine.fsio import atomic_write_text
 from engine.rundir.record import RUN_JSON, RunRecord, RunState, read_record
 from engine.rundir.record_parts import DiagnosisRecord, TransportRecord
+
+ORDER_INDEX = "order.idx"
+"""``RUN/logs/order.idx``: the order chunks were appended to the logs in (module docstring)."""
 
 
 def default_runs_root() -> Path:
@@ -83,6 +95,10 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._files: dict[Path, IO[bytes]] = {}
+        self._sizes: dict[Path, int] = {}
+        """Each open log's size: where its next chunk starts (what ``order.idx`` records)."""
+        self._index: int | None = None
+        """``logs/order.idx``'s fd, opened on the first append; -1 once writing it failed."""
         self._lock = threading.Lock()
         self._record = RunRecord()
 
@@ -141,13 +157,15 @@ class RunDir:
     # --- logs
 
     def append(self, node: int, rank: int | None, stream: str, data: bytes) -> None:
-        """Append ``data`` (whole lines, newline-terminated) and flush before returning."""
+        """Append ``data`` (whole lines, newline-terminated) and flush before returning; then
+        record the chunk in ``logs/order.idx`` (best-effort: see the module docstring)."""
         target = node_log(self.path, node) if rank is None else rank_log(self.path, rank, stream)
         with self._lock:
             f = self._files.get(target)
             if f is None:
                 f = open(target, "ab")  # noqa: SIM115 - kept open for the run, closed in close()
                 self._files[target] = f
+                self._sizes[target] = os.fstat(f.fileno()).st_size
             try:
                 f.write(data)
                 f.flush()
@@ -155,14 +173,39 @@ class RunDir:
                 # Disk full (or gone): drop this file's buffer, so closing it later does not
                 # raise the same error again, and let the caller end the run.
                 del self._files[target]
+                self._sizes.pop(target, None)
                 _close_quietly(f)
                 raise
+            offset = self._sizes[target]
+            self._sizes[target] = offset + len(data)
+            if self._index != -1 and data:
+                self._record_order(f"{target.name} {offset} {len(data)}\n".encode())
+
+    def _record_order(self, record: bytes) -> None:
+        """One record appended to ``logs/order.idx`` (the lock is held); on any error the index
+        is closed and written no more: the log line is what counts."""
+        try:
+            if self._index is None:
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                self._index = os.open(self.path / "logs" / ORDER_INDEX, flags, 0o600)
+            if os.write(self._index, record) != len(record):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError:
+            if self._index is not None and self._index >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self._index)
+            self._index = -1
 
     def close(self) -> None:
         with self._lock:
             for f in self._files.values():
                 _close_quietly(f)
             self._files.clear()
+            self._sizes.clear()
+            if self._index is not None and self._index >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self._index)
+                self._index = None
 
     # --- run.json
 

@@ -1,7 +1,8 @@
-"""A reopened run replays its logs in the order they were written, as far as the run directory
-tells: a rank's Traceback (its stderr, written as it died) after the steps its stdout printed
-before, the node's torchrun summary after the ranks. The logs hold no time per line, so files
-come whole, in the order they were last written (their mtime)."""
+"""A reopened run replays its logs in the order they were written: with ``logs/order.idx``
+(every :meth:`RunDir.append` records its chunk) ranks and streams interleave as they were
+written, in the rank panes and the node view. An older run without the index: a rank's Traceback
+(its stderr, written as it died) after the steps its stdout printed before, the node's torchrun
+summary after the ranks; files come whole, in the order they were last written (their mtime)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from engine.monitor.tail import RunDirSource, replay_order
 from engine.rundir.events import LineBatch, per_line
+from engine.rundir.files import RunDir
 from tui.screens.monitor import MonitorApp
 
 CLOCK = 1_700_000_000.0
@@ -121,3 +123,57 @@ def test_events_are_line_batches_per_file(tmp_path: Path) -> None:
     while not source.done:
         events += source.poll(0.05)
     assert sum(isinstance(ev, LineBatch) for ev in events) == 4
+
+
+def indexed_run(tmp_path: Path) -> Path:
+    """The same failure written through a real :meth:`RunDir.append` (so with its order index),
+    the ranks' lines interleaved: r0 step 1, r1 step 1, r0 step 2, r0's Traceback, torchrun."""
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    rd = RunDir(run)
+    writes = [
+        (None, "stdout", ["launcher: node 0 up"]),
+        (0, "stdout", STEPS[:1]),
+        (1, "stdout", ["[dtrain] step=1/20 loss=2.91"]),
+        (0, "stdout", STEPS[1:]),
+        (0, "stderr", TRACEBACK),
+        (None, "stdout", SUMMARY),
+    ]
+    for rank, stream, lines in writes:
+        rd.append(0, rank, stream, "".join(x + "\n" for x in lines).encode())
+    rd.close()
+    os.utime(run / "logs" / "node0.log", ns=(T0, T0))  # mtimes that would say otherwise
+    ranks = [{"rank": r, "node_rank": 0, "local_rank": r, "exit_code": 1 - r} for r in (0, 1)]
+    info = {"state": "failed", "world_size": 2, "ranks": ranks, "failed_rank": 0, "reason": "x"}
+    (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
+def test_the_node_view_of_a_reopened_run_is_in_write_order(tmp_path: Path) -> None:
+    run = indexed_run(tmp_path)
+    source = RunDirSource(run)
+    source.start()
+
+    async def go() -> None:
+        app = MonitorApp(source, run, world_size=source.world_size, clock=lambda: CLOCK)
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(250):
+                await pilot.pause(0.02)
+                if app.monitor is not None and app.monitor.finished is not None:
+                    break
+            m = app.monitor
+            assert m is not None and m.finished == "failed"
+            assert m.pane_lines("r0") == [*STEPS, *TRACEBACK]
+            await pilot.press("v")
+            await pilot.pause(0.1)
+            assert m.grid.view == "node"
+            assert m.pane_lines("n0") == [
+                "node: launcher: node 0 up",
+                f"r0: {STEPS[0]}",
+                "r1: [dtrain] step=1/20 loss=2.91",
+                f"r0: {STEPS[1]}",
+                *(f"r0: {x}" for x in TRACEBACK),
+                *(f"node: {x}" for x in SUMMARY),
+            ]
+
+    asyncio.run(go())
