@@ -151,7 +151,7 @@ class DtrainApp(RunningApp):
         elif self._starts_on_demo and default_out_dir(self.spec) != DEFAULT_OUT_DIR:
             text = setup_name(self.spec)  # no longer the demo: the title follows the set-up
         elif self._starts_on_demo:
-            text = "local CPU demo" if dirty else "local CPU demo — Ctrl+L runs it"
+            text = "local CPU demo" if dirty else "local CPU demo — Ctrl+L twice runs it"
         else:
             text = "no profile"
         if dirty:

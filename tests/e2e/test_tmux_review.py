@@ -34,4 +34,4 @@ def test_status_line_verdict_survives_80_columns(tmux: Tmux, tmp_path: Path) -> 
     status = next(x for x in lines if "◀ Back" in x)
     assert "fits · ddp · " in status and "ddp · ddp" not in status, status
     assert "Next ▶" in status  # nothing overlaps the Next button
-    assert "Ctrl+L runs it" in screen  # the first screen still says how to run the demo
+    assert "Ctrl+L twice runs it" in screen  # the first screen still says how to run the demo

@@ -251,7 +251,7 @@ async def _header(tmp_path: Path) -> None:
         await settle(pilot)
         await until(
             pilot,
-            lambda: app.wizard.sub_title == "local CPU demo — Ctrl+L runs it",
+            lambda: app.wizard.sub_title == "local CPU demo — Ctrl+L twice runs it",
             lambda: f"header: {app.wizard.sub_title!r}",
         )
         # The footer shows ^l (Launch) on every step.
@@ -344,7 +344,7 @@ async def _first_ctrl_l(tmp_path: Path) -> None:
     )
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        assert app.wizard is not None and "Ctrl+L runs it" in str(app.wizard.sub_title)
+        assert app.wizard is not None and "Ctrl+L twice runs it" in str(app.wizard.sub_title)
         await pilot.press("ctrl+l")
         await at_step(pilot, "launch")
         await until(
