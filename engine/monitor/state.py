@@ -151,7 +151,11 @@ def _record_step(st: RankState, info: StepInfo, *, summary: bool) -> None:
     """Account for one resolved step record. ``summary``: the line named no step (a log dict
     or a summary of the run): its figures are shown, its throughput is no chart point."""
     st.step = info.step
-    st.step_source = info.source
+    # A bare tqdm bar is what many frameworks draw beside their own lines (the HF Trainer's log
+    # dicts, Accelerate's loops): it never hides the framework already seen for the rank, whichever
+    # of the two streams a replay reads last.
+    if info.source is not StepSource.TQDM or st.step_source is None:
+        st.step_source = info.source
     if info.total is not None:
         st.total_steps = info.total
     if info.loss is not None:

@@ -96,3 +96,18 @@ def test_snapshot_is_a_copy() -> None:
     s.apply([LineEvent(0, 0, "stdout", step(2, 2.0))], 1.0)
     assert snap.ranks[0].step == 1 and list(snap.ranks[0].loss_history) == [3.0]
     assert snap.total_lines == 1 and s.total_lines == 2
+
+
+def test_a_tqdm_bar_never_hides_the_framework_seen_for_the_rank() -> None:
+    """The HF Trainer logs dicts on stdout and draws its tqdm bar on stderr: the rank stays an
+    HF Trainer rank whichever stream is read last (a replay reads one file after the other)."""
+    from engine.monitor.logparse import StepSource
+
+    s = MonitorState(1)
+    s.apply([LineEvent(0, 0, "stdout", "{'loss': 2.5, 'learning_rate': 1e-05, 'epoch': 0.5}")], 1.0)
+    s.apply([LineEvent(0, 0, "stderr", " 50%|█████     | 10/20 [00:05<00:05,  2.00it/s]")], 2.0)
+    st = s.snapshot(3.0).ranks[0]
+    assert st.step_source is StepSource.HF_TRAINER and st.step == 10
+    bare = MonitorState(1)
+    bare.apply([LineEvent(0, 0, "stderr", " 50%|█████     | 10/20 [00:05<00:05,  2.00it/s]")], 2.0)
+    assert bare.snapshot(3.0).ranks[0].step_source is StepSource.TQDM
