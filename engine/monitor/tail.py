@@ -158,47 +158,46 @@ class _BadRecord(ValueError):
     """An index line that is not ``<log name> <offset> <nbytes>``."""
 
 
-def _parse_record(line: bytes) -> tuple[str, int, int]:
-    parts = line.split(b" ")
-    if len(parts) != 3 or not all(p.isdigit() and len(p) <= 19 for p in parts[1:]):
-        raise _BadRecord
-    name = parts[0].decode("ascii", "replace")
-    if _FILE_RE.match(name) is None or int(parts[2]) <= 0:
-        raise _BadRecord
-    return name, int(parts[1]), int(parts[2])
-
-
 class _OrderIndex:
     """``logs/order.idx`` read forward, a block at a time, and the replay's place in it: the
     tail whose chunk is being read and its bytes still to read, and where each log's indexed
-    chunks end so far (the next record of that log must start there)."""
+    chunks end so far (the next record of that log must start there), by the name's bytes."""
 
     def __init__(self, fd: int) -> None:
         self.fh: BinaryIO = os.fdopen(fd, "rb")
-        self.buf = b""
-        self.pos = 0
+        self.lines: list[bytes] = []
+        self.i = 0
+        self.partial = b""
+        """The block's last bytes, a record still without its newline."""
         self.count = 0
         """Records taken so far."""
         self.tail: _Tail | None = None
         self.left = 0
-        self.ends: dict[str, int] = {}
-        self.sizes: dict[str, int] = {}
+        self.known: dict[bytes, _Tail] = {}
+        """Names already checked: a log of the directory, open and read here."""
+        self.ends: dict[bytes, int] = {}
+        self.sizes: dict[bytes, int] = {}
 
-    def next(self) -> tuple[str, int, int] | None:
-        """The next complete record; None at the index's end (a record cut short by a crash,
-        or still being written, is not one). :class:`_BadRecord` for a line that is none."""
-        while True:
-            nl = self.buf.find(b"\n", self.pos)
-            if 0 <= nl - self.pos <= MAX_RECORD:
-                line, self.pos = self.buf[self.pos : nl], nl + 1
-                self.count += 1
-                return _parse_record(line)
-            if nl >= 0 or len(self.buf) - self.pos > MAX_RECORD:
+    def next(self) -> list[bytes] | None:
+        """The next complete record, split in its three fields; None at the index's end (a
+        record cut short by a crash, or still being written, is not one). :class:`_BadRecord`
+        for a line that is no record."""
+        while self.i >= len(self.lines):
+            if len(self.partial) > MAX_RECORD:
                 raise _BadRecord
             more = self.fh.read(INDEX_BLOCK)
             if not more:
                 return None
-            self.buf, self.pos = self.buf[self.pos :] + more, 0
+            self.lines = (self.partial + more).split(b"\n")
+            self.partial = self.lines.pop()
+            self.i = 0
+        line = self.lines[self.i]
+        self.i += 1
+        self.count += 1
+        parts = line.split(b" ")
+        if len(line) > MAX_RECORD or len(parts) != 3:
+            raise _BadRecord
+        return parts
 
     def close(self) -> None:
         self.fh.close()
@@ -304,11 +303,12 @@ class _LogFiles:
         over = False
         while budget > 0:
             if order.left == 0:
-                over = not self._take_record(order, info)
-                if over:
+                if not self._take_record(order, info):
+                    over = True
                     break
                 budget -= RECORD_COST
-                continue
+                if budget <= 0:
+                    break  # the chunk is read at the next poll
             t = order.tail
             assert t is not None and t.fh is not None
             data = t.fh.read(min(order.left, self.chunk_bytes, budget))
@@ -335,42 +335,57 @@ class _LogFiles:
         index's end or at a record that does not check out (said in one line)."""
         try:
             rec = order.next()
-        except (_BadRecord, OSError):
-            rec, bad = None, "is not an order record"
+            if rec is None:
+                return False
+            key, offset, nbytes = rec[0], int(rec[1]), int(rec[2])
+        except (_BadRecord, ValueError, OSError):
+            self._bad_record(order, "is not an order record")
+            return False
+        t = order.known.get(key)
+        if t is None and (t := self._indexed_tail(key, info)) is None:
+            self._bad_record(order, f"names {key.decode('ascii', 'replace')}, not a log read here")
+            return False
+        end = offset + nbytes
+        if nbytes <= 0 or offset != order.ends.get(key, 0):
+            why = f"puts {t.path.name} at {offset}, not where its last chunk ended"
+        elif end > order.sizes.get(key, -1) and end > self._size(t, key, order):
+            why = f"goes past the end of {t.path.name}"
         else:
-            bad = ""
-        if rec is not None:
-            name, offset, nbytes = rec
-            t = self._tails.get(name)
-            if t is None:
-                self.scan(info)  # a live run's log made since the last look
-                t = self._tails.get(name)
-            end = offset + nbytes
-            if t is None or t.refused or (t.fh is None and not self._open(t)):
-                bad = f"names {name}, not a log read here"
-            elif offset != order.ends.get(name, 0):
-                bad = f"puts {name} at {offset}, not where its last chunk ended"
-            elif end > order.sizes.get(name, -1) and end > self._size(t, order):
-                bad = f"goes past the end of {name}"
-            else:
-                order.ends[name] = end
-                order.tail, order.left = t, nbytes
-                return True
-        if bad:
-            self._note(
-                f"{LOGS}/{ORDER_INDEX}: record {order.count} {bad}; the rest is replayed "
-                "file by file"
-            )
+            order.ends[key] = end
+            order.tail, order.left = t, nbytes
+            return True
+        self._bad_record(order, why)
         return False
 
+    def _indexed_tail(self, key: bytes, info: _RunInfo) -> _Tail | None:
+        """The followed log an index record names, opened (a name first met: checked once)."""
+        name = key.decode("ascii", "replace")
+        if _FILE_RE.match(name) is None:
+            return None
+        t = self._tails.get(name)
+        if t is None:
+            self.scan(info)  # a live run's log made since the last look
+            t = self._tails.get(name)
+        if t is None or t.refused or (t.fh is None and not self._open(t)):
+            return None
+        assert self._order is not None
+        self._order.known[key] = t
+        return t
+
+    def _bad_record(self, order: _OrderIndex, why: str) -> None:
+        self._note(
+            f"{LOGS}/{ORDER_INDEX}: record {order.count} {why}; the rest is replayed file by file"
+        )
+
     @staticmethod
-    def _size(t: _Tail, order: _OrderIndex) -> int:
+    def _size(t: _Tail, key: bytes, order: _OrderIndex) -> int:
+        """``t``'s file's size now (a live run's grows), remembered for the next records."""
         assert t.fh is not None
         try:
             size = os.fstat(t.fh.fileno()).st_size
         except OSError:
             size = -1
-        order.sizes[t.path.name] = size
+        order.sizes[key] = size
         return size
 
     @staticmethod
