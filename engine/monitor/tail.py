@@ -17,6 +17,7 @@ logs) comes after, file by file, in :func:`replay_order`. The index is checked, 
 each record must name a log of the directory read by the rules below, start where that log's
 last indexed chunk ended and end inside the file; the first that does not (or a line that is no
 record) ends the indexed replay, with one line saying so, and the files are read on from there.
+The index is read a block at a time: memory stays bounded whatever its size.
 
 A run directory may come from someone else: a log that is a symlink, or leads out of the run
 directory (``logs`` itself a symlink), or is not a regular file, is not read; one line says so
@@ -132,14 +133,15 @@ def _run_info(rec: RunRecord) -> _RunInfo:
 
 
 def replay_order(logs: Path, names: list[str]) -> list[str]:
-    """``names`` (files of ``logs``) in the order their contents are replayed: the file last
-    written longest ago first (mtime), so a rank's Traceback (its stderr, written as it died)
+    """``names`` (files of ``logs``) in the order what ``order.idx`` does not cover of them is
+    replayed (all of an older run's, which has no index): the file last written longest ago
+    first (mtime), so a rank's Traceback (its stderr, written as it died)
     comes after the steps its stdout printed before, and torchrun's summary (the node log)
     after both. At the same mtime: by rank, stdout before stderr, node logs after ranks.
 
-    Only an approximation: the logs hold no time or sequence per line, so the lines of two
-    files are not interleaved (each file comes whole, in its own order); a live run's files,
-    read as they grow, come in the order they were written to within a poll."""
+    Only an approximation: the files themselves hold no time or sequence per line, so the
+    lines of two files are not interleaved (each file comes whole, in its own order); a live
+    run's files, read as they grow, come in the order they were written to within a poll."""
 
     def key(name: str) -> tuple[int, int, int, int]:
         m = _FILE_RE.match(name)
