@@ -260,7 +260,28 @@ _LAUNCH_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--script", "launch", "script", {"help": "training script (default: the example trainer)"}),
     ("--nccl-debug", "launch", "nccl_debug", {"metavar": "LEVEL"}),
     ("--nccl-debug-subsys", "launch", "nccl_debug_subsys", {"metavar": "SUBSYS"}),
-    ("--hang-timeout", "launch", "hang_timeout_s", {"type": number, "metavar": "S"}),
+    (
+        "--hang-timeout",
+        "launch",
+        "hang_timeout_s",
+        {
+            "type": number,
+            "metavar": "S",
+            "help": "fail the run when no rank prints anything for S seconds once a rank "
+            "started (default 300)",
+        },
+    ),
+    (
+        "--start-timeout",
+        "launch",
+        "start_timeout_s",
+        {
+            "type": number,
+            "metavar": "S",
+            "help": "fail the run when a rank shows no sign of life S seconds after the nodes "
+            "started (default 600)",
+        },
+    ),
     ("--max-restarts", "launch", "max_restarts", {"type": whole_number}),
     ("--sky-cluster", "launch", "sky_cluster", {}),
     ("--sky-cloud", "launch", "sky_cloud", {}),

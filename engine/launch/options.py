@@ -23,6 +23,8 @@ class LaunchOptions:
     remote_workdir: str = "~/dtrain-runs"
     remote_setup: str | None = None
     hang_timeout_s: float = 300.0
+    start_timeout_s: float = 600.0
+    """Seconds the ranks get to show a first sign of life (``--start-timeout``)."""
     nccl_debug: str | None = None
     nccl_debug_subsys: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -63,6 +65,7 @@ class LaunchOptions:
             remote_workdir=launch.remote_workdir,
             remote_setup=launch.remote_setup,
             hang_timeout_s=launch.hang_timeout_s,
+            start_timeout_s=launch.start_timeout_s,
             nccl_debug=launch.nccl_debug,
             nccl_debug_subsys=launch.nccl_debug_subsys,
             env=dict(launch.env),

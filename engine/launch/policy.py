@@ -4,7 +4,7 @@ Called by the supervision of every launch backend (:mod:`engine.launch.supervise
 backend's remote shell uses :data:`STOP_GRACE_S` too. Pure decisions on a node's state, no I/O.
 
 The first rank that exits non-zero, a node whose connection drops, a run silent for
-``hang_timeout_s``, or a run directory that cannot be written (disk full) ends the run ``failed``,
+``hang_timeout_s`` (once a rank started; until then ``start_timeout_s`` since the nodes started), or a run directory that cannot be written (disk full) ends the run ``failed``,
 naming rank, node and host, and every other node is stopped; a user's stop ends it ``stopped``;
 it is ``succeeded`` only when every rank exited 0.
 """
@@ -29,10 +29,10 @@ STALL_S = 2.0
 """A gap between two supervisor ticks (every SUPERVISE_INTERVAL_S) longer than this means the
 launcher itself was not running: stopped (Ctrl-Z, SIGSTOP), a paused VM, a suspended machine.
 The gap is not counted as the ranks' silence (:class:`HangClock`)."""
-STARTUP_S = 120.0
-"""Seconds added to ``hang_timeout_s`` before any rank printed its first line: on a loaded
-machine importing torch and the rendezvous may be silent for long; a run that never prints at
-all is still ended."""
+DEFAULT_START_TIMEOUT_S = 600.0
+"""``--start-timeout``'s default: until a rank's first sign of life the run is starting, not
+hanging (on a loaded machine importing torch and the rendezvous may be silent for minutes); a run
+no rank started in this long is still ended."""
 
 
 @dataclass
@@ -100,6 +100,10 @@ class HangClock:
     declared only on two ticks in a row, so the readers get a tick to deliver what they read
     after a continue.
 
+    Until a rank printed its first line (:attr:`alive`) the run is starting: the limit is the
+    start timeout counted from :meth:`restart` (the nodes started), not the hang timeout; the
+    hang timer starts at that first line.
+
     ``time.monotonic`` (CLOCK_MONOTONIC) is used, not CLOCK_BOOTTIME: it does not advance while
     the machine is suspended, which is no silence of the ranks either; a stopped process or a
     paused VM's clock jump is what the tick gap catches. Stream readers call :meth:`activity`
@@ -111,9 +115,10 @@ class HangClock:
         now = clock()
         self._last = now
         self._tick = now
+        self._began = now
         self._suspect = False
         self.alive = False
-        """A rank printed a line: the start-up allowance (:data:`STARTUP_S`) is over."""
+        """A rank printed a line: the start timeout is over, the hang timer runs."""
         self.credited_s = 0.0
         """Seconds of launcher stalls not counted as silence."""
 
@@ -125,7 +130,7 @@ class HangClock:
 
     def restart(self) -> None:
         """Start counting afresh (the nodes just started; a job began to wait in a queue)."""
-        self._last = self._tick = self._clock()
+        self._last = self._tick = self._began = self._clock()
         self._suspect = False
 
     def tick(self) -> None:
@@ -135,19 +140,32 @@ class HangClock:
         if gap > STALL_S:
             # Never past now: a reader may have seen output after the continue already.
             self._last = min(self._last + gap, now)
+            self._began = min(self._began + gap, now)
             self.credited_s += gap
             self._suspect = False
 
     def silent_s(self) -> float:
         return max(0.0, self._clock() - self._last)
 
-    def overdue(self, timeout_s: float, nodes_running: bool = True) -> str | None:
-        """The run's hang reason after ``timeout_s`` of silence, or None. ``nodes_running``:
-        some node's launch script still runs (once every script ended the run is ending, not
-        hanging)."""
-        limit = timeout_s if self.alive else timeout_s + STARTUP_S
-        silent = self.silent_s()
-        if not nodes_running or silent <= limit:
+    def starting_s(self) -> float:
+        """Seconds since the nodes started, launcher stalls not counted."""
+        return max(0.0, self._clock() - self._began)
+
+    def overdue(
+        self,
+        timeout_s: float,
+        nodes_running: bool = True,
+        *,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ) -> str | None:
+        """The run's hang reason after ``timeout_s`` of silence (before any rank's first line:
+        ``start_timeout_s`` since the start), or None. ``nodes_running``: some node's launch
+        script still runs (once every script ended the run is ending, not hanging)."""
+        if self.alive:
+            waited, limit = self.silent_s(), timeout_s
+        else:
+            waited, limit = self.starting_s(), start_timeout_s
+        if not nodes_running or waited <= limit:
             self._suspect = False
             return None
         if not self._suspect:  # one more tick: let the readers deliver what is in the pipes
@@ -155,10 +173,10 @@ class HangClock:
             return None
         if not self.alive:
             return (
-                f"hang: no rank printed anything in {silent:.0f}s since the start "
-                f"(--hang-timeout {timeout_s:g} plus {STARTUP_S:g}s for start-up)"
+                f"hang: no rank's script printed anything in {waited:.0f}s since the start "
+                f"(--start-timeout {start_timeout_s:g})"
             )
-        return hang_reason(silent, timeout_s)
+        return hang_reason(waited, timeout_s)
 
 
 def dir_error_text(e: OSError) -> str:

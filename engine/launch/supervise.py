@@ -141,7 +141,11 @@ class Supervisor:
 
             if take_diagnose_request(ctx.run.path):  # a monitor's "diagnose"
                 diagnose_safely(ctx, self.driver, "asked from the monitor")
-            hang = ctx.hang.overdue(ctx.options.hang_timeout_s, scripts_running)
+            hang = ctx.hang.overdue(
+                ctx.options.hang_timeout_s,
+                scripts_running,
+                start_timeout_s=ctx.options.start_timeout_s,
+            )
             if hang is not None:
                 diagnose_safely(ctx, self.driver, hang)  # name the stuck rank before the stop
                 self.fail(None, None, hang)

@@ -475,6 +475,9 @@ class LaunchSpec(_Strict):
     """Extra environment variables for every rank."""
     max_restarts: int = Field(default=0, ge=0, le=100)
     hang_timeout_s: float = Field(default=300.0, gt=0)
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds the ranks get to start (import torch, the rendezvous) before the run fails:
+    until a rank's first sign of life the hang timeout does not run."""
     sky_cluster: str | None = None
     sky_cloud: str | None = None
     sky_autostop_min: int | None = Field(default=None, ge=0)
