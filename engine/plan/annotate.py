@@ -32,7 +32,7 @@ from engine.plan.perf import (
     padded_vocab,
     unpadded_vocab_seconds,
 )
-from engine.plan.result import Layout, MemoryBreakdown, Plan
+from engine.plan.result import Layout, MemoryBreakdown, Plan, gib
 from engine.plan.search import (
     CLEARLY_FASTER,
     LONG_SEQUENCE,
@@ -54,13 +54,6 @@ MAX_BUBBLE = 0.20
 MIN_SCALING = 0.80
 # Step times this close (relative) read as "about as fast".
 SAME_SPEED = 0.02
-
-
-def gib(n: float) -> str:
-    """Bytes for a reason line: GiB, or MiB below 1 GiB so small models don't read as 0.0 GiB."""
-    if abs(n) < 1024**3:
-        return f"{n / 1024**2:.1f} MiB"
-    return f"{n / 1024**3:.1f} GiB"
 
 
 def step_time_text(s: float) -> str:

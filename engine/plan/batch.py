@@ -18,9 +18,9 @@ import dataclasses
 
 from engine.errors import SpecError
 from engine.plan import flowchart
-from engine.plan.annotate import describe, gib, mem_line
+from engine.plan.annotate import describe, mem_line
 from engine.plan.context import PlanContext
-from engine.plan.result import BatchChoice, PathStep
+from engine.plan.result import BatchChoice, PathStep, gib
 from engine.plan.search import (
     CLEARLY_FASTER,
     Candidate,

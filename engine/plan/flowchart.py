@@ -12,12 +12,12 @@ answer and reason is appended to the plan's path as a :class:`PathStep`. Called 
 
 from __future__ import annotations
 
-from engine.plan.annotate import describe, gib, mem_line, shortfall, step_time_text
+from engine.plan.annotate import describe, mem_line, shortfall, step_time_text
 from engine.plan.context import PlanContext
 from engine.plan.frameworks import cp_comm_of
 from engine.plan.memory import LayoutDraft, mtp_modules
 from engine.plan.names import CpComm, Offload, Strategy
-from engine.plan.result import PathStep
+from engine.plan.result import PathStep, gib
 from engine.plan.search import (
     CLEARLY_FASTER,
     LONG_SEQUENCE,

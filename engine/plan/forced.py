@@ -8,11 +8,11 @@ the one reported.
 from __future__ import annotations
 
 from engine.errors import SpecError
-from engine.plan.annotate import describe, fix_hint, gib, mem_line, shortfall
+from engine.plan.annotate import describe, fix_hint, mem_line, shortfall
 from engine.plan.context import PlanContext
 from engine.plan.frameworks import cp_splits_heads
 from engine.plan.names import CpComm, Framework, Offload, Recompute, Strategy
-from engine.plan.result import PathStep
+from engine.plan.result import PathStep, gib
 from engine.plan.search import Candidate, divisors
 from engine.plan.stages import accounted_ends, accounted_splits, stage_layers, uneven_splits
 from engine.plan.strategies import STRATEGIES_OF, ZERO_STAGE_OF

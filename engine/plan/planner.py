@@ -24,7 +24,6 @@ from engine.plan.annotate import (
     WORTH_SAYING,
     alternatives,
     describe,
-    gib,
     mem_line,
     mistakes,
     notes,
@@ -37,7 +36,7 @@ from engine.plan.dims import ModelDims
 from engine.plan.forced import check_forced, forced_fit_step
 from engine.plan.models import resolve_model
 from engine.plan.resilience import resilience
-from engine.plan.result import BatchChoice, GpuInfo, Layout, PathStep, Plan
+from engine.plan.result import BatchChoice, GpuInfo, Layout, PathStep, Plan, gib
 from engine.plan.search import Candidate, candidates, evaluate, overlapped
 from engine.plan.specs import LayoutSpec, Spec
 

@@ -38,6 +38,13 @@ from engine.plan.names import (
 from engine.plan.specs import Spec
 
 
+def gib(n: float) -> str:
+    """Bytes for a reason line: GiB, or MiB below 1 GiB so small models don't read as 0.0 GiB."""
+    if abs(n) < 1024**3:
+        return f"{n / 1024**2:.1f} MiB"
+    return f"{n / 1024**3:.1f} GiB"
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -381,14 +388,19 @@ class Plan(_Frozen):
         return self.usable_bytes + self.headroom_bytes - lay.memory_per_gpu.total
 
     def margin_text(self, layout: Layout | None = None) -> str:
-        """How ``layout`` fits, as the plan says it: "fits with 6.1 GiB (8 %) to spare" of the
-        memory before the headroom, or "DOES NOT FIT"."""
+        """How ``layout`` fits, as the plan, the CLI and the wizard say it: what it leaves free
+        beyond the headroom, and the headroom ("fits with 3.8 GiB to spare beyond the 2.3 GiB
+        (3%) headroom"; "fits with 6.1 GiB (8%) to spare" where none is kept), or "DOES NOT
+        FIT"."""
         lay = layout or self.recommended
         if not lay.fits:
             return "DOES NOT FIT"
-        spare = self.spare_bytes(lay)
-        share = spare / max(1, self.usable_bytes + self.headroom_bytes)
-        return f"fits with {spare / 1024**3:.1f} GiB ({share:.0%}) to spare"
+        free = self.usable_bytes - lay.memory_per_gpu.total
+        whole = max(1, self.usable_bytes + self.headroom_bytes)
+        if self.headroom_bytes <= 0:
+            return f"fits with {gib(free)} ({free / whole:.0%}) to spare"
+        kept = self.headroom_bytes / whole
+        return f"fits with {gib(free)} to spare beyond the {gib(self.headroom_bytes)} ({kept:.0%}) headroom"
 
     def to_json_dict(self) -> dict[str, Any]:
         """The ``plan --json`` object (documented in the README)."""

@@ -434,7 +434,8 @@ def test_a_tight_layout_loses_to_one_about_as_fast_with_room() -> None:
     assert lay.recompute == Recompute.NONE
     spare = p.spare_bytes()
     assert spare > p.headroom_bytes + 0.04 * (p.usable_bytes + p.headroom_bytes)
-    assert p.margin_text().startswith(f"fits with {spare / 1024**3:.1f} GiB (")
+    free = p.usable_bytes - lay.memory_per_gpu.total
+    assert p.margin_text().startswith(f"fits with {free / 1024**3:.1f} GiB to spare beyond the ")
     assert f"[{p.margin_text()}]" in _plan_70b_text(8, 256)
 
 

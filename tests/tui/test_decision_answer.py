@@ -42,7 +42,7 @@ async def _answer_first(tmp_path: Path) -> None:
         assert plan is not None
         answer = text_of(app, "#plan-status")
         assert answer.startswith("★ 3D (megatron)"), answer
-        assert "fits, margin " in answer and "GiB (" in answer
+        assert f" · {plan.margin_text()} · " in answer  # as the CLI says it
         assert "min/step" in answer or " s/step" in answer
         # No nag first: the token budget note comes last, short.
         head = text_of(app, "#headline")

@@ -95,10 +95,9 @@ def answer(plan: Plan) -> str:
     """The plan in one line: its layout, whether it fits and by what margin, its step time and
     its cost (or what it needs for one)."""
     lay = plan.recommended
-    usable = plan.usable_bytes
-    margin = usable - lay.memory_per_gpu.total
+    margin = plan.usable_bytes - lay.memory_per_gpu.total
     if lay.fits:
-        fit = f"fits, margin {gib(margin)} ({100 * margin / max(usable, 1):.0f}%)"
+        fit = plan.margin_text(lay)
     elif margin < 0:
         fit = f"does NOT fit: over by {gib(-margin)}"
     else:
