@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.diagnose.flight import only_agent_lines
 from engine.launch.frdump import find_timeout_line
-from engine.launch.policy import HangClock, NodeState
+from engine.launch.policy import HangClock, NodeState, only_agent
 from engine.launch.torchrun_output import (
     MAX_SHOWN_LINE,
     Groups,
@@ -269,6 +268,8 @@ class OutputPump:
             long.head += data[: _HEAD_BYTES - len(long.head)]
         long.size += len(data)
         self.hang.activity(long.rank is not None)
+        if self.hang.starts is not None:
+            self.hang.starts.seen(long.node, long.rank, ())
 
     def _end_long(self, long: _LongLine, stream: str, end: bytes) -> None:
         """The line's last bytes (with their newline; b"" at the stream's end): written, and the
@@ -282,6 +283,8 @@ class OutputPump:
         cut = long.size - len(head.encode("utf-8", "surrogateescape"))
         line = f"{head}… [{cut} bytes cut]" if cut > 0 else head
         host = self.nodes[long.node].host
+        if self.hang.starts is not None:
+            self.hang.starts.seen(long.node, long.rank, (line,))
         self._queue([LineBatch(long.node, long.rank, stream, (line,), long.ts, host)], long.size)
 
     def _write(self, node: int, rank: int | None, stream: str, data: bytes) -> None:
@@ -313,10 +316,19 @@ class OutputPump:
             if size > MAX_SHOWN_LINE:  # a line this long can only come in a chunk this big
                 lines = cut_long(lines)  # shown cut; the log above has it whole
             events.append(LineBatch(n, rank, stream, tuple(lines), ts, hosts[n]))
-        # The rank agent's telemetry is its own clock speaking, not the script: no sign of life.
-        live = [rank for (_, rank), lines in groups.items() if not only_agent_lines(lines)]
+        # The rank agent's lines (telemetry, a dump) are its own clock speaking, not the script:
+        # no progress for the hang timer, but a sign that the rank's process started.
+        starts = self.hang.starts
+        live = False
+        rank_live = False
+        for (n, rank), lines in groups.items():
+            if starts is not None:
+                starts.seen(n, rank, lines)
+            if not only_agent(lines):
+                live = True
+                rank_live = rank_live or rank is not None
         if live:
-            self.hang.activity(any(rank is not None for rank in live))
+            self.hang.activity(rank_live)
         self._queue(events, size)
 
     def _queue(self, events: list[Event], size: int) -> None:

@@ -11,15 +11,17 @@ dtrain-tui's own, a lost node, a full disk), so a driver gets them passed in, no
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from engine.launch.errors import LaunchError
 from engine.launch.options import LaunchOptions
-from engine.launch.policy import HangClock, NodeState
+from engine.launch.policy import TELEMETRY_ENV, HangClock, NodeState, RankStarts, telemetry_off
 from engine.launch.pump import ControlLine, OutputPump, Split
 from engine.launch.transport_watch import TransportWatch
 from engine.rundir.events import STDERR, Event, LineEvent
@@ -78,8 +80,13 @@ class RunContext:
         self.failure: Failure | None = None
         self.dir_error: OSError | None = None
         """The first error writing the run directory (a full disk); ends the run ``failed``."""
-        self.hang = HangClock()
-        """The ranks' silence (the hang timeout), on the launcher's own clock."""
+        m = self.manifest
+        self.hang = HangClock(starts=RankStarts(m.nodes, m.gpus_per_node))
+        """The ranks' silence (the hang timeout) and first signs of life, on the launcher's
+        own clock."""
+        self.rank_starts = self._rank_starts_known()
+        """Every rank shows a sign of life (the agent's telemetry) when it starts, so each
+        rank is held to the start timeout (:meth:`HangClock.overdue`'s ``nodes``)."""
         self.pump = OutputPump(
             self.run,
             self.nodes,
@@ -90,6 +97,38 @@ class RunContext:
             on_dir_error=self.dir_failed,
         )
         """Reads the nodes' streams into the run directory and the event queue."""
+
+    def _rank_starts_known(self) -> bool:
+        """Each rank's start can be told: the bundle runs every rank through the rank agent
+        (``dtrain_agent.py``) and no environment the ranks get turns its telemetry off. With
+        telemetry off, a script printing only on rank 0 gives no sign of life of the others:
+        they would be taken for ranks that never started."""
+        if not (self.bundle_dir / "dtrain_agent.py").is_file():
+            return False
+        bundle = self._bundle_env()
+        envs: list[Mapping[str, str]] = [self.options.env]
+        if bundle is not None:
+            envs.append({TELEMETRY_ENV: bundle})
+        if self.backend == "local":  # the ranks inherit this process's environment
+            envs.append(os.environ)
+        return not telemetry_off(*envs)
+
+    def _bundle_env(self) -> str | None:
+        """``DTRAIN_TELEMETRY_S`` as the bundle's nccl.env (sourced by every node script, the
+        spec's launch.env included) sets it, or None."""
+        try:
+            text = (self.bundle_dir / "nccl.env").read_text(errors="replace")
+        except OSError:
+            return None
+        value = None
+        for line in text.splitlines():
+            if line.startswith(f"{TELEMETRY_ENV}="):
+                try:
+                    words = shlex.split(line.split("=", 1)[1])
+                except ValueError:
+                    continue
+                value = words[0] if words else ""
+        return value
 
     def use_lines(self, split: Split | None, control: ControlLine | None) -> None:
         """A driver's own line splitting and control lines (before any stream is added)."""

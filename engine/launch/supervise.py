@@ -4,10 +4,11 @@
 node driver (:class:`engine.launch.driver.NodeDriver`) and runs the supervision thread (every
 :data:`SUPERVISE_INTERVAL_S`): it takes a stop asked through the run directory, notices a node's
 end (the driver's ``node_exit``), records each rank's exit, applies the fault policy
-(:mod:`engine.launch.policy`: first failure, lost node, hang, full disk end the run ``failed``
-and stop every other node), asks for a diagnosis (:mod:`engine.launch.diagnosis`) and writes
-the final state once. It also owns stopping: ``request_stop`` (the grace period) and ``kill``
-(SIGKILL at once). The facade :class:`engine.launch.base.LaunchBackend` delegates to it.
+(:mod:`engine.launch.policy`: first failure, lost node, hang, a rank that never started, full
+disk end the run ``failed`` and stop every other node), asks for a diagnosis
+(:mod:`engine.launch.diagnosis`) and writes the final state once. It also owns stopping:
+``request_stop`` (the grace period) and ``kill`` (SIGKILL at once). The facade
+:class:`engine.launch.base.LaunchBackend` delegates to it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.launch.policy import (
     STOP_GRACE_S,
     SUPERVISE_INTERVAL_S,
     NodeState,
+    blame_unstarted,
     dir_error_text,
     first_bad_rank,
     node_failure,
@@ -145,10 +147,14 @@ class Supervisor:
                 ctx.options.hang_timeout_s,
                 scripts_running,
                 start_timeout_s=ctx.options.start_timeout_s,
+                nodes=ctx.nodes if ctx.rank_starts else None,
             )
             if hang is not None:
                 diagnose_safely(ctx, self.driver, hang)  # name the stuck rank before the stop
-                self.fail(None, None, hang)
+                rank, node = blame_unstarted(
+                    ctx.hang.unstarted, ctx.manifest.gpus_per_node, len(ctx.nodes)
+                )
+                self.fail(rank, node, hang)
         if all_done:
             if ctx.failure is not None:
                 diagnose_failed_run(ctx, self.driver)  # NCCL's own dumps after a timeout

@@ -5,7 +5,16 @@ first line the run is starting: the start timeout, counted from the nodes' start
 
 from __future__ import annotations
 
-from engine.launch.policy import SUPERVISE_INTERVAL_S, HangClock
+from engine.launch.policy import (
+    LAST_LINE_CHARS,
+    SUPERVISE_INTERVAL_S,
+    HangClock,
+    NodeState,
+    RankStarts,
+    blame_unstarted,
+    rank_ranges,
+    telemetry_off,
+)
 
 
 class FakeClock:
@@ -130,3 +139,125 @@ def test_a_stopped_launcher_gap_does_not_count_against_the_start() -> None:
     assert hang.overdue(5, start_timeout_s=60) is None
     assert _run(clock, hang, 29, timeout=5, start=60) is None
     assert _run(clock, hang, 2, timeout=5, start=60) is not None
+
+
+# ---------------------------------------------------------------- each rank's start
+
+NODES = [NodeState(0, "h0"), NodeState(1, "h1")]
+
+
+def _starting(clock: FakeClock) -> tuple[HangClock, RankStarts]:
+    """Two nodes of two ranks each; the clock's nodes just started."""
+    starts = RankStarts(2, 2)
+    hang = HangClock(clock, starts=starts)
+    return hang, starts
+
+
+def _run_nodes(clock: FakeClock, hang: HangClock, seconds: float, start: float) -> str | None:
+    end = clock.t + seconds
+    while clock.t < end:
+        clock.t += SUPERVISE_INTERVAL_S
+        hang.activity()  # rank 0 goes on printing: no hang of the run as a whole
+        hang.tick()
+        reason = hang.overdue(5, start_timeout_s=start, nodes=NODES)
+        if reason is not None:
+            return reason
+    return None
+
+
+def test_ranks_that_never_started_fail_the_run_at_the_start_timeout() -> None:
+    clock = FakeClock()
+    hang, starts = _starting(clock)
+    starts.seen(0, 0, ["step 1"])
+    starts.seen(0, 1, ["step 1"])
+    starts.seen(1, None, ["[W socket.cpp] waiting for rendezvous on node 1"])
+    assert _run_nodes(clock, hang, 59, start=60) is None
+    reason = _run_nodes(clock, hang, 2, start=60)
+    assert reason == (
+        "ranks 2-3 never started in 60 s (--start-timeout); "
+        "last line from node 1 (h1): [W socket.cpp] waiting for rendezvous on node 1"
+    )
+    assert hang.unstarted == [2, 3]
+    assert blame_unstarted(hang.unstarted, 2, 2) == (None, 1)
+
+
+def test_one_rank_on_a_node_that_printed_nothing() -> None:
+    clock = FakeClock()
+    starts = RankStarts(2, 1)
+    hang = HangClock(clock, starts=starts)
+    starts.seen(0, 0, ["hello"])
+    reason = _run_nodes(clock, hang, 61, start=60)
+    assert reason == "rank 1 never started in 60 s (--start-timeout); node 1 (h1) printed nothing"
+    assert blame_unstarted(hang.unstarted, 1, 2) == (1, 1)
+
+
+def test_agent_lines_start_a_rank_but_are_no_activity() -> None:
+    clock = FakeClock()
+    hang, starts = _starting(clock)
+    hang.activity()
+    for rank in range(4):
+        starts.seen(rank // 2, rank, ['[dtrain] telemetry {"rank": 0}'])
+    assert starts.all_started()
+    reason = None
+    while reason is None and clock.t < 1100:  # only telemetry from now on
+        clock.t += SUPERVISE_INTERVAL_S
+        hang.tick()
+        reason = hang.overdue(5, start_timeout_s=60, nodes=NODES)
+    assert reason is not None and reason.startswith("hang: no output from any rank for 5s")
+
+
+def test_the_last_line_is_the_script_s_not_the_agent_s() -> None:
+    starts = RankStarts(2, 2)
+    starts.seen(1, None, ["torchrun: starting workers"])
+    starts.seen(1, 2, ['[dtrain] telemetry {"rank": 2}', '[dtrain] fr {"rank": 2}'])
+    assert starts.node_said(1, "h1") == "last line from node 1 (h1): torchrun: starting workers"
+    only_agent = RankStarts(1, 1)
+    only_agent.seen(0, 0, ['[dtrain] telemetry {"rank": 0}'])
+    assert only_agent.node_said(0, "h0").endswith('[dtrain] telemetry {"rank": 0}')
+
+
+def test_the_last_line_is_bounded_and_terminal_safe() -> None:
+    starts = RankStarts(2, 2)
+    starts.seen(1, None, ["\x1b]0;owned\x07\x1b[2J" + "x" * 5000 + "\udcff"])
+    said = starts.node_said(1, "h1")
+    line = said.removeprefix("last line from node 1 (h1): ")
+    assert len(line) <= LAST_LINE_CHARS and line.endswith("…"), line
+    assert all(c.isprintable() for c in said), repr(said)
+
+
+def test_without_the_per_rank_check_a_printing_rank_0_keeps_the_run() -> None:
+    clock = FakeClock()
+    hang, starts = _starting(clock)
+    starts.seen(0, 0, ["step 1"])
+    end = clock.t + 200
+    while clock.t < end:  # telemetry off: ranks 1-3 are silent, not missing
+        clock.t += SUPERVISE_INTERVAL_S
+        hang.activity()
+        hang.tick()
+        assert hang.overdue(5, start_timeout_s=60, nodes=None) is None
+
+
+def test_no_rank_started_names_them_all() -> None:
+    clock = FakeClock()
+    hang, _ = _starting(clock)
+    reason = None
+    while reason is None and clock.t < 1100:
+        clock.t += SUPERVISE_INTERVAL_S
+        hang.tick()
+        reason = hang.overdue(5, start_timeout_s=60, nodes=NODES)
+    assert reason == (
+        "ranks 0-3 never started in 60 s (--start-timeout); "
+        "node 0 (h0) printed nothing; node 1 (h1) printed nothing"
+    )
+    assert blame_unstarted(hang.unstarted, 2, 2) == (None, None)
+
+
+def test_rank_ranges() -> None:
+    assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert rank_ranges(list(range(0, 40, 2)), limit=3) == "0, 2, 4, …"
+
+
+def test_telemetry_off() -> None:
+    assert telemetry_off({"DTRAIN_TELEMETRY_S": "0"})
+    assert telemetry_off({}, {"DTRAIN_TELEMETRY_S": "-1"})
+    assert not telemetry_off({}, {"DTRAIN_TELEMETRY_S": "5"}, {"DTRAIN_TELEMETRY_S": "soon"})

@@ -16,7 +16,9 @@ import pytest
 from cli import main
 from engine.launch import LaunchBackend, LaunchError
 from engine.launch.driver import DumpReach, NodeDriver
+from engine.launch.options import LaunchOptions
 from engine.launch.pump import ControlLine, Split
+from engine.launch.restart import RestartingRun, RestartPolicy
 from engine.launch.run_state import RunContext
 from engine.rundir.events import STDOUT, RankExit
 from engine.rundir.files import read_run
@@ -135,3 +137,83 @@ def test_a_failed_start_is_torn_down_and_raised_as_one_line(bundle: Path, tmp_pa
         backend.start()
     assert driver.torn_down and driver.closed == 1
     assert backend.state == "failed" and not backend.supervisor.watching
+
+
+class SilentNode1(CannedDriver):
+    """Node 0's rank prints a line; node 1's never does, its output open until it is stopped."""
+
+    def start_nodes(self) -> None:
+        self.gone = threading.Event()
+        lines = [b"[default0]:hello from node 0\n", b""]
+        self.ctx.add_stream(0, STDOUT, lambda: lines.pop(0))
+
+        def silent() -> bytes:
+            self.gone.wait(60)
+            return b""
+
+        self.ctx.add_stream(1, STDOUT, silent)
+
+    def kill_node(self, node: int, reason: str) -> None:
+        super().kill_node(node, reason)
+        if node == 1:
+            self.gone.set()
+
+
+def test_a_rank_that_never_started_fails_the_run_as_a_hang_would(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DTRAIN_TELEMETRY_S", raising=False)
+    options = LaunchOptions(hang_timeout_s=600, start_timeout_s=0.5)
+    ctx = RunContext(bundle, tmp_path / "run", options, backend="local")
+    assert ctx.rank_starts
+    driver = SilentNode1(ctx)
+    backend = LaunchBackend(ctx, driver)
+    backend.start()
+    assert backend.wait(30) == "failed"
+    info = read_run(tmp_path / "run")
+    assert info["reason"] == (
+        "rank 1 never started in 0.5 s (--start-timeout); node 1 (n1) printed nothing"
+    )
+    assert (info["failed_rank"], info["failed_node"]) == (1, 1), info
+    assert sorted(driver.killed) == [0, 1]  # every node stopped
+
+
+def test_telemetry_off_turns_the_per_rank_check_off(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DTRAIN_TELEMETRY_S", raising=False)
+
+    def known(options: LaunchOptions | None = None, backend: str = "ssh") -> bool:
+        return RunContext(bundle, tmp_path / "run", options, backend=backend).rank_starts
+
+    assert known()
+    assert not known(LaunchOptions(env={"DTRAIN_TELEMETRY_S": "0"}))
+    monkeypatch.setenv("DTRAIN_TELEMETRY_S", "0")
+    assert known()  # not this machine's environment: the ranks run elsewhere
+    assert not known(backend="local")  # local ranks inherit it
+    monkeypatch.delenv("DTRAIN_TELEMETRY_S")
+    env = bundle / "nccl.env"
+    env.write_text(env.read_text() + "DTRAIN_TELEMETRY_S='0'\n")
+    assert not known()
+    env.write_text(env.read_text() + "DTRAIN_TELEMETRY_S=2\n")  # the last assignment wins
+    assert known()
+    (bundle / "dtrain_agent.py").unlink()  # a bundle without the agent: no sign of life known
+    assert not known()
+
+
+def test_a_rank_that_never_started_is_restarted_as_a_hang_is(
+    bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DTRAIN_TELEMETRY_S", raising=False)
+
+    def make(run: Path, options: LaunchOptions) -> LaunchBackend:
+        ctx = RunContext(bundle, run, options, backend="local")
+        return LaunchBackend(ctx, SilentNode1(ctx))
+
+    options = LaunchOptions(hang_timeout_s=600, start_timeout_s=0.5)
+    run = RestartingRun(make, options, RestartPolicy(max_restarts=1, backoff_s=0.01), tmp_path)
+    run.start()
+    assert run.wait(60) == "failed"
+    causes = [a.cause for a in run.attempts]
+    assert len(causes) == 2 and all(c.startswith("rank 1 never started") for c in causes), causes
+    assert "gave up after 1 restart" in str(read_run(tmp_path)["reason"])
