@@ -127,7 +127,8 @@ class SshDriver:
 
     def _wait_ready(self, t: Target) -> None:
         chan = self.channels[t.node]
-        limit = max(self.ctx.options.connect_timeout_s, self.ctx.options.hang_timeout_s)
+        # Unpacking and --remote-setup (a venv, a pip install) are start-up: --start-timeout.
+        limit = max(self.ctx.options.connect_timeout_s, self.ctx.options.start_timeout_s)
         deadline = time.monotonic() + limit
         with self._pgid_seen:
             while t.node not in self._pgids:
@@ -144,7 +145,8 @@ class SshDriver:
                     )
                 if time.monotonic() > deadline:
                     raise LaunchError(
-                        f"{t.label}: not ready after {limit:.0f}s (--remote-setup still running?)",
+                        f"{t.label}: not ready after {limit:.0f}s (--remote-setup still "
+                        "running? --start-timeout gives it longer)",
                         field="ssh",
                     )
                 self._pgid_seen.wait(0.05)

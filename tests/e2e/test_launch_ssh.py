@@ -356,6 +356,30 @@ def test_remote_setup_failing_on_one_node_starts_nothing_anywhere(
     assert wait_no_pids(backend.run_id) == []
 
 
+def test_a_remote_setup_past_the_start_timeout_names_the_node_and_starts_nothing(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    """Unpacking and --remote-setup are start-up: held to --start-timeout (not --hang-timeout)."""
+    servers, key, kh = cluster
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    b = _fake_two_node_bundle(tmp_path, f"touch {marks}/started-$$\n")
+    slow = f'[ "$(echo $SSH_CONNECTION | cut -d" " -f4)" != {servers[1].port} ] || sleep 600'
+    opts = _opts(
+        servers, key, kh, tmp_path, remote_setup=slow, start_timeout_s=3.0, connect_timeout_s=2.0
+    )
+    backend = SshBackend(b, tmp_path / "run", opts)
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as ei:
+        backend.start()
+    assert f"node 1 (127.0.0.1:{servers[1].port}): not ready after 3s" in str(ei.value)
+    assert "--start-timeout" in str(ei.value)
+    assert time.monotonic() - t0 < 60  # not the hang timeout's 120 s
+    assert list(marks.iterdir()) == []
+    assert read_run(tmp_path / "run")["state"] == "failed"
+    assert wait_no_pids(backend.run_id) == []
+
+
 def test_key_from_ssh_agent_only(
     cluster: tuple[list[Sshd], Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
