@@ -1,10 +1,13 @@
 """``dtrain-tui drill``: a fault drill before the real run. Runs the job once uninterrupted as the
 reference, then again SIGKILLing a random rank at a random step ``--kills`` times (``--seed``),
-restarted each time by the launcher's restart policy; checks that every restart resumed from the
-newest complete checkpoint, redid no more than one checkpoint interval, and trained the
-reference's losses. Prints the time to detect, to restart and to be back at the lost step. Exit
-code 0 only if every recovery held; on a script that never resumes it fails and says why.
-Runs locally (a bundle, or one planned from --spec/--profile/model options)."""
+restarted each time by the launcher's restart policy. ``--kill node`` takes a whole node down
+instead (its launch script, torchrun and every rank on it, as a lost machine would go), ``--kill
+mixed`` rank and node kills by turns. Checks that every restart resumed from the newest complete
+checkpoint, redid no more than one checkpoint interval, and trained the reference's losses.
+Prints the time to detect, to restart and to be back at the lost step. Exit code 0 only if every
+recovery held; on a script that never resumes it fails and says why. Runs locally (a bundle, or
+one planned from --spec/--profile/model options; a multi-node bundle runs its node scripts on
+this machine)."""
 
 from __future__ import annotations
 
@@ -18,16 +21,30 @@ from cli.help_text import plain
 from cli.spec_options import add_spec_options
 from engine.errors import DtrainError
 
+KILL_MODES = ("rank", "node", "mixed")
+"""engine.launch.drill.KillMode's values, spelled out: importing the drill here would load the
+whole launcher into every command's start (a test checks they agree)."""
+
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "drill",
-        help="fault drill: kill random ranks at random steps, check every restart resumed right",
+        help="fault drill: kill random ranks or nodes at random steps, check every restart "
+        "resumed right",
         description=plain(__doc__),
     )
     p.add_argument("bundle", nargs="?", type=Path, metavar="BUNDLE_DIR", help="a written bundle")
-    p.add_argument("--kills", type=int, default=1, metavar="K", help="ranks to kill (default 1)")
-    p.add_argument("--seed", type=int, help="seed for which rank and which step (default: random)")
+    p.add_argument("--kills", type=int, default=1, metavar="K", help="how many kills (default 1)")
+    p.add_argument(
+        "--kill",
+        choices=KILL_MODES,
+        default=KILL_MODES[0],
+        help="what a kill takes down: one rank's process (default), a whole node's part of the "
+        "run, or the two by turns (mixed)",
+    )
+    p.add_argument(
+        "--seed", type=int, help="seed for which rank or node and which step (default: random)"
+    )
     p.add_argument(
         "--every",
         type=int,
@@ -66,13 +83,18 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(text, flush=True)
 
-    say(f"drill: {manifest.name}, {manifest.world_size} rank(s), seed {seed}, in {args.run_dir}")
+    where = "" if manifest.nodes == 1 else f" on {manifest.nodes} nodes"
+    say(
+        f"drill: {manifest.name}, {manifest.world_size} rank(s){where}, seed {seed}, "
+        f"in {args.run_dir}"
+    )
     report = run_drill(
         bundle_dir,
         Path(args.run_dir),
         kills=args.kills,
         seed=seed,
         every=args.every,
+        kill=args.kill,
         options=options,
         say=say,
     )

@@ -2,7 +2,9 @@
 
 :func:`run_drill` runs the bundle once uninterrupted as the reference (its losses recorded as
 they are printed), then again under the restart policy (:mod:`engine.launch.restart`), SIGKILLing
-a random rank's process at a random step, ``kills`` times (seeded). Each recovery holds when the
+a random rank's process at a random step, ``kills`` times (seeded). ``kill=node`` takes a whole
+node down instead (:func:`kill_node`: every process of that node's part of the run at once, as a
+lost machine would), ``kill=mixed`` rank and node kills by turns. Each recovery holds when the
 restart resumed from the newest complete checkpoint on disk, redid no more than one checkpoint
 interval of steps (plus the step in flight), and every loss printed equals the reference's at that
 step. It measures the time to detect (kill to the attempt's end), to restart (kill to every rank
@@ -15,6 +17,7 @@ the run's events with a timeout and every wait has a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -23,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 
 from engine.launch.options import LaunchOptions
@@ -30,7 +34,7 @@ from engine.launch.reaper import pids_with_env
 from engine.launch.restart import AttemptWatch, RestartingRun, RestartPolicy
 from engine.rundir.record import RunState
 
-__all__ = ["DrillReport", "Recovery", "run_drill"]
+__all__ = ["DrillReport", "KillMode", "Recovery", "kill_node", "run_drill"]
 
 CKPT_MARKER = "COMPLETE"
 CKPT_PREFIX = "step_"
@@ -38,13 +42,29 @@ DEADLINE_S = 900.0
 """The longest one run of the drill may take before it is stopped and the drill fails."""
 
 
+class KillMode(StrEnum):
+    """What one kill of the drill takes down."""
+
+    RANK = "rank"
+    """One rank's training process."""
+    NODE = "node"
+    """A whole node: its launch script, torchrun's agent and every rank on it."""
+    MIXED = "mixed"
+    """Rank and node kills by turns, the first of them chosen at random."""
+
+
 @dataclass
 class Recovery:
     """One kill and what came of it."""
 
     attempt: int
-    rank: int
+    rank: int | None
+    """The rank a rank kill takes down; None for a node kill."""
     planned_step: int
+    node: int | None = None
+    """The node a node kill takes down; None for a rank kill."""
+    ranks: tuple[int, ...] = ()
+    """A node kill's ranks: the node's by the bundle's layout, then those found killed."""
     killed_step: int | None = None
     killed_at: float | None = None
     newest_ckpt: int | None = None
@@ -60,12 +80,19 @@ class Recovery:
     def ok(self) -> bool:
         return not self.problems and self.killed_at is not None
 
+    @property
+    def target(self) -> str:
+        """What the kill takes down: ``rank 1``, ``node 1 (ranks 2-3)``."""
+        if self.node is None:
+            return f"rank {self.rank}"
+        return f"node {self.node}" + (f" ({_ranks_text(self.ranks)})" if self.ranks else "")
+
     def line(self) -> str:
         def s(v: float | None) -> str:
             return f"{v:.1f}s" if v is not None else "-"
 
         head = (
-            f"kill {self.attempt}: rank {self.rank} at step {self.killed_step}: "
+            f"kill {self.attempt}: {self.target} at step {self.killed_step}: "
             f"resumed from {self.resumed_from} (newest complete {self.newest_ckpt}), "
             f"{self.steps_redone} step(s) redone; detect {s(self.detect_s)}, "
             f"restart {s(self.restart_s)}, back at step {self.killed_step} {s(self.back_s)}"
@@ -113,6 +140,81 @@ def rank_pid(run_id: str, rank: int) -> int | None:
         if f"RANK={rank}".encode() in env and any(e.startswith(b"LOCAL_RANK=") for e in env):
             return pid
     return None
+
+
+def _ranks_text(ranks: tuple[int, ...]) -> str:
+    """``rank 2``, ``ranks 2-3`` (a run of consecutive ranks), ``ranks 0, 3``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def _proc(pid: int) -> tuple[int, int, list[bytes]] | None:
+    """``(ppid, pgid, environ)`` of a living process; None for a zombie or one gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return None
+    if fields[0] == "Z":
+        return None
+    return int(fields[1]), int(fields[2]), env
+
+
+def _env_int(env: list[bytes], key: bytes) -> int | None:
+    for item in env:
+        if item.startswith(key + b"="):
+            try:
+                return int(item[len(key) + 1 :])
+            except ValueError:
+                return None
+    return None
+
+
+def node_processes(run_id: str, node: int) -> tuple[list[int], list[int], list[int]]:
+    """Node ``node``'s part of run ``run_id`` on this machine: the pids torchrun started there
+    (``GROUP_RANK=node`` in their environment: the ranks and what they started), the global
+    ranks among them, and the process groups of their parents that belong to the run: the node
+    script's (the local backend starts each in a session of its own, :mod:`engine.launch.local`;
+    its subreaper, bash and torchrun's agent carry no GROUP_RANK), and a rank's own when it is
+    the parent. Ranks sit in sessions of their own, so neither the group nor GROUP_RANK alone
+    finds all of it."""
+    procs = {pid: p for pid in pids_with_env("DTRAIN_RUN_ID", run_id) if (p := _proc(pid))}
+    pids: list[int] = []
+    ranks: list[int] = []
+    groups: set[int] = set()
+    for pid, (ppid, _, env) in procs.items():
+        if _env_int(env, b"GROUP_RANK") != node:
+            continue
+        pids.append(pid)
+        rank = _env_int(env, b"RANK")
+        if rank is not None and _env_int(env, b"LOCAL_RANK") is not None:
+            ranks.append(rank)
+        if ppid in procs:  # the run's own process: never a group outside the run
+            groups.add(procs[ppid][1])
+    groups.discard(os.getpgrp())
+    return sorted(pids), sorted(set(ranks)), sorted(g for g in groups if g > 1)
+
+
+def kill_node(run_id: str, node: int) -> tuple[list[int], list[int], list[int]] | None:
+    """SIGKILL every process of node ``node``'s part of run ``run_id`` (:func:`node_processes`),
+    its process groups first: the launcher sees the node's script killed and its ranks gone at
+    once, as on a machine lost. What :func:`node_processes` found; None (nothing signalled) when
+    none of the node's ranks is running."""
+    pids, ranks, groups = found = node_processes(run_id, node)
+    if not ranks:
+        return None
+    for g in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(g, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return found
 
 
 def newest_complete(ckpt_dir: Path) -> int | None:
@@ -176,12 +278,15 @@ def run_drill(
     kills: int = 1,
     seed: int = 0,
     every: int | None = None,
+    kill: KillMode | str = KillMode.RANK,
     options: LaunchOptions | None = None,
     say: Callable[[str], None] = print,
     cancel: threading.Event | None = None,
     deadline_s: float = DEADLINE_S,
 ) -> DrillReport:
-    """The drill on ``bundle_dir``; its runs go under ``work_dir`` (``reference/``, ``drill/``)."""
+    """The drill on ``bundle_dir``; its runs go under ``work_dir`` (``reference/``, ``drill/``).
+    ``kill``: what each kill takes down (:class:`KillMode`)."""
+    mode = KillMode(kill)
     cancel = cancel or threading.Event()
     options = options or LaunchOptions()
     report = DrillReport()
@@ -202,14 +307,16 @@ def run_drill(
     _drive(ref, lambda: None, cancel, deadline_s)
     if not _record_reference(report, ref):
         return report
-    plan_steps = _schedule_kills(report, bundle_dir, kills, every, rng, manifest.world_size, say)
+    plan_steps = _schedule_kills(report, bundle_dir, kills, every, rng, say)
     if plan_steps is None:
         return report
+    report.recoveries = _targets(plan_steps, mode, rng, manifest.nodes, manifest.gpus_per_node)
 
     # 2. The drill: the same job, killed K times, restarted by the policy.
+    what = "" if mode == KillMode.RANK else f", {mode} kills"
     say(
         f"drill: {kills} kill(s) at step(s) {', '.join(map(str, plan_steps))} "
-        f"(seed {seed}, checkpoint every {report.every})"
+        f"(seed {seed}, checkpoint every {report.every}{what})"
     )
     env = {**options.env, "DTRAIN_RESUME": "auto", "DTRAIN_CKPT_EVERY": str(report.every)}
 
@@ -262,12 +369,10 @@ def _schedule_kills(
     kills: int,
     every: int | None,
     rng: random.Random,
-    world: int,
     say: Callable[[str], None],
 ) -> list[int] | None:
-    """Choose the checkpoint interval and, for each kill, its step and rank (into
-    ``report.recoveries``); the kill steps, or None (with the problem noted) when the run is too
-    short for them."""
+    """Choose the checkpoint interval (into ``report.every``) and each kill's step; the kill
+    steps, or None (with the problem noted) when the run is too short for them."""
     fit = max(1, report.steps // (2 * (kills + 1)))  # a few checkpoints before each kill
     planned = _plan_every(bundle_dir)
     if not every and planned > fit:
@@ -283,12 +388,28 @@ def _schedule_kills(
             f"(every {report.every}); pass fewer --kills or a smaller --every"
         )
         return None
-    plan_steps = sorted(rng.sample(range(lo, report.steps), kills))
-    report.recoveries = [
-        Recovery(attempt=i + 1, rank=rng.randrange(world), planned_step=s)
-        for i, s in enumerate(plan_steps)
-    ]
-    return plan_steps
+    return sorted(rng.sample(range(lo, report.steps), kills))
+
+
+def _targets(
+    plan_steps: list[int], mode: KillMode, rng: random.Random, nodes: int, gpus: int
+) -> list[Recovery]:
+    """Each kill's target, drawn from ``rng`` after the steps: a rank of the world, or a node
+    and its ranks (node ``n`` holds ranks ``n * gpus`` to ``n * gpus + gpus - 1``). Rank kills
+    draw as they always did, so a seed repeats an older drill."""
+    kinds = [mode] * len(plan_steps)
+    if mode == KillMode.MIXED:
+        first = rng.randrange(2)
+        kinds = [(KillMode.RANK, KillMode.NODE)[(first + i) % 2] for i in range(len(plan_steps))]
+    out: list[Recovery] = []
+    for i, (step, kind) in enumerate(zip(plan_steps, kinds, strict=True)):
+        if kind == KillMode.RANK:
+            out.append(Recovery(attempt=i + 1, rank=rng.randrange(nodes * gpus), planned_step=step))
+            continue
+        node = rng.randrange(nodes)
+        ranks = tuple(range(node * gpus, node * gpus + gpus))
+        out.append(Recovery(i + 1, rank=None, planned_step=step, node=node, ranks=ranks))
+    return out
 
 
 def _observe(
@@ -308,12 +429,11 @@ def _observe(
     if n <= kills:
         r = report.recoveries[n - 1]
         if r.killed_at is None and (w.last_step or 0) >= r.planned_step and _saved(ckpt_dir):
-            pid = rank_pid(backend.run_id, r.rank)
-            if pid is not None:
-                r.killed_step = w.last_step
-                r.killed_at = time.time()
-                os.kill(pid, signal.SIGKILL)
-                say(f"drill: SIGKILL rank {r.rank} (pid {pid}) at step {w.last_step}")
+            at, step = time.time(), w.last_step
+            what = _kill(backend.run_id, r)
+            if what is not None:
+                r.killed_step, r.killed_at = step, at
+                say(f"drill: SIGKILL {what} at step {step}")
     if n >= 2 and n - 2 < len(report.recoveries):
         r = report.recoveries[n - 2]
         ended = run.watches[n - 2].ended
@@ -324,6 +444,24 @@ def _observe(
         k = r.killed_step
         if r.back_s is None and r.killed_at is not None and k is not None and k in w.step_seen:
             r.back_s = w.step_seen[k] - r.killed_at
+
+
+def _kill(run_id: str, r: Recovery) -> str | None:
+    """SIGKILL the recovery's target now; what was killed, or None when it is not running."""
+    if r.node is None:
+        pid = rank_pid(run_id, r.rank) if r.rank is not None else None
+        if pid is None:
+            return None
+        os.kill(pid, signal.SIGKILL)
+        return f"rank {r.rank} (pid {pid})"
+    found = kill_node(run_id, r.node)
+    if found is None:
+        return None
+    pids, ranks, groups = found
+    r.ranks = tuple(ranks)
+    groups_text = "".join(f"; process group {g}" for g in groups)
+    pids_text = ", ".join(map(str, pids))
+    return f"node {r.node} ({_ranks_text(r.ranks)}; pid(s) {pids_text}{groups_text})"
 
 
 def _judge(report: DrillReport, watches: list[AttemptWatch], state: RunState, reason: str) -> None:
