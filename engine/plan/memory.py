@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import NamedTuple
 
 from engine.plan.dims import ModelDims
 from engine.plan.names import (
@@ -630,9 +631,56 @@ def estimate_memory(
     pipeline stage). ``flash`` assumes FlashAttention / SDPA kernels (true on GPUs), so the
     ``as²`` score term is not stored even without recompute. ``gpus_per_node`` bounds the shard
     group of FSDP HYBRID_SHARD."""
+    parts, overlap, cpu = _memory_parts(
+        dims, d, seq_len, optimizer, flash, gpus_per_node, d.recompute_layers
+    )
+    # model_construct: the planner builds thousands of these; the values are ints by construction.
+    return MemoryBreakdown.model_construct(
+        params=parts[0],
+        grads=parts[1],
+        optimizer=parts[2],
+        activations=parts[3],
+        buffers=parts[4],
+        overlap=overlap,
+        total=sum(parts) - overlap,
+        cpu_bytes=cpu,
+    )
+
+
+def memory_total(
+    dims: ModelDims,
+    d: LayoutDraft,
+    *,
+    seq_len: int,
+    optimizer: Optimizer,
+    flash: bool = True,
+    gpus_per_node: int = 0,
+    recompute_layers: int,
+) -> tuple[int, int]:
+    """(``total``, ``cpu_bytes``) of :func:`estimate_memory` for ``d`` with
+    ``recompute_layers`` layers of each chunk recomputed, without building that draft or the
+    breakdown: the search's bisection over block recompute asks for a dozen of these a layout
+    and keeps one."""
+    parts, overlap, cpu = _memory_parts(
+        dims, d, seq_len, optimizer, flash, gpus_per_node, recompute_layers
+    )
+    return sum(parts) - overlap, cpu
+
+
+def _memory_parts(
+    dims: ModelDims,
+    d: LayoutDraft,
+    seq_len: int,
+    optimizer: Optimizer,
+    flash: bool,
+    gpus_per_node: int,
+    recompute_layers: int,
+) -> tuple[list[int], int, int]:
+    """:func:`estimate_memory`'s (params, grads, optimizer, activations, buffers), overlap and
+    CPU bytes, with ``recompute_layers`` in place of ``d``'s (nothing else reads it)."""
     st_dense, st_exp = _layout_states(dims, d, optimizer, gpus_per_node)
     s_local = max(1, seq_len // d.cp)
-    acts = _activations(dims, d, s_local, flash)
+    acts = _activations(dims, d, s_local, flash, recompute_layers)
     if d.framework == Framework.DDP and is_mixed(d.precision):
         acts += autocast_weight_copies(dims, d)
     buffers = st_dense.buffers + st_exp.buffers
@@ -663,17 +711,7 @@ def estimate_memory(
         # activations: the peak holds the larger of the two, not both. With gradient
         # accumulation the first micro-batch's gradients stay for the next one's activations.
         overlap = min(parts[1], int(acts + logits))
-    # model_construct: the planner builds thousands of these; the values are ints by construction.
-    return MemoryBreakdown.model_construct(
-        params=parts[0],
-        grads=parts[1],
-        optimizer=parts[2],
-        activations=parts[3],
-        buffers=parts[4],
-        overlap=overlap,
-        total=sum(parts) - overlap,
-        cpu_bytes=int(st_dense.cpu + st_exp.cpu),
-    )
+    return parts, overlap, int(st_dense.cpu + st_exp.cpu)
 
 
 def autocast_weight_copies(dims: ModelDims, d: LayoutDraft) -> float:
@@ -709,9 +747,11 @@ def logits_bytes(dims: ModelDims, d: LayoutDraft, s_local: int) -> float:
     return per_logit * s_local * d.micro_batch * dims.vocab / d.tp
 
 
-_STATES_CACHE: dict[tuple[object, ...], tuple[States, States]] = {}
+_STATES_CACHE: dict[tuple[object, ...], tuple[ModelDims, tuple[States, States]]] = {}
 """:func:`_layout_states` by what they depend on: a search weighs each mesh at many
-micro-batches and recomputes, which change only the activations."""
+micro-batches and recomputes, which change only the activations. The model is keyed by identity
+(hashing it field by field costs more than the look-up saves) and kept beside the value, so its
+id cannot be reused while the entry lives; a hit checks it is the same object."""
 _STATES_CACHE_MAX = 20_000
 
 
@@ -721,7 +761,7 @@ def _layout_states(
     """Model states of the dense and the expert parameters the heaviest GPU holds (cached:
     :data:`_STATES_CACHE`)."""
     key = (
-        dims,
+        id(dims),
         d.strategy,
         d.framework,
         d.tp,
@@ -741,11 +781,13 @@ def _layout_states(
         gpus_per_node,
     )
     hit = _STATES_CACHE.get(key)
-    if hit is None:
-        if len(_STATES_CACHE) >= _STATES_CACHE_MAX:
-            _STATES_CACHE.clear()
-        hit = _STATES_CACHE[key] = _states_of(dims, d, optimizer, gpus_per_node)
-    return hit
+    if hit is not None and hit[0] is dims:
+        return hit[1]
+    states = _states_of(dims, d, optimizer, gpus_per_node)
+    if len(_STATES_CACHE) >= _STATES_CACHE_MAX:
+        _STATES_CACHE.clear()
+    _STATES_CACHE[key] = (dims, states)
+    return states
 
 
 def _states_of(
@@ -773,35 +815,113 @@ def _states_of(
     return st_dense, st_exp
 
 
-def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> float:
-    """Activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
-    rank. Gated-MLP (Llama-family) models train without dropout, so no dropout masks."""
-    layer = partial(
-        layer_activation_bytes,
+class _LayerShape(NamedTuple):
+    """What :func:`layer_activation_bytes` reads of a layout besides the recompute and the FP8
+    linears (its keywords, as :func:`_activations` passes them)."""
+
+    s: int
+    b: int
+    t: int
+    sp: bool
+    flash: bool
+    dropout: bool
+    bytes_per_value: int
+    eager: bool
+    fp32_residual: bool
+    load: float
+    expert_tp: int
+
+
+_LAYER_BYTES: dict[tuple[int, _LayerShape, Recompute, bool], tuple[ModelDims, float]] = {}
+""":func:`layer_activation_bytes` as :func:`_activations` asks for it, by its arguments: a search
+weighs thousands of layouts that share a few hundred layer shapes (micro-batch, TP, recompute,
+load). The model by identity, as in :data:`_STATES_CACHE`."""
+_LAYER_BYTES_MAX = 20_000
+
+
+def _layer_bytes(dims: ModelDims, shape: _LayerShape, recompute: Recompute, fp8: bool) -> float:
+    """:func:`layer_activation_bytes` of ``dims`` at ``shape``, cached (:data:`_LAYER_BYTES`)."""
+    key = (id(dims), shape, recompute, fp8)
+    hit = _LAYER_BYTES.get(key)
+    if hit is not None and hit[0] is dims:
+        return hit[1]
+    value = layer_activation_bytes(
         dims,
+        shape.s,
+        shape.b,
+        t=shape.t,
+        sp=shape.sp,
+        flash=shape.flash,
+        dropout=shape.dropout,
+        bytes_per_value=shape.bytes_per_value,
+        eager=shape.eager,
+        fp32_residual=shape.fp32_residual,
+        load=shape.load,
+        expert_tp=shape.expert_tp,
+        recompute=recompute,
+        fp8_linears=fp8,
+    )
+    if len(_LAYER_BYTES) >= _LAYER_BYTES_MAX:
+        _LAYER_BYTES.clear()
+    _LAYER_BYTES[key] = (dims, value)
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _peak_stages(
+    layers: int, pp: int, first: int, last: int, mtp: int
+) -> tuple[tuple[int, int], ...]:
+    """(stage, layers) of the stages that can hold the peak: of the stages with the same layer
+    count (``mtp`` more on the last), the first. A stage holds ``in_flight(stage)`` times what
+    its layers keep and :func:`engine.plan.stages.in_flight` never grows with the stage, so a
+    later stage of as many layers never holds more (the maximum is the same float): an even
+    split of 64 stages is weighed as one or two."""
+    split = stage_layers(layers, pp, first, last)
+    split[-1] += mtp
+    firsts: dict[int, int] = {}
+    for i, n in enumerate(split):
+        firsts.setdefault(n, i)
+    return tuple((i, n) for n, i in firsts.items())
+
+
+def _activations(
+    dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool, recompute_layers: int
+) -> float:
+    """Activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
+    rank, with ``recompute_layers`` layers of each chunk recomputed under full recompute (what
+    :attr:`LayoutDraft.recompute_layers` says). Gated-MLP (Llama-family) models train without
+    dropout, so no dropout masks."""
+    mixed = is_mixed(d.precision)
+    shape = _LayerShape(
         s_local,
         d.micro_batch,
-        t=d.tp,
-        sp=d.sequence_parallel,
-        flash=flash,
-        dropout=not dims.gated_mlp,
-        bytes_per_value=2 if is_mixed(d.precision) else 4,
-        eager=d.framework != Framework.MEGATRON,
-        fp32_residual=d.framework == Framework.DDP and is_mixed(d.precision),
-        load=held_expert_load(dims, d),
-        expert_tp=d.expert_tp,
+        d.tp,
+        d.sequence_parallel,
+        flash,
+        not dims.gated_mlp,
+        2 if mixed else 4,
+        d.framework != Framework.MEGATRON,
+        d.framework == Framework.DDP and mixed,
+        held_expert_load(dims, d),
+        d.expert_tp,
     )
+
+    def layer(recompute: Recompute = Recompute.NONE, fp8_linears: bool = False) -> float:
+        return _layer_bytes(dims, shape, recompute, fp8_linears)
+
     fp8 = d.fp8_linears or d.precision == Precision.FP8
     per_layer = layer(recompute=d.recompute, fp8_linears=fp8)
     kept = layer(fp8_linears=fp8)  # a layer that keeps everything (no recompute)
     # The stage holding the most: the first under an even split; a lighter first stage can
     # leave the peak to the second, which holds one micro-batch fewer of more layers.
-    split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
-    split[-1] += mtp_modules(dims, d)  # the multi-token prediction modules' layers
+    # The multi-token prediction modules' layers are the last stage's.
+    stages = _peak_stages(
+        dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers, mtp_modules(dims, d)
+    )
     v = d.virtual_stages if d.pp_schedule == PPSchedule.INTERLEAVED else 1
     # Block recompute (a full recompute of only the first N layers of each model chunk): those
     # keep their input only, the others everything. 0: every layer recomputes.
-    redone = v * d.recompute_layers if d.recompute == Recompute.FULL else 0
+    redone = v * recompute_layers if d.recompute == Recompute.FULL else 0
     # One stage with the all-to-all overlap: the next micro-batch's forward runs beside this
     # one's backward, so two are alive at once (a pipeline's warm-up already holds that one).
     paired = 2.0 if d.a2a_overlap and d.pp == 1 and d.grad_accum > 1 else 1.0
@@ -809,7 +929,7 @@ def _activations(dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool) -> 
         paired
         * in_flight(d.pp, d.grad_accum, v, i)
         * (n * per_layer if not redone else min(redone, n) * per_layer + max(0, n - redone) * kept)
-        for i, n in enumerate(split)
+        for i, n in stages
     )
     if d.recompute in (Recompute.MLP, Recompute.LIGHT):
         # Recomputing one layer's MLP (or norms, activation, up-projections) in backward

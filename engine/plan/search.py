@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from engine.plan.context import PlanContext
 from engine.plan.frameworks import a2a_overlap_applies, cp_splits_heads
-from engine.plan.memory import LayoutDraft, estimate_memory
+from engine.plan.memory import LayoutDraft, estimate_memory, memory_total
 from engine.plan.names import (
     CpComm,
     Framework,
@@ -529,40 +529,60 @@ def _block_recompute(ctx: PlanContext, d: LayoutDraft) -> Candidate | None:
     """``d`` (a full recompute) with the fewest recomputed layers a model chunk that fits, or
     None when recomputing all but one of the smallest chunk's layers still does not fit (plain
     full recompute is then weighed as before). Memory falls as layers are added, so a
-    bisection finds the count."""
+    bisection finds the count; it reads only each count's total (:func:`_fits_at`), and the
+    count found is weighed as any layout is."""
     split = stage_layers(ctx.dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
     heaviest = min(split) // max(1, d.virtual_stages)  # N applies to every chunk
     if heaviest < 2:
         return None
-    best = weigh(ctx, replace(d, recompute_layers=heaviest - 1))
-    if not best.fits:
+    if d.a2a_overlap and not a2a_overlap_applies(ctx.dims, d):
+        d = replace(d, a2a_overlap=False)  # as weigh would, once for every count
+    best, best_total = heaviest - 1, _fits_at(ctx, d, heaviest - 1)
+    if best_total is None:
         return None
     lo, hi = 1, heaviest - 1  # hi fits
     if hi > 2:
         # Memory falls with N as the largest of the stages' straight lines (convex): the line
         # through N = hi and hi - 1 bounds it from below, so no N under where that line meets
         # the budget fits. On one stage the line is exact and that N is the answer.
-        step = weigh(ctx, replace(d, recompute_layers=hi - 1))
-        if not step.fits:
-            return best
-        slope = step.mem.total - best.mem.total
+        step = _fits_at(ctx, d, hi - 1)
+        if step is None:
+            return _weigh_at(ctx, d, best)
+        slope = step - best_total
         if slope > 0:
-            lo = max(lo, hi - (ctx.usable - best.mem.total) // slope)
-        hi, best = hi - 1, step
+            lo = max(lo, hi - (ctx.usable - best_total) // slope)
+        hi, best = hi - 1, hi - 1
         if lo < hi:
-            guess = weigh(ctx, replace(d, recompute_layers=lo))
-            if guess.fits:
-                hi, best = lo, guess
+            if _fits_at(ctx, d, lo) is not None:
+                hi, best = lo, lo
             else:
                 lo += 1
     while lo < hi:
         mid = (lo + hi) // 2
-        c = weigh(ctx, replace(d, recompute_layers=mid))
-        if c.fits:
-            hi, best = mid, c
+        if _fits_at(ctx, d, mid) is not None:
+            hi, best = mid, mid
         else:
             lo = mid + 1
-    return best
+    return _weigh_at(ctx, d, best)
+
+
+def _fits_at(ctx: PlanContext, d: LayoutDraft, layers: int) -> int | None:
+    """The memory total of ``d`` with ``layers`` recomputed layers a chunk when that fits (as
+    :func:`weigh` judges it), else None."""
+    total, cpu = memory_total(
+        ctx.dims,
+        d,
+        seq_len=ctx.spec.training.seq_len,
+        optimizer=ctx.spec.training.optimizer,
+        flash=ctx.flash,
+        gpus_per_node=ctx.gpn,
+        recompute_layers=layers,
+    )
+    return total if total <= ctx.usable and cpu * ctx.gpn <= ctx.cpu_usable else None
+
+
+def _weigh_at(ctx: PlanContext, d: LayoutDraft, layers: int) -> Candidate:
+    return weigh(ctx, replace(d, recompute_layers=layers))
 
 
 def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candidate]:
