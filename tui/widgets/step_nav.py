@@ -95,7 +95,8 @@ class StepNav(Widget):
             text.append_text(line)
             text.append("\n")
         text.append("\n")
-        text.append("^n next  ^b back\nF1 help", style="dim")
+        # One key a line: "^n next  ^b back" is wider than the sidebar and wrapped mid-hint.
+        text.append("^n next\n^b back\nF1 help", style="dim")
         return text
 
     def on_click(self, event: events.Click) -> None:
