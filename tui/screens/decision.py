@@ -211,6 +211,10 @@ class DecisionStep(StepPane):
         """The pane itself: arrows scroll the report; Tab reaches the force controls below."""
         return self
 
+    def allow_focus(self) -> bool:
+        # Always a stop, scrolling or not: the step's first focus is the report itself.
+        return self.can_focus
+
     def watch_has_focus(self, _has_focus: bool) -> None:
         # Only the pane's own style follows its focus (no rule styles a widget inside it by
         # the pane's focus): Textual's default restyles every widget of the report as well,

@@ -82,6 +82,11 @@ class StepPane(VerticalScroll):
         if decision is not self:
             self.revalidate()
 
+    def allow_focus(self) -> bool:
+        """The pane itself is a Tab stop only while it scrolls (the arrows then scroll it): a
+        pane that fits on screen would be a stop that shows no focus and takes no key."""
+        return self.can_focus and (self.max_scroll_y > 0 or self.max_scroll_x > 0)
+
     def first_focus(self) -> Widget | None:
         # Walked lazily, in the DOM order a query has, stopping at the first match (a query
         # matched every widget of the step against the selector first).
