@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Final, NamedTuple
 
 from engine.plan.dims import ModelDims
@@ -1043,6 +1044,28 @@ def _layer_costs_cached(
     return moe, dense
 
 
+@lru_cache(maxsize=4096)
+def _stage_kinds(
+    layers: int, pp: int, first: int, last: int, dense_layers: int, mtp: int
+) -> tuple[tuple[tuple[int, int, bool], ...], tuple[int, ...]]:
+    """The pipeline's kinds of stage for :func:`micro_batch_time`, each (layers, leading dense
+    layers, whether it is the last stage) in the order they first appear, and each stage's kind:
+    the leading dense layers fill the first stages, the multi-token prediction modules (``mtp``)
+    are the last stage's layers."""
+    split = stage_layers(layers, pp, first, last)
+    kinds: dict[tuple[int, int, bool], int] = {}
+    of_stage: list[int] = []
+    before = 0
+    end = len(split) - 1
+    for i, n in enumerate(split):
+        n_dense = min(n, max(0, dense_layers - before))
+        before += n
+        if i == end:
+            n += mtp
+        of_stage.append(kinds.setdefault((n, n_dense, i == end), len(kinds)))
+    return tuple(kinds), tuple(of_stage)
+
+
 def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> MicroBatch:
     """One micro-batch's forward and backward on the heaviest pipeline stage: its layers (the
     last stage's plus the LM head when that is heavier), the exposed TP/CP/EP traffic, and the
@@ -1050,31 +1073,21 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
     (:attr:`ModelDims.dense_layers`) sit on the first stage and are costed as the dense layers
     they are; multi-token prediction modules (:func:`mtp_modules`) on the last, each one more
     layer, its ``2h -> h`` projection and one more pass through the head."""
-    split = stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers)
     moe, dense = _layer_costs_cached(dims, d, hw, seq_len)
     mtp = mtp_modules(dims, d)
     head = 3 * _head_forward(dims, d, hw, seq_len)
     head += mtp * (head + 3 * _mtp_projection_forward(dims, d, hw, seq_len))
     comm = backward = 0.0
-    stages: list[float] = []
-    before = 0
-    last = len(split) - 1
-    seen: dict[tuple[int, int, bool], float] = {}
-    for i, n in enumerate(split):
-        n_dense = min(n, max(0, dims.dense_layers - before))
-        before += n
-        if i == last:
-            n += mtp
-        key = (n, n_dense, i == last)
-        hit = seen.get(key)
-        if hit is not None:  # a stage like one already summed (most of an even split)
-            stages.append(hit)
-            continue
+    kinds, of_stage = _stage_kinds(
+        dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers, dims.dense_layers, mtp
+    )
+    summed: list[float] = []
+    for n, n_dense, last in kinds:  # each kind of stage once (most of an even split is one)
         stage = [n_dense * a + (n - n_dense) * b for a, b in zip(dense, moe, strict=True)]
-        seen[key] = stage[0] + (head if i == last else 0.0)
-        stages.append(seen[key])
+        summed.append(stage[0] + (head if last else 0.0))
         backward = max(backward, stage[1])
         comm = max(comm, stage[2])
+    stages = [summed[k] for k in of_stage]
     compute = max(stages)
     fill = (sum(stages) - compute) / (len(stages) - 1) if len(stages) > 1 else compute
     if d.pp > 1:

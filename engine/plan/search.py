@@ -72,7 +72,8 @@ class Candidate:
     def time_per_sequence(self) -> float:
         """Step time per sequence trained: what ranks layouts (equal to ranking by step time
         inside one search, where every candidate trains the same batch)."""
-        return self.time / self.draft.global_batch
+        e = self.est  # self.time, inlined: rankings read this tens of thousands of times
+        return (e.step_time_s if e else math.inf) / self.draft.global_batch
 
     def to_layout(self, rejected: str | None = None, notes: list[str] | None = None) -> Layout:
         """The candidate as the Plan shows it (zeros where the time was never estimated)."""
@@ -390,6 +391,7 @@ def _micro_steps(
     per_replica = batch // g.dp
     out: list[Candidate] = []
     rcs = recomputes or _recomputes(ctx)
+    fixed = training_settings(ctx.spec.training)
     # What did not fit at a smaller micro-batch does not fit at a larger one while the step
     # still accumulates several (:func:`engine.plan.memory.estimate_memory`: the activations
     # in flight and the logits grow with it; only at one micro-batch a step do the gradient
@@ -406,7 +408,7 @@ def _micro_steps(
         for rc in rcs:
             if rc == Recompute.LIGHT and framework != Framework.MEGATRON:
                 continue  # named-module recompute is Megatron-Core's
-            d = _draft(ctx, g, setting, shape, mb, m, rc)
+            d = _draft(ctx, g, setting, shape, mb, m, rc, fixed)
             blocks = _block_recompute_applies(ctx, d, rcs) and not (known and block_failed)
             if rc == Recompute.FULL and blocks:
                 partial = partial or _block_recompute(ctx, d)
@@ -456,9 +458,11 @@ def _draft(
     mb: int,
     m: int,
     rc: Recompute,
+    fixed: dict[str, Any] | None = None,
 ) -> LayoutDraft:
     """The layout of degrees ``g``, ``setting`` and ``shape`` at micro-batch ``mb`` (``m`` a
-    step) and recompute ``rc``, the rest as the spec says."""
+    step) and recompute ``rc``, the rest as the spec says (``fixed``: the spec's
+    :func:`training_settings`, when the caller has them)."""
     lay = ctx.spec.layout
     tr = ctx.spec.training
     s, z, off = setting
@@ -485,7 +489,7 @@ def _draft(
         virtual_stages=v,
         first_stage_layers=first,
         last_stage_layers=last,
-        **training_settings(tr),
+        **(fixed if fixed is not None else training_settings(tr)),
         # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
         # Megatron, whose own recipes mostly leave it off (the plan says when it would be
         # faster). weigh keeps it only where the layout can run it.
@@ -712,13 +716,20 @@ def best(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:
     fitting = [evaluate(ctx, c) for c in cands if c.fits]
     if not fitting:
         return None
-    first = min(fitting, key=_rank_key)
+    times = [c.time_per_sequence for c in fitting]
+    fastest = min(times)
+    first = fitting[times.index(fastest)]  # the first of the fastest, as min() picks
     if is_tight(ctx, first):
-        near = first.time_per_sequence * (1 + MARGIN_TIE)
-        roomy = [c for c in fitting if c.time_per_sequence <= near and not is_tight(ctx, c)]
-        fitting = roomy or fitting
-    fastest = min(c.time_per_sequence for c in fitting)
-    tied = [c for c in fitting if c.time_per_sequence <= fastest * (1 + TIE)]
+        near = fastest * (1 + MARGIN_TIE)
+        roomy = [
+            (c, t)
+            for c, t in zip(fitting, times, strict=True)
+            if t <= near and not is_tight(ctx, c)
+        ]
+        if roomy:
+            fitting, times = [c for c, _ in roomy], [t for _, t in roomy]
+            fastest = min(times)
+    tied = [c for c, t in zip(fitting, times, strict=True) if t <= fastest * (1 + TIE)]
     return min(tied, key=_simplicity)
 
 
