@@ -70,6 +70,12 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
         metavar="H1,H2",
         help="SSH, with --max-restarts: hosts that replace a node whose failure repeats",
     )
+    p.add_argument(
+        "--allow-shrink",
+        action="store_true",
+        help="with --max-restarts: when a node's failure repeats and no spare is left, go on "
+        "on the other nodes, re-planned keeping the global batch (DDP, FSDP)",
+    )
     add_spec_options(p, launch=True)
 
 
@@ -238,6 +244,12 @@ def _run(args: argparse.Namespace, stop: _StopSignals) -> int:
     restarts = getattr(args, "launch__max_restarts", None)
     if restarts is None:
         restarts = spec_launch.max_restarts if spec_launch else 0
+    options.allow_shrink = bool(getattr(args, "allow_shrink", False))
+    if options.allow_shrink and not (restarts and str(kind) in ("local", "ssh")):
+        raise DtrainError(
+            "--allow-shrink needs --max-restarts N and --backend local or ssh",
+            field="--allow-shrink",
+        )
     backend: Any
     if restarts and str(kind) in ("local", "ssh"):
         backend = _restarting(args, str(kind), bundle_dir, run_dir, options, int(restarts))

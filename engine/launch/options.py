@@ -42,6 +42,10 @@ class LaunchOptions:
     sky_down: bool = False
     sky_autostop_min: int | None = None
     sky_cloud: str | None = None
+    allow_shrink: bool = False
+    """With ``--max-restarts``: when a node's failure repeats and no spare host is left, go on
+    on the other nodes, re-planned for fewer of them keeping the global batch
+    (``--allow-shrink``; :mod:`engine.launch.restart`)."""
 
     @classmethod
     def from_spec(

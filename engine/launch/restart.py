@@ -19,6 +19,14 @@ A failure that repeats on the same node leaves that node out when a spare host i
 stays 0 in the bundle: it restarts one node's workers only, from step 0 of a rendezvous the
 other nodes left; the policy restarts the whole run instead.
 
+With :attr:`LaunchOptions.allow_shrink` (``--allow-shrink``), a node whose failure repeats when
+no spare is left is left out too: the bundle's spec (plan.json) is re-planned for one node fewer
+keeping the global batch (:func:`shrunk_plan`: more gradient accumulation), written into the
+next attempt's directory (``RUN/attempts/N/bundle``) and launched; its ranks resume from the
+same checkpoint directory, resharded on load (DCP: DDP and FSDP). DeepSpeed and Megatron bundles
+are refused, as is a plan that does not fit or cannot keep the batch: the run then ends with one
+line saying why.
+
 :class:`RestartingRun` answers what the ``launch`` command's loop asks of a backend (``done``,
 ``poll``, ``request_stop``, ``kill``, ``stopping``, ``state``, ``exit_code``, ``run``), so it
 drives either.
@@ -38,14 +46,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from engine.errors import DtrainError, one_line
 from engine.launch.base import LaunchBackend
 from engine.launch.options import LaunchOptions
+from engine.plan.names import Framework
+from engine.plan.result import Plan
 from engine.plan.specs import Host
 from engine.rundir.events import Event, LineBatch, LineEvent, RunStateChanged
 from engine.rundir.files import iso, new_run_dir
 from engine.rundir.record import RUN_JSON, AttemptRecord, RunRecord, RunState
 
-__all__ = ["AttemptWatch", "RestartPolicy", "RestartingRun"]
+__all__ = ["AttemptWatch", "RestartPolicy", "RestartingRun", "shrunk_plan"]
 
 STEP_RE = re.compile(r"\[dtrain\] step=(\d+)/\d+ loss=(\S+)")
 RESUMED_RE = re.compile(r"\[dtrain\] resumed from step=(\d+) ")
@@ -153,6 +164,7 @@ class RestartingRun:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._spares = list(policy.spare_hosts)
+        self.bundle_dir: Path | None = None  # the attempts' bundle (for_bundle; a shrink's)
 
     @classmethod
     def for_bundle(
@@ -173,8 +185,8 @@ class RestartingRun:
         checkpoints wants a path every node shares, set it with ``--env DTRAIN_CKPT_DIR=...``)."""
         from engine.launch import make_backend
 
-        run = cls(
-            lambda d, o: make_backend(kind, bundle_dir, d, o),
+        run = cls(  # the newest shrink's bundle (--allow-shrink), else the one given
+            lambda d, o: make_backend(kind, run.bundle_dir or bundle_dir, d, o),
             options,
             policy,
             run_dir,
@@ -189,6 +201,7 @@ class RestartingRun:
             else:
                 env["DTRAIN_CKPT_DIR"] = str((run.path / "checkpoints").absolute())
         run.options = replace(options, env=env)
+        run.bundle_dir = Path(bundle_dir)
         return run
 
     # ------------------------------------------------------------ what launch's loop reads
@@ -256,7 +269,9 @@ class RestartingRun:
         )
         self._thread.start()
 
-    def _begin(self, n: int, options: LaunchOptions, *, excluded: str) -> LaunchBackend:
+    def _begin(
+        self, n: int, options: LaunchOptions, *, excluded: str, shrunk_from: int | None = None
+    ) -> LaunchBackend:
         rel = f"{ATTEMPTS}/{n}"
         backend = self._make(self.path / rel, options)
         watch = AttemptWatch()
@@ -267,6 +282,8 @@ class RestartingRun:
             started_at=iso(watch.started),
             hosts=backend.hosts,
             excluded=excluded,
+            nodes=len(backend.hosts),
+            shrunk_from=shrunk_from,
         )
         with self._lock:
             self.current = backend
@@ -303,7 +320,11 @@ class RestartingRun:
                     self._finish(RunState.FAILED, why)
                     return
                 delay = self.policy.delay(n)
-                options, excluded = self._exclusion(options)
+                try:
+                    options, excluded, shrunk_from = self._next_nodes(options, n + 1)
+                except DtrainError as e:  # --allow-shrink cannot go on: why, in one line
+                    self._finish(RunState.FAILED, f"{rec.reason}; {e.message}")
+                    return
                 self._say(
                     f"attempt {n} failed: {rec.reason}; restarting in {delay:.1f}s "
                     f"(restart {n} of {self.policy.max_restarts})"
@@ -314,7 +335,7 @@ class RestartingRun:
                     return
                 n += 1
                 try:
-                    backend = self._begin(n, options, excluded=excluded)
+                    backend = self._begin(n, options, excluded=excluded, shrunk_from=shrunk_from)
                 except Exception as e:  # noqa: BLE001 - _begin ended the run, said here once
                     self._say(f"restart {n - 1} could not start: {e}")
                     return
@@ -345,15 +366,7 @@ class RestartingRun:
         watch = self.watches[-1]
         watch.ended = watch.ended or time.time()
         i = len(self.attempts) - 1
-        prev = self.watches[i - 1] if i > 0 else None
-        redone, lost = 0, 0.0
-        if prev is not None and prev.last_step is not None:
-            resumed = watch.resumed_from or 0
-            redone = max(0, prev.last_step - resumed)
-            t_resume = prev.step_seen.get(resumed) if resumed else prev.running_at
-            end = prev.step_seen.get(prev.last_step)
-            if t_resume is not None and end is not None:
-                lost = max(0.0, end - t_resume)
+        redone, lost = _work_lost(self.watches[i - 1] if i > 0 else None, watch)
         self.attempts[i] = self.attempts[i].model_copy(
             update={
                 "state": backend.state,
@@ -373,23 +386,21 @@ class RestartingRun:
     def _exclusion(self, options: LaunchOptions) -> tuple[LaunchOptions, str]:
         """Leave out a node whose failure repeats, for the next spare host; the line saying so
         ("" when nothing changes)."""
-        if len(self.attempts) < 2 or not self._spares or not options.hosts:
-            return options, ""
-        a, b = self.attempts[-2], self.attempts[-1]
-        node = b.failed_node
-        if node is None or node != a.failed_node or node >= len(options.hosts):
-            return options, ""
-        bad = options.hosts[node]
-        if a.hosts[node : node + 1] != b.hosts[node : node + 1]:
-            return options, ""
-        spare = self._spares.pop(0)
-        hosts = list(options.hosts)
-        hosts[node] = spare
-        why = (
-            f"node {node} ({bad}) left out: it failed twice in a row ({b.cause}); "
-            f"spare {spare} takes its place"
-        )
-        return replace(options, hosts=hosts), why
+        return _spare_swap(self.attempts, self._spares, options)
+
+    def _next_nodes(self, options: LaunchOptions, n: int) -> tuple[LaunchOptions, str, int | None]:
+        """The nodes attempt ``n`` runs on: a spare for a node whose failure repeats, or with
+        none left and ``--allow-shrink``, the others (:func:`_shrunk`); the line saying so ("" when
+        nothing changes) and the node count before a shrink. DtrainError: it cannot shrink."""
+        options, why = self._exclusion(options)
+        node = repeated_node(self.attempts)
+        if why or not options.allow_shrink or node is None or self._spares:
+            return options, why, None
+        if self.bundle_dir is None or (options.hosts and node >= len(options.hosts)):
+            raise DtrainError("--allow-shrink: the run's bundle or the node's host is not known")
+        was = len(self.attempts[-1].hosts)
+        options, why, self.bundle_dir = _shrunk(self.path, self.bundle_dir, node, options, n)
+        return options, why, was
 
     # ------------------------------------------------------------ the summary
 
@@ -448,3 +459,144 @@ def newest_attempt_dir(run_dir: Path) -> Path:
             if d.is_dir():
                 return d
     return Path(run_dir)
+
+
+def _work_lost(prev: AttemptWatch | None, watch: AttemptWatch) -> tuple[int, float]:
+    """Steps the previous attempt trained past this one's resume point, and their seconds."""
+    if prev is None or prev.last_step is None:
+        return 0, 0.0
+    resumed = watch.resumed_from or 0
+    t_resume = prev.step_seen.get(resumed) if resumed else prev.running_at
+    end = prev.step_seen.get(prev.last_step)
+    lost = max(0.0, end - t_resume) if t_resume is not None and end is not None else 0.0
+    return max(0, prev.last_step - resumed), lost
+
+
+def _spare_swap(
+    attempts: list[AttemptRecord], spares: list[Host], options: LaunchOptions
+) -> tuple[LaunchOptions, str]:
+    """The next spare (taken from ``spares``) in place of the node whose failure repeats."""
+    node = repeated_node(attempts)
+    if not spares or node is None or node >= len(options.hosts):
+        return options, ""
+    bad, spare = options.hosts[node], spares.pop(0)
+    hosts = list(options.hosts)
+    hosts[node] = spare
+    why = (
+        f"node {node} ({bad}) left out: it failed twice in a row ({attempts[-1].cause}); "
+        f"spare {spare} takes its place"
+    )
+    return replace(options, hosts=hosts), why
+
+
+def repeated_node(attempts: list[AttemptRecord]) -> int | None:
+    """The node the last two attempts both failed on, on the same host; None if none."""
+    if len(attempts) < 2:
+        return None
+    a, b = attempts[-2], attempts[-1]
+    node = b.failed_node
+    if node is None or node != a.failed_node:
+        return None
+    if a.hosts[node : node + 1] != b.hosts[node : node + 1]:
+        return None
+    return node
+
+
+def _shrunk(
+    run_dir: Path, bundle_dir: Path, node: int, options: LaunchOptions, n: int
+) -> tuple[LaunchOptions, str, Path]:
+    """Attempt ``n`` without node ``node``: the bundle re-planned for one node fewer
+    (:func:`shrunk_plan`) written into ``RUN/attempts/N/bundle``; the options without the node's
+    host, the line saying so, and the new bundle."""
+    from engine.write import write_bundle
+    from engine.write.bundle import WriteOptions
+
+    hosts = [h for i, h in enumerate(options.hosts) if i != node]
+    p, change = shrunk_plan(bundle_dir, node, [str(h) for h in hosts])
+    out = run_dir / ATTEMPTS / str(n) / "bundle"
+    write_bundle(p, out, options=WriteOptions(fsdp_version=_fsdp_version(bundle_dir)))
+    why = (
+        f"node {node} left out: its failure repeated; no spare; continuing on "
+        f"{p.nodes} node{'s' if p.nodes != 1 else ''}, {change}"
+    )
+    return replace(options, hosts=hosts), why, out
+
+
+def _fsdp_version(bundle_dir: Path) -> int:
+    """The FSDP API the bundle was written for (its fsdp.json), so a shrink keeps it."""
+    from engine.write.fsdp import FSDP_VERSION
+
+    try:
+        version = json.loads((bundle_dir / "fsdp.json").read_text(encoding="utf-8"))
+        return int(version["fsdp_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return FSDP_VERSION
+
+
+NO_RESHARD = {
+    Framework.DEEPSPEED: "DeepSpeed checkpoints do not reshard without a universal conversion: "
+    "convert the newest one with DeepSpeed's ds_to_universal.py and relaunch on fewer nodes "
+    "with --universal-checkpoint; not shrinking",
+    Framework.MEGATRON: "Megatron bundles are not re-planned for fewer nodes here: re-plan "
+    "with `dtrain-tui write --nodes N` and relaunch; not shrinking",
+}
+"""Frameworks whose checkpoints a shrunk run could not load: the line the run ends with."""
+
+
+def shrunk_plan(bundle_dir: Path, node: int, hosts: list[str]) -> tuple[Plan, str]:
+    """The bundle's spec (plan.json) re-planned without node ``node`` (``hosts``: the nodes
+    left, for a bundle that names its hosts), keeping the global batch and, where it can, the
+    micro batch (so: more gradient accumulation); and what changed ("global batch 8 kept:
+    grad-accum 1 -> 2"). DtrainError, in one line, when the framework's checkpoints do not
+    reshard, the plan does not fit, or no layout keeps the batch."""
+    from engine.plan.planner import plan as make_plan
+    from engine.plan.specs import Spec
+    from engine.write.checks import check_spec_batch
+    from engine.write.manifest import read_manifest
+
+    m = read_manifest(bundle_dir)
+    if m.framework in NO_RESHARD:
+        raise DtrainError(NO_RESHARD[Framework(m.framework)], field="--allow-shrink")
+    nodes = m.nodes - 1
+    if nodes < 1:
+        raise DtrainError("no node left to continue on; not shrinking", field="--allow-shrink")
+    try:
+        data = json.loads((Path(bundle_dir) / "plan.json").read_text(encoding="utf-8"))
+        raw = dict(data["spec"])
+        old = data["recommended"]
+        old_mb, old_ga = int(old["micro_batch"]), int(old["grad_accum"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DtrainError(
+            f"{bundle_dir}/plan.json holds no spec to re-plan ({type(e).__name__}: {e}); "
+            "not shrinking",
+            field="--allow-shrink",
+        ) from None
+    raw.pop("calibration", None)
+    raw["hardware"] = {**raw.get("hardware", {}), "nodes": nodes}
+    launch = raw.get("launch") or {}
+    if launch.get("hosts"):
+        raw["launch"] = {**launch, "hosts": hosts}
+    why = ""
+    training = raw.get("training") or {}
+    # The same micro batch first (the same activation memory), then whatever the planner picks.
+    for attempt in ({**training, "micro_batch": old_mb}, training):
+        try:
+            p = make_plan(Spec.model_validate({**raw, "training": attempt}))
+            if not p.recommended.fits:
+                raise DtrainError(p.recommended.rejected_because or "it does not fit in memory")
+            check_spec_batch(p)
+        except DtrainError as e:
+            why = why or e.message
+            continue
+        except ValueError as e:  # a spec that no longer validates (pydantic's errors)
+            why = why or one_line(e)
+            continue
+        lay = p.recommended
+        change = f"grad-accum {old_ga} -> {lay.grad_accum}"
+        if lay.micro_batch != old_mb:
+            change = f"micro-batch {old_mb} -> {lay.micro_batch}, {change}"
+        return p, f"global batch {lay.global_batch} kept: {change}"
+    raise DtrainError(
+        f"cannot continue on {nodes} node(s) keeping the global batch: {why}; not shrinking",
+        field="--allow-shrink",
+    )

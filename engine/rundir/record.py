@@ -101,6 +101,11 @@ class AttemptRecord(BaseModel):
     """Seconds of training the previous attempt did that this one does again."""
     excluded: str = ""
     """A node left out before this attempt, and why ("" when none)."""
+    nodes: int = 0
+    """How many nodes it ran on (0: not known); written only when known."""
+    shrunk_from: int | None = None
+    """With ``launch --allow-shrink``: the node count before this attempt was re-planned for
+    fewer nodes (:attr:`excluded` says why); written only when it was."""
 
 
 class RunRecord(BaseModel):
@@ -169,6 +174,11 @@ class RunRecord(BaseModel):
             data["transport"] = self.transport.to_dict()
         if not self.attempts:
             del data["attempts"]
+        for attempt in data.get("attempts", []):  # written only when known
+            if not attempt["nodes"]:
+                del attempt["nodes"]
+            if attempt["shrunk_from"] is None:
+                del attempt["shrunk_from"]
         return data
 
     def to_json(self, *, compact: bool = False) -> str:
@@ -309,6 +319,8 @@ def _attempts(attempts: object) -> list[AttemptRecord]:
                 steps_redone=_int(e.get("steps_redone")),
                 lost_s=float(lost) if isinstance(lost, int | float) and lost >= 0 else 0.0,
                 excluded=_str(e.get("excluded")),
+                nodes=_int(e.get("nodes")),
+                shrunk_from=_opt_int(e.get("shrunk_from")),
             )
         )
     return out
