@@ -555,11 +555,38 @@ def mtp_modules(dims: ModelDims, d: LayoutDraft) -> int:
     return dims.mtp_layers if d.framework == Framework.MEGATRON else 0
 
 
+_STAGE_PARAMS: dict[tuple[object, ...], tuple[ModelDims, tuple[float, float]]] = {}
+""":func:`stage_params` by the fields it reads (the model by identity, as in
+:data:`_STATES_CACHE`): the memory and the time model ask for it at every layout."""
+_STAGE_PARAMS_MAX = 20_000
+
+
 def stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
     """(dense, expert) parameters held by the heaviest GPU: its pipeline stage's layers (the first
     stage also holds the input embedding; the last the head -- we take the larger) split by TP,
     experts split by EP (and by TP only without EP: :func:`expert_tp`). An MoE model's leading
-    dense layers sit on the first stage."""
+    dense layers sit on the first stage. Cached (:data:`_STAGE_PARAMS`)."""
+    key = (
+        id(dims),
+        d.pp,
+        d.tp,
+        d.expert_tp,
+        d.ep,
+        d.framework,
+        d.first_stage_layers,
+        d.last_stage_layers,
+    )
+    hit = _STAGE_PARAMS.get(key)
+    if hit is not None and hit[0] is dims:
+        return hit[1]
+    value = _stage_params(dims, d)
+    if len(_STAGE_PARAMS) >= _STAGE_PARAMS_MAX:
+        _STAGE_PARAMS.clear()
+    _STAGE_PARAMS[key] = (dims, value)
+    return value
+
+
+def _stage_params(dims: ModelDims, d: LayoutDraft) -> tuple[float, float]:
     dense_l, expert_l = per_layer_params(dims)
     layers = math.ceil(dims.layers / d.pp)
     # The first stage's leading dense layers trade experts for a dense MLP; the heaviest of
