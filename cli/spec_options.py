@@ -5,7 +5,6 @@ then each option given on the command line overlays its field. Validation is the
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
 from typing import Any, cast
 
@@ -442,6 +441,8 @@ def load_spec_file(path: Path) -> dict[str, Any]:
         raise SpecError(
             f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8", field="--spec"
         ) from None
+    import tomllib  # here: only a --spec file needs it, and `plan` should start fast
+
     try:
         if Path(path).suffix.lower() in (".yaml", ".yml"):
             data = _load_yaml(text)
