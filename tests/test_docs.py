@@ -66,10 +66,6 @@ SKIP: dict[tuple[str, str], str] = {
         "dtrain-tui launch",
     ): "needs SSH to four GPU nodes (tests/e2e start real sshd on 127.0.0.1)",
     (
-        "docs/launch/ssh.md",
-        "dtrain-tui launch",
-    ): "needs SSH to four GPU nodes (tests/e2e start real sshd on 127.0.0.1)",
-    (
         "docs/calibrate.md",
         ".venv/bin/dtrain-tui launch",
     ): "a real training run: the README's tour runs one",
