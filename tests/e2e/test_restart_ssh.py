@@ -5,6 +5,7 @@ checkpoint and finish. Waits on the run's events with deadlines, never a sleep."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -16,6 +17,7 @@ import pytest
 from engine.launch.drill import newest_complete
 from engine.launch.restart import RestartingRun, RestartPolicy
 from engine.rundir.record import RunState, read_record
+from engine.write.manifest import read_manifest
 from tests.e2e.launch_util import rank_pid, wait_no_pids, write_bundle
 from tests.e2e.sshd import Sshd, sshd_path, start_many
 from tests.e2e.test_launch_ssh import _opts
@@ -74,4 +76,73 @@ def test_node_killed_over_ssh_is_restarted_and_resumes(
     assert second.state == RunState.SUCCEEDED
     assert second.resumed_from_step is not None and second.resumed_from_step == newest[0]
     assert second.hosts == [f"127.0.0.1:{s.port}" for s in servers]
+    assert wait_no_pids(first_id) == []
+
+
+FAIL_AGAIN = (
+    'if compgen -G "$DTRAIN_CKPT_DIR/step_*/COMPLETE" > /dev/null; then\n'
+    '  echo "test: node 1 fails again" >&2; exit 1\n'
+    "fi\n"
+)
+
+
+def test_allow_shrink_over_ssh_goes_on_on_the_other_node(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    """``--allow-shrink`` over the real sshd, no spare: node 1's ranks are SIGKILLed once a
+    checkpoint is complete, then its script fails at once whenever one exists. The failure
+    repeats, so the third attempt runs a bundle re-planned for the first node alone (the global
+    batch kept: grad-accum 1 -> 2), shipped over SSH, resumed from the shared checkpoint
+    (DCP reshards 4 ranks' state onto 2) and finished."""
+    servers, key, kh = cluster
+    hosts = [f"127.0.0.1:{s.port}" for s in servers]
+    bundle = write_bundle(
+        tmp_path / "b", "--hosts", ",".join(hosts), "--backend", "ssh", "--framework", "ddp",
+        "--script-arg=--sleep-per-step", "--script-arg=0.2", steps=8, nodes=2,
+    )  # fmt: skip
+    node1 = bundle / "launch_node1.sh"
+    anchor = "mkdir -p logs\n"
+    assert anchor in node1.read_text()
+    node1.write_text(node1.read_text().replace(anchor, FAIL_AGAIN + anchor, 1))
+    opts = _opts(servers, key, kh, tmp_path)
+    opts.env = {"DTRAIN_CKPT_EVERY": "2"}
+    opts.allow_shrink = True
+    run = RestartingRun.for_bundle(
+        "ssh", bundle, tmp_path / "run", opts, RestartPolicy(max_restarts=3, backoff_s=0.2)
+    )
+    ckpt = Path(os.path.expanduser(run.options.env["DTRAIN_CKPT_DIR"]))
+    run.start()
+    killed: list[int] = []
+    first_id = run.current.run_id if run.current else ""
+    deadline = time.monotonic() + 300
+    while not run.done:
+        if time.monotonic() > deadline:
+            run.kill()
+            run.wait(60)
+            pytest.fail(f"run did not end in 300 s: {run.record.reason}")
+        run.poll(0.1)
+        if not killed and len(run.watches) == 1 and newest_complete(ckpt) is not None:
+            for pid in (rank_pid(first_id, r) for r in (2, 3)):
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+    assert killed, "the kill never landed"
+    assert run.state == RunState.SUCCEEDED, run.record.reason
+    rec = read_record(run.path)
+    assert [a.state for a in rec.attempts] == [
+        RunState.FAILED,
+        RunState.FAILED,
+        RunState.SUCCEEDED,
+    ], rec.attempts
+    first, second, third = rec.attempts
+    assert first.failed_node == 1 and second.failed_node == 1, (first, second)
+    assert (first.nodes, second.nodes, third.nodes) == (2, 2, 1)
+    assert third.shrunk_from == 2
+    assert third.hosts == hosts[:1]
+    assert "global batch 8 kept: grad-accum 1 -> 2" in (third.excluded or ""), third.excluded
+    assert third.resumed_from_step is not None and third.resumed_from_step >= 2
+    assert third.last_step == 8
+    shrunk = run.path / third.run_dir / "bundle"
+    assert read_manifest(shrunk).nodes == 1
+    assert json.loads((shrunk / "plan.json").read_text())["recommended"]["grad_accum"] == 2
     assert wait_no_pids(first_id) == []
