@@ -71,10 +71,19 @@ FLEET_FIGURES = (
         source="Grattafiori et al. 2024, The Llama 3 Herd of Models, §3.3.4: 419 unexpected "
         "interruptions in a 54-day snapshot (466 with the 47 planned ones)",
     ),
+    FleetFigure(
+        name="OPT-175B's fleet (992 A100)",
+        interruptions=105,
+        days=60,
+        gpus=992,
+        source="Zhang et al. 2022, OPT: Open Pre-trained Transformer Language Models, §2.4-2.5: "
+        "on 992 80GB A100, hardware failures caused at least 35 manual restarts and an "
+        "estimated 70+ automatic ones over the course of 2 months",
+    ),
 )
-"""The fleets the interruption rate comes from; the first is the default. One figure only, on
-purpose: the others found (OPT-175B's logbook, Meta's RSC study) were not at hand to check
-against the source."""
+"""The fleets the interruption rate comes from, each checked against its source (tests/data/
+fleet_failures.json quotes them). The first, the newest and largest, is the plan's rate; the
+highest of them, the worst case the plan also prices (:attr:`Resilience.worst_mtbf_s`)."""
 
 RESTART_S = 600.0
 """Seconds from an interruption to training again (detect the failure, stop every rank,
@@ -186,6 +195,8 @@ def resilience(dims: ModelDims, spec: Spec, lay: Layout, world: int, nodes: int)
         hours = lay.gpu_hours / world if lay.gpu_hours else None
         work_s, save = (hours * 3600 if hours else tr.steps * step), 0.0
     lost = RESTART_S + (work_s + save) / 2
+    worst = max(FLEET_FIGURES, key=lambda f: f.per_gpu_hour)
+    worst_mtbf_s = 3600.0 / (worst.per_gpu_hour * max(1, world))
     return Resilience(
         ckpt_bytes_per_gpu=per_gpu,
         ckpt_bytes_total=total,
@@ -203,6 +214,9 @@ def resilience(dims: ModelDims, spec: Spec, lay: Layout, world: int, nodes: int)
         lost_per_failure_s=lost,
         goodput=goodput(work_s, save, RESTART_S, mtbf_s),
         expected_interruptions=None if lay.gpu_hours is None else rate * lay.gpu_hours,
+        worst_source=worst.name,
+        worst_mtbf_s=worst_mtbf_s,
+        worst_goodput=goodput(work_s, save, RESTART_S, worst_mtbf_s),
         note=note,
     )
 
@@ -256,6 +270,12 @@ def summary_lines(res: Resilience) -> list[str]:
         f"{_share(res.goodput)}, {_duration(res.lost_per_failure_s)} lost per interruption "
         f"with a {_duration(res.restart_s)} restart",
     ]
+    if res.worst_mtbf_s is not None and res.worst_goodput is not None and res.worst_source:
+        lines.append(
+            f"at the worst published rate, {res.worst_source}: "
+            f"{res.mtbf_s / res.worst_mtbf_s:.2g}x as often, one every "
+            f"{_duration(res.worst_mtbf_s)}, goodput {_share(res.worst_goodput)}"
+        )
     if res.note:
         lines.append(res.note)
     return lines

@@ -301,6 +301,12 @@ class Resilience(_Frozen):
     expected_interruptions: float | None = None
     """Interruptions expected over the whole run (its GPU-hours from ``training.tokens``);
     None without a token budget."""
+    worst_source: str | None = None
+    """The fleet with the highest published interruption rate (the plan's worst case)."""
+    worst_mtbf_s: float | None = None
+    """Mean time between interruptions at that fleet's rate."""
+    worst_goodput: float | None = None
+    """Goodput at that rate, checkpointing at ``every``."""
     note: str | None = None
     """Why the bundle saves no checkpoints when the user did not say (several nodes and no
     directory they all reach), and how to turn them on."""

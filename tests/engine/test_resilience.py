@@ -20,6 +20,7 @@ from engine.plan.resilience import (
     RESTART_S,
     STORAGE_GBPS,
     goodput,
+    summary_lines,
     young_interval_s,
 )
 from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, Spec, TrainingSpec
@@ -51,6 +52,29 @@ def test_interruption_rate_is_llama3s_published_figure() -> None:
         PARALLEL_FS_AGGREGATE_GBPS
         == data["storage"]["parallel_fs_aggregate"]["sustained_tb_per_s"] * 1000 * 8
     )
+
+
+def test_worst_case_rate_is_opts_published_figure_and_priced_by_hand() -> None:
+    opt = json.loads(DATA.read_text())["fleets"][1]
+    assert opt["interruptions_manual"] + opt["interruptions_automatic_estimated"] == 105
+    fig = FLEET_FIGURES[1]
+    assert (fig.interruptions, fig.days, fig.gpus) == (105, opt["days"], opt["gpus"])
+    # 105 / (60 days x 24 h x 992 GPUs) = 7.35e-5 per GPU-hour: 3.7 times Llama 3's rate.
+    assert fig.per_gpu_hour == pytest.approx(7.3505e-5, rel=1e-4)
+    assert fig.per_gpu_hour / FLEET_FIGURES[0].per_gpu_hour == pytest.approx(3.725, rel=1e-3)
+    r = plan(_llama70b(nodes=4, ckpt_dir="/shared/ckpt")).resilience
+    assert r is not None and r.worst_source == fig.name and r.worst_mtbf_s is not None
+    assert r.worst_mtbf_s == pytest.approx(3600 / (7.3505e-5 * 32), rel=1e-4)
+    period = r.every * plan(_llama70b(nodes=4, ckpt_dir="/shared/ckpt")).recommended.step_time_s
+    by_hand = (
+        period
+        / (period + r.save_s)
+        * (1 - (r.restart_s + (period + r.save_s) / 2) / r.worst_mtbf_s)
+    )
+    assert r.worst_goodput == pytest.approx(by_hand, rel=1e-9)
+    assert r.worst_goodput < r.goodput
+    line = summary_lines(r)[3]
+    assert line.startswith(f"at the worst published rate, {fig.name}: 3.7x as often"), line
 
 
 def test_checkpoint_size_and_save_time_by_hand() -> None:
