@@ -94,11 +94,17 @@ class SlurmCluster:
         self.conf.write_text(
             f"ClusterName=dtraintest\nSlurmctldHost={self.host}\nSlurmctldPort={ctld}\n"
             "SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nCredType=cred/munge\n"
-            f"AuthInfo=socket={self.munge_socket}\n"
+            # cred_expire: also how long a requeued job waits before it may start again (Slurm's
+            # default 120 s; 5 is the least it takes). Step credentials live that long too:
+            # 10 s is ample for a step launch on one host.
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10\n"
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\n"
             "ReturnToService=2\nSchedulerType=sched/backfill\n"
+            # A job that becomes eligible by the clock (a requeued job's begin time) starts at
+            # the next scheduling pass, not on an event: every 2 s here, not Slurm's 30/60 s.
+            "SchedulerParameters=bf_interval=1,sched_interval=2\n"
             # CPUs above the machine's own (2 here) without the node being drained as INVAL.
             "SlurmdParameters=config_overrides\n"
             # Short waits: a test cancels and requeues within seconds, not Slurm's minutes.
