@@ -16,9 +16,10 @@ script alone and says so in one line.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from engine.launch.policy import STOP_GRACE_S
 from engine.write.quoting import env_line
@@ -147,3 +148,37 @@ def kill_now_command(run_id: str, node: int, pgid: int | None) -> str:
     """SIGKILL, at once, the node's group and every process of the run on it."""
     group = f"kill -KILL -- -{pgid} 2>/dev/null; " if pgid else ""
     return f"RID={shlex.quote(run_id)}; NODE={node}; {SWEEP_FN}; {group}dtrain_sweep KILL; true"
+
+
+REACH_FILE = ".dtrain-reach-"
+"""Prefix of the file node 0 writes in the checkpoint directory and every other node must read
+back (:func:`ckpt_dir_of`, :class:`engine.launch.ssh.SshDriver`): proof that they share it."""
+
+
+def ckpt_dir_of(bundle: Path, env: dict[str, str]) -> str | None:
+    """The checkpoint directory every rank of ``bundle`` saves to when the launcher's ``env``
+    is set, as the node scripts resolve it (``DTRAIN_CKPT_DIR``, else plan.json's checkpoint
+    section); None when the run saves none (``DTRAIN_CKPT_EVERY`` or the section's ``every``
+    is 0, or there is no section: a bundle not written by dtrain-tui)."""
+    try:
+        data = json.loads((bundle / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    section = data.get("checkpoint") if isinstance(data, dict) else None
+    section = section if isinstance(section, dict) else {}
+    every = env.get("DTRAIN_CKPT_EVERY", str(section.get("every", 0)))
+    where = env.get("DTRAIN_CKPT_DIR", section.get("dir"))
+    if not isinstance(where, str) or not where or every.strip() in ("", "0"):
+        return None
+    return where
+
+
+def reach_commands(where: str, run_id: str, token: str) -> tuple[str, str, str]:
+    """Shell commands (write on node 0, check on each other node, clean up on node 0) that
+    prove every node sees the same checkpoint directory ``where`` (absolute, or under ``~``)."""
+    path = remote_path_expr(where, REACH_FILE + run_id)
+    word = shlex.quote(token)
+    write = f'f={path}; mkdir -p -- "${{f%/*}}" && printf "%s\\n" {word} > "$f"'
+    check = f'f={path}; test "$(cat -- "$f" 2>/dev/null)" = {word}'
+    clean = f'f={path}; rm -f -- "$f"'
+    return write, check, clean

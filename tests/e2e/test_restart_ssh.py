@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.launch.drill import newest_complete
+from engine.launch.errors import LaunchError
 from engine.launch.restart import RestartingRun, RestartPolicy
 from engine.rundir.record import RunState, read_record
 from engine.write.manifest import read_manifest
@@ -146,3 +147,71 @@ def test_allow_shrink_over_ssh_goes_on_on_the_other_node(
     assert read_manifest(shrunk).nodes == 1
     assert json.loads((shrunk / "plan.json").read_text())["recommended"]["grad_accum"] == 2
     assert wait_no_pids(first_id) == []
+
+
+@pytest.mark.parametrize("where", ["ckpt", "shared/../ckpt"])
+def test_a_checkpoint_dir_the_nodes_do_not_share_is_refused_before_any_rank_starts(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path, where: str
+) -> None:
+    """A relative DTRAIN_CKPT_DIR resolves in each node's own copy of the bundle: refused in
+    one line naming the variable, nothing started, nothing left on the nodes."""
+    servers, key, kh = cluster
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+    bundle = write_bundle(tmp_path / "b", "--hosts", hosts, "--backend", "ssh", nodes=2)
+    opts = _opts(servers, key, kh, tmp_path)
+    opts.env = {"DTRAIN_CKPT_EVERY": "2", "DTRAIN_CKPT_DIR": where}
+    run = RestartingRun.for_bundle(
+        "ssh", bundle, tmp_path / "run", opts, RestartPolicy(max_restarts=1, backoff_s=0.2)
+    )
+    with pytest.raises(LaunchError) as e:
+        run.start()
+    reason = str(e.value)
+    assert reason.startswith(f"DTRAIN_CKPT_DIR: checkpoint directory {where!r} is relative"), reason
+    assert "nothing was started" in reason and "\n" not in reason, reason
+    assert not list((tmp_path / "remote").rglob("launch_node*.sh")), "a node kept its copy"
+
+
+def test_a_shared_checkpoint_dir_is_proved_and_the_proof_removed(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    """Node 0 writes the proof in the shared directory, node 1 reads it back, node 0 removes
+    it: the run starts and the directory holds only checkpoints."""
+    servers, key, kh = cluster
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+    bundle = write_bundle(tmp_path / "b", "--hosts", hosts, "--backend", "ssh", nodes=2, steps=2)
+    shared = tmp_path / "shared ckpt"
+    opts = _opts(servers, key, kh, tmp_path)
+    opts.env = {"DTRAIN_CKPT_EVERY": "2", "DTRAIN_CKPT_DIR": str(shared)}
+    run = RestartingRun.for_bundle("ssh", bundle, tmp_path / "run", opts, RestartPolicy())
+    run.start()
+    assert run.wait(240), "the run did not end"
+    assert run.state == RunState.SUCCEEDED, run.record.reason
+    assert not list(shared.glob(".dtrain-reach-*")), sorted(shared.iterdir())
+    assert newest_complete(shared) is not None
+
+
+def test_a_checkpoint_dir_on_each_nodes_own_disk_is_refused_naming_the_node(
+    cluster: tuple[list[Sshd], Path, Path], tmp_path: Path
+) -> None:
+    """``~/ckpt``: each test node has a home of its own (tests/e2e/sshd.py), as each machine of
+    a cluster without a shared home does. Node 0 writes the proof, node 1 cannot read it: the
+    run is refused naming node 1, nothing started, and node 0's proof removed."""
+    servers, key, kh = cluster
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+    bundle = write_bundle(tmp_path / "b", "--hosts", hosts, "--backend", "ssh", nodes=2)
+    opts = _opts(servers, key, kh, tmp_path)
+    opts.env = {"DTRAIN_CKPT_EVERY": "2", "DTRAIN_CKPT_DIR": "~/ckpt"}
+    run = RestartingRun.for_bundle(
+        "ssh", bundle, tmp_path / "run", opts, RestartPolicy(max_restarts=1, backoff_s=0.2)
+    )
+    with pytest.raises(LaunchError) as e:
+        run.start()
+    reason = str(e.value)
+    assert reason.startswith(
+        f"DTRAIN_CKPT_DIR: node 1 (127.0.0.1:{servers[1].port}) cannot see the checkpoint "
+        "directory '~/ckpt' that node 0"
+    ), reason
+    assert "nothing was started" in reason and "\n" not in reason, reason
+    assert (servers[0].home / "ckpt").is_dir()
+    assert not list((servers[0].home / "ckpt").iterdir()), "the proof was left behind"
+    assert not list((tmp_path / "remote").rglob("launch_node*.sh")), "a node kept its copy"
