@@ -95,7 +95,9 @@ def signal_local(run_id: str, node: int) -> int:
     return sent
 
 
-def dump_script(run_id: str, node: int | None, *, node_var: str = "DTRAIN_NODE") -> str:
+def dump_script(
+    run_id: str, node: int | None, *, node_var: str = "DTRAIN_NODE", here_var: str = "SLURM_NODEID"
+) -> str:
     """Bash: the request signal (``RTMIN+7`` by the node's own numbering) to every rank process
     of the run on ``node`` that blocks it (found through /proc by ``DTRAIN_RUN_ID`` and
     ``node_var``, compared as whole strings, and a ``LOCAL_RANK``: torchrun and DeepSpeed's
@@ -104,12 +106,14 @@ def dump_script(run_id: str, node: int | None, *, node_var: str = "DTRAIN_NODE")
     and forwards what it gets to its tasks (torchrun, which dies of it).
 
     ``node_var`` is the variable that numbers the node in the ranks' environment: the SSH
-    backend's ``DTRAIN_NODE``, Slurm's ``SLURM_NODEID``. ``node`` None: the node the script
-    runs on, as an srun task knows it (``$SLURM_NODEID``), so one ``srun`` over every node of a
-    job asks each node for its own ranks."""
-    if not node_var.isidentifier():
-        raise ValueError(f"not a variable name: {node_var!r}")
-    where = str(node) if node is not None else '"${SLURM_NODEID:-none}"'
+    backend's ``DTRAIN_NODE``, Slurm's ``SLURM_NODEID``, SkyPilot's ``SKYPILOT_NODE_RANK``.
+    ``node`` None: the node the script runs on, as the script's own ``here_var`` says (an srun
+    task's ``$SLURM_NODEID``, a SkyPilot job's ``$SKYPILOT_NODE_RANK``), so one job step over
+    every node asks each node for its own ranks."""
+    for var in (node_var, here_var):
+        if not var.isidentifier():
+            raise ValueError(f"not a variable name: {var!r}")
+    where = str(node) if node is not None else f'"${{{here_var}:-none}}"'
     return (
         f"RID={shlex.quote(run_id)}; NODE={where}; n=0; "
         f"S=$(kill -l {DUMP_SIGNAL_NAME}) || exit 1; M=$((1 << (S - 1))); "

@@ -16,6 +16,11 @@ the prefix, then the global rank from torchrun's ``[default<local_rank>]:`` behi
 setup line loses its prefix; a worker's keeps it, since only the IP says which node it is. ANSI
 colour codes are stripped first.
 
+A hang's diagnosis asks every rank for its Flight Recorder dump with a second job on the same
+cluster (``sky.exec`` of :meth:`SkyPilotDriver.dump_task`, no accelerator asked, so it runs beside
+the training job): on each node it signals the run's ranks, found by ``DTRAIN_RUN_ID`` and
+``SKYPILOT_NODE_RANK``, and their answers arrive in the training job's output.
+
 ``stop`` cancels the job (``sky.cancel``); the cluster is torn down (``sky.down``) only on
 request: ``--sky-down`` or :meth:`SkyPilotBackend.down`.
 
@@ -48,6 +53,8 @@ _SKY_RE = re.compile(
     rb"pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\) ?"
 )
 _SETUP_RE = re.compile(rb"^\(setup pid=\d+\) ?")
+SKY_NODE_VAR = "SKYPILOT_NODE_RANK"
+"""The variable SkyPilot numbers each node of a job by (0 on the head), in every process."""
 JOB_CANCELLED = 103
 """SkyPilot's exit code of a cancelled job."""
 
@@ -85,7 +92,7 @@ class SkyPilotDriver:
     """Launches, follows and cancels the run's one SkyPilot job; its lines are attributed to
     nodes by SkyPilot's prefixes."""
 
-    dump_reach: DumpReach = DumpReach.NONE
+    dump_reach: DumpReach = DumpReach.ALL_NODES
     control: ControlLine | None = None
 
     def __init__(self, ctx: RunContext) -> None:
@@ -221,9 +228,40 @@ class SkyPilotDriver:
     def kill_node_now(self, node: int) -> None:
         self.kill_node(node, "killed by the user")
 
+    def dump_task(self) -> Any:
+        """The job that asks every node's ranks for their Flight Recorder dumps: the request
+        script (:func:`~engine.launch.frdump.dump_script`) on each node of the cluster, which
+        finds the run's ranks by ``DTRAIN_RUN_ID`` and their ``SKYPILOT_NODE_RANK``. It asks
+        for no accelerator, so SkyPilot's job queue runs it beside the training job."""
+        import sky
+
+        from engine.launch.frdump import dump_script
+
+        script = dump_script(self.ctx.run_id, None, node_var=SKY_NODE_VAR, here_var=SKY_NODE_VAR)
+        return sky.Task(name="dtrain-dump", run=script, num_nodes=self.ctx.manifest.nodes)
+
     def ask_dumps(self, node: int | None) -> int:
-        """SkyPilot gives no way to the ranks' processes (:attr:`DumpReach.NONE`)."""
-        return 0
+        """Every node's ranks asked at once (:attr:`DumpReach.ALL_NODES`): :meth:`dump_task`
+        run on the cluster with ``sky.exec``; each node prints how many it asked. The answers
+        come through the training job's own output. 0 when the job is not running."""
+        import sky
+
+        if self.job_id is None or self.finished.is_set() or self._cancelled:
+            return 0
+        result = sky.stream_and_get(sky.exec(self.dump_task(), cluster_name=self.cluster))
+        job_id = result[0] if isinstance(result, tuple) else result
+        if job_id is None:
+            return 0
+        out = io.StringIO()
+        sky.tail_logs(self.cluster, int(job_id), follow=True, output_stream=out)
+        asked = 0
+        for raw in out.getvalue().splitlines():
+            line = _ANSI_RE.sub(b"", raw.encode()).decode()
+            m = _SKY_RE.match(line.encode())
+            word = line[m.end() :].strip() if m else line.strip()
+            if word.isdigit():
+                asked += int(word)
+        return asked
 
     def down(self) -> None:
         """Tear the cluster down (``sky down``)."""

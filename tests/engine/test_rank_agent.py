@@ -234,6 +234,30 @@ def test_the_nodes_bash_finds_and_signals_the_rank(running: Any) -> None:
         bystander.wait(30)
 
 
+def test_skypilots_dump_job_finds_the_rank_by_its_node_rank(running: Any) -> None:
+    """The SkyPilot dump job's script (engine/launch/skypilot.py), run by real bash as SkyPilot
+    runs it on a node (``SKYPILOT_NODE_RANK`` set): the rank of that node answers, a rank of
+    another node is left alone."""
+    from engine.launch.skypilot import SKY_NODE_VAR
+
+    base = {"DTRAIN_RUN_ID": "r-agent-sky", "LOCAL_RANK": "0"}
+    here = running({**base, SKY_NODE_VAR: "1", "RANK": "2"})
+    other = running({**base, SKY_NODE_VAR: "0", "RANK": "0"})
+    here.wait_for("ready")
+    other.wait_for("ready")
+    script = frdump.dump_script("r-agent-sky", None, node_var=SKY_NODE_VAR, here_var=SKY_NODE_VAR)
+    got = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, SKY_NODE_VAR: "1"},
+    )
+    assert got.stdout.strip() == "1", got
+    d = parse_fr_line(here.wait_for("[dtrain] fr "))
+    assert d is not None and d.rank == 2
+    assert not any("[dtrain] fr " in x for x in other.lines), other.lines[-5:]
+
+
 def test_the_flight_recorder_buffer_comes_with_the_answer(running: Any, tmp_path: Path) -> None:
     import socket
 
