@@ -452,14 +452,36 @@ def group_bandwidth(hw: Hardware, ranks: int, stride: int) -> float:
     return min(intra, hw.inter_bytes_per_s * local / hw.gpus_per_node)
 
 
+_GROUP_LINKS: dict[tuple[int, int, int], tuple[Hardware, float, float]] = {}
+""":func:`collective_time`'s (bus bandwidth, ring-step latency) of a group, by the hardware (by
+identity, kept beside the value and checked on a hit, as in :data:`_LAYER_CACHE`), the ranks
+and the stride: a search times thousands of collectives over a few dozen groups."""
+_GROUP_LINKS_MAX = 20_000
+
+
+def _group_links(hw: Hardware, ranks: int, stride: int) -> tuple[float, float]:
+    """(:func:`group_bandwidth`, the latency of one ring step) of a group (cached:
+    :data:`_GROUP_LINKS`)."""
+    key = (id(hw), ranks, stride)
+    hit = _GROUP_LINKS.get(key)
+    if hit is not None and hit[0] is hw:
+        return hit[1], hit[2]
+    hop = RING_STEP_LATENCY_S if _spans_nodes(hw, ranks, stride) else RING_STEP_LATENCY_INTRA_S
+    bandwidth = group_bandwidth(hw, ranks, stride)
+    if len(_GROUP_LINKS) >= _GROUP_LINKS_MAX:
+        _GROUP_LINKS.clear()
+    _GROUP_LINKS[key] = (hw, bandwidth, hop)
+    return bandwidth, hop
+
+
 def collective_time(hw: Hardware, nbytes: float, ranks: int, stride: int, steps: int) -> float:
     """Seconds of one collective moving ``nbytes`` per rank in ``steps`` ring steps. A ring step
     ends when its slowest hop does: a ring through several nodes pays the network's latency at
     every step, even where most hops are NVLink."""
     if ranks <= 1:
         return 0.0
-    hop = RING_STEP_LATENCY_S if _spans_nodes(hw, ranks, stride) else RING_STEP_LATENCY_INTRA_S
-    bandwidth = group_bandwidth(hw, ranks, stride) * nbytes / (nbytes + NCCL_HALF_BANDWIDTH_BYTES)
+    group, hop = _group_links(hw, ranks, stride)
+    bandwidth = group * nbytes / (nbytes + NCCL_HALF_BANDWIDTH_BYTES)
     return COLLECTIVE_LAUNCH_S + steps * hop + nbytes / bandwidth
 
 
