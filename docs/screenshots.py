@@ -5,7 +5,8 @@ Each picture is the real Textual app driven headless under ``run_test`` and save
 so the picture is the planner's real answer), the monitor replaying a canned failed run (a
 2-node, 4-rank run whose rank 3 runs out of memory), and the monitor's GPU panel (``g``) on a
 healthy 2 × 8 H100 run of the Decision step's plan, whose telemetry lines the rank agent's own
-NVML code (``engine/trainer/agent.py``) makes, reading a fake NVML with fixed readings. Nothing is
+NVML code (``engine/trainer/agent.py``) makes, reading a fake NVML with fixed readings, and the
+monitor's charts (``p``) on a 4-rank run whose rank 2 falls behind. Nothing is
 drawn by hand; run it again after a change to what those screens show and commit the SVGs under
 ``docs/images/``. A fixed clock and fixed readings: two runs write the same bytes.
 
@@ -34,6 +35,7 @@ from engine.trainer import agent
 from engine.write.plan_json import plan_json
 from tui.app import DtrainApp
 from tui.screens.monitor import MonitorApp
+from tui.widgets.charts import RankCharts
 from tui.widgets.gpu_panel import GpuPanel
 
 SIZE = (140, 42)
@@ -334,9 +336,66 @@ async def monitor_gpus(out: Path) -> Path:
             return Path(app.save_screenshot("monitor-gpus.svg", path=str(out)))
 
 
+CHART_STEPS = 40
+
+
+def _chart_step(rank: int, n: int) -> str:
+    """Step ``n`` of a 4-rank run: the loss falling with a fixed wobble, rank 2 about 60 %
+    slower from step 12 on (a GPU throttling), the others steady."""
+    wobble = ((n * 7 + rank * 3) % 11 - 5) * 0.012
+    loss = 2.2 + 5.0 * 0.93**n + wobble
+    seconds = 1.2 + 0.01 * ((n + rank) % 5) + (0.75 if rank == 2 and n >= 12 else 0.0)
+    return (
+        f"[dtrain] step={n}/2000 loss={loss:.4f} tokens_per_s={65536 / seconds:.1f} "
+        f"step_time_s={seconds:.2f} mem_gb=71.42"
+    )
+
+
+def charted_run(world: int = 4) -> list[list[Event]]:
+    """A 2-node run 40 steps in, rank 2 falling behind; the run goes on."""
+    batches: list[list[Event]] = [[RunStateChanged("running", "started", CLOCK - 60.0)]]
+    for r in range(world):
+        lines = tuple(_chart_step(r, n) for n in range(1, CHART_STEPS + 1))
+        batches.append([LineBatch(r // 2, r, "stdout", lines, CLOCK - 1.0, f"gpu-{r // 2}")])
+    return batches
+
+
+async def monitor_charts(out: Path) -> Path:
+    """The monitor's charts (``p``): loss, tokens/s and step time per rank, rank 2 SLOW."""
+    world = 4
+    app = MonitorApp(
+        _Running(charted_run(world)),
+        title="llama-3-8b · 2 × 2 H100",
+        world_size=world,
+        clock=lambda: CLOCK,
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await _wait(lambda: app.monitor is not None, "the monitor", pilot)
+        m = app.monitor
+        assert m is not None
+        await _wait(
+            lambda: (
+                len(m.snapshot.ranks) == world
+                and all(st.step == CHART_STEPS for st in m.snapshot.ranks.values())
+            ),
+            "every rank's steps",
+            pilot,
+        )
+        await pilot.press("p", "c")  # the charts shown, the (empty) NCCL pane hidden
+        charts = m.query_one(RankCharts)
+        await _wait(
+            lambda: _shown(charts) and len(charts.drawn.get("step", {})) == world,
+            "the charts",
+            pilot,
+        )
+        for _ in range(10):  # the grid lays out again around the charts
+            await pilot.pause(0.05)
+        return Path(app.save_screenshot("monitor-charts.svg", path=str(out)))
+
+
 async def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for shot in (wizard_decision, monitor_failed, monitor_gpus):
+    for shot in (wizard_decision, monitor_failed, monitor_gpus, monitor_charts):
         print(f"wrote {await shot(out)}")
 
 

@@ -71,6 +71,26 @@ def test_the_gpu_picture_is_the_same_twice(tmp_path: Path) -> None:
     assert "dtrain-screenshot-" not in text  # the scratch run directory is never shown
 
 
+def test_the_charts_picture_is_the_same_twice_and_flags_the_slow_rank(tmp_path: Path) -> None:
+    shots = _screenshots()
+    pictures = []
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+        pictures.append(asyncio.run(shots.monitor_charts(tmp_path / run)).read_bytes())
+    first, second = pictures
+    assert first == second
+    text = first.decode().replace("&#160;", " ")
+    assert "step time (s)" in text and "tokens/s" in text  # the three charts' titles
+    assert text.count("SLOW") >= 1  # rank 2, about 60 % slower than its peers
+    state = MonitorState(4)
+    for batch in shots.charted_run(4):
+        for ev in batch:
+            if hasattr(ev, "lines"):
+                state.ingest_lines(ev.rank, ev.node, list(ev.lines), now=shots.CLOCK)
+    state.evaluate(shots.CLOCK)
+    assert [r for r, st in sorted(state.ranks.items()) if st.straggler] == [2]
+
+
 def test_every_picture_is_made_by_the_script_and_shown() -> None:
     script = (ROOT / "docs" / "screenshots.py").read_text()
     pages = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
