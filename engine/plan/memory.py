@@ -658,9 +658,14 @@ def estimate_memory(
     pipeline stage). ``flash`` assumes FlashAttention / SDPA kernels (true on GPUs), so the
     ``as²`` score term is not stored even without recompute. ``gpus_per_node`` bounds the shard
     group of FSDP HYBRID_SHARD."""
-    parts, overlap, cpu = _memory_parts(
-        dims, d, seq_len, optimizer, flash, gpus_per_node, d.recompute_layers
-    )
+    fixed = _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node)
+    return breakdown_at(fixed, d.recompute_layers)
+
+
+def breakdown_at(fixed: MemoryFixed, recompute_layers: int) -> MemoryBreakdown:
+    """:func:`estimate_memory` of the draft ``fixed`` was worked out for
+    (:func:`memory_fixed`), with ``recompute_layers`` layers of each chunk recomputed."""
+    parts, overlap, cpu = _parts_at(fixed, recompute_layers)
     # model_construct: the planner builds thousands of these; the values are ints by construction.
     return MemoryBreakdown.model_construct(
         params=parts[0],
@@ -686,30 +691,56 @@ def memory_total(
 ) -> tuple[int, int]:
     """(``total``, ``cpu_bytes``) of :func:`estimate_memory` for ``d`` with
     ``recompute_layers`` layers of each chunk recomputed, without building that draft or the
-    breakdown: the search's bisection over block recompute asks for a dozen of these a layout
-    and keeps one."""
-    parts, overlap, cpu = _memory_parts(
-        dims, d, seq_len, optimizer, flash, gpus_per_node, recompute_layers
-    )
+    breakdown."""
+    fixed = _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node)
+    return total_at(fixed, recompute_layers)
+
+
+def memory_fixed(
+    dims: ModelDims,
+    d: LayoutDraft,
+    *,
+    seq_len: int,
+    optimizer: Optimizer,
+    flash: bool = True,
+    gpus_per_node: int = 0,
+) -> MemoryFixed:
+    """What :func:`estimate_memory` works out for ``d`` before the recomputed layers a chunk
+    (``d.recompute_layers`` is not read): the search's bisection over block recompute asks
+    for several counts of one draft (:func:`total_at`) and weighs one
+    (:func:`breakdown_at`), and only the activations depend on the count."""
+    return _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node)
+
+
+def total_at(fixed: MemoryFixed, recompute_layers: int) -> tuple[int, int]:
+    """(``total``, ``cpu_bytes``) of :func:`breakdown_at`, without building the breakdown."""
+    parts, overlap, cpu = _parts_at(fixed, recompute_layers)
     return sum(parts) - overlap, cpu
 
 
-def _memory_parts(
+_ActivationTerms = tuple[tuple[tuple[float, int], ...], float, float, int, float | None]
+"""The activations' figures before the recomputed layers a chunk (:func:`_activation_terms`)."""
+MemoryFixed = tuple[int, int, int, int, int, _ActivationTerms, float | None, float, bool]
+"""The share of a draft's memory that does not depend on the recomputed layers a chunk
+(:func:`memory_fixed`): params, grads, optimizer, buffers and CPU bytes, the activation terms,
+autocast's weight copies (None where they do not count), the logits, and whether the gradients
+and the activations share the peak. A plain tuple: the search builds thousands."""
+
+
+def _memory_fixed(
     dims: ModelDims,
     d: LayoutDraft,
     seq_len: int,
     optimizer: Optimizer,
     flash: bool,
     gpus_per_node: int,
-    recompute_layers: int,
-) -> tuple[list[int], int, int]:
-    """:func:`estimate_memory`'s (params, grads, optimizer, activations, buffers), overlap and
-    CPU bytes, with ``recompute_layers`` in place of ``d``'s (nothing else reads it)."""
+) -> MemoryFixed:
     st_dense, st_exp = _layout_states(dims, d, optimizer, gpus_per_node)
     s_local = max(1, seq_len // d.cp)
-    acts = _activations(dims, d, s_local, flash, recompute_layers)
+    terms = _activation_terms(dims, d, s_local, flash)
+    autocast = None
     if d.framework == Framework.DDP and is_mixed(d.precision):
-        acts += autocast_weight_copies(dims, d)
+        autocast = autocast_weight_copies(dims, d)
     buffers = st_dense.buffers + st_exp.buffers
     logits = logits_bytes(dims, d, s_local) if d.pp == 1 else 0.0
     buffers += logits
@@ -724,21 +755,34 @@ def _memory_parts(
         experts = expert_l / (d.expert_tp * d.ep) if d.expert_dp > 1 else 0.0
         unit = dense_l / d.tp + experts
         buffers += 3 * unit * (2 if is_mixed(d.precision) else 4)
-    parts = [
+    # A plain PyTorch step frees its gradients between steps (zero_grad(set_to_none=True),
+    # torch's default) and allocates each layer's in backward as it frees that layer's
+    # activations: the peak holds the larger of the two, not both. With gradient
+    # accumulation the first micro-batch's gradients stay for the next one's activations.
+    overlaps = d.framework in (Framework.DDP, Framework.FSDP) and d.grad_accum == 1
+    return (
         int(st_dense.params + st_exp.params),
         int(st_dense.grads + st_exp.grads),
         int(st_dense.optimizer + st_exp.optimizer),
-        int(acts),
         int(buffers),
-    ]
-    overlap = 0
-    if d.framework in (Framework.DDP, Framework.FSDP) and d.grad_accum == 1:
-        # A plain PyTorch step frees its gradients between steps (zero_grad(set_to_none=True),
-        # torch's default) and allocates each layer's in backward as it frees that layer's
-        # activations: the peak holds the larger of the two, not both. With gradient
-        # accumulation the first micro-batch's gradients stay for the next one's activations.
-        overlap = min(parts[1], int(acts + logits))
-    return parts, overlap, int(st_dense.cpu + st_exp.cpu)
+        int(st_dense.cpu + st_exp.cpu),
+        terms,
+        autocast,
+        logits,
+        overlaps,
+    )
+
+
+def _parts_at(fixed: MemoryFixed, recompute_layers: int) -> tuple[list[int], int, int]:
+    """:func:`estimate_memory`'s (params, grads, optimizer, activations, buffers), overlap and
+    CPU bytes, from the draft's :data:`MemoryFixed` at ``recompute_layers``."""
+    params, grads, optimizer, buffers, cpu, terms, autocast, logits, overlaps = fixed
+    acts = _activations_at(terms, recompute_layers)
+    if autocast is not None:
+        acts += autocast
+    parts = [params, grads, optimizer, int(acts), buffers]
+    overlap = min(grads, int(acts + logits)) if overlaps else 0
+    return parts, overlap, cpu
 
 
 def autocast_weight_copies(dims: ModelDims, d: LayoutDraft) -> float:
@@ -844,7 +888,7 @@ def _states_of(
 
 class _LayerShape(NamedTuple):
     """What :func:`layer_activation_bytes` reads of a layout besides the recompute and the FP8
-    linears (its keywords, as :func:`_activations` passes them)."""
+    linears (its keywords, as :func:`_activation_terms` passes them)."""
 
     s: int
     b: int
@@ -860,7 +904,7 @@ class _LayerShape(NamedTuple):
 
 
 _LAYER_BYTES: dict[tuple[int, _LayerShape, Recompute, bool], tuple[ModelDims, float]] = {}
-""":func:`layer_activation_bytes` as :func:`_activations` asks for it, by its arguments: a search
+""":func:`layer_activation_bytes` as :func:`_activation_terms` asks for it, by its arguments: a search
 weighs thousands of layouts that share a few hundred layer shapes (micro-batch, TP, recompute,
 load). The model by identity, as in :data:`_STATES_CACHE`."""
 _LAYER_BYTES_MAX = 20_000
@@ -911,13 +955,14 @@ def _peak_stages(
     return tuple((i, n) for n, i in firsts.items())
 
 
-def _activations(
-    dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool, recompute_layers: int
-) -> float:
-    """Activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
-    rank, with ``recompute_layers`` layers of each chunk recomputed under full recompute (what
-    :attr:`LayoutDraft.recompute_layers` says). Gated-MLP (Llama-family) models train without
-    dropout, so no dropout masks."""
+def _activation_terms(
+    dims: ModelDims, d: LayoutDraft, s_local: int, flash: bool
+) -> _ActivationTerms:
+    """The activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
+    rank, before the recomputed layers a chunk come in (:func:`_activations_at`): each stage
+    that can hold the peak as (its micro-batches in flight, its layers), a layer's bytes under ``d``'s recompute,
+    a layer's that keeps everything, the virtual stages under full recompute (0 otherwise), and
+    what recomputing one layer in backward materialises again (None: nothing)."""
     mixed = is_mixed(d.precision)
     shape = _LayerShape(
         s_local,
@@ -946,25 +991,35 @@ def _activations(
         dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers, mtp_modules(dims, d)
     )
     v = d.virtual_stages if d.pp_schedule == PPSchedule.INTERLEAVED else 1
-    # Block recompute (a full recompute of only the first N layers of each model chunk): those
-    # keep their input only, the others everything. 0: every layer recomputes.
-    redone = v * recompute_layers if d.recompute == Recompute.FULL else 0
     # One stage with the all-to-all overlap: the next micro-batch's forward runs beside this
     # one's backward, so two are alive at once (a pipeline's warm-up already holds that one).
     paired = 2.0 if d.a2a_overlap and d.pp == 1 and d.grad_accum > 1 else 1.0
-    acts = max(
-        paired
-        * in_flight(d.pp, d.grad_accum, v, i)
-        * (n * per_layer if not redone else min(redone, n) * per_layer + max(0, n - redone) * kept)
-        for i, n in stages
-    )
+    held = tuple((paired * in_flight(d.pp, d.grad_accum, v, i), n) for i, n in stages)
+    again = None
     if d.recompute in (Recompute.MLP, Recompute.LIGHT):
         # Recomputing one layer's MLP (or norms, activation, up-projections) in backward
         # materialises what it had dropped again.
-        acts += kept - per_layer
-    if d.recompute == Recompute.FULL:
+        again = kept - per_layer
+    elif d.recompute == Recompute.FULL:
         # Recomputing one layer in backward materialises that layer's full activations again.
-        acts += layer(recompute=Recompute.SELECTIVE if flash else Recompute.NONE)
+        again = layer(recompute=Recompute.SELECTIVE if flash else Recompute.NONE)
+    return held, per_layer, kept, v if d.recompute == Recompute.FULL else 0, again
+
+
+def _activations_at(terms: _ActivationTerms, recompute_layers: int) -> float:
+    """The activations of :func:`_activation_terms`' draft with ``recompute_layers`` layers of
+    each chunk recomputed under full recompute (what :attr:`LayoutDraft.recompute_layers` says).
+    Gated-MLP (Llama-family) models train without dropout, so no dropout masks."""
+    held, per_layer, kept, v_full, again = terms
+    # Block recompute (a full recompute of only the first N layers of each model chunk): those
+    # keep their input only, the others everything. 0: every layer recomputes.
+    redone = v_full * recompute_layers
+    if not redone:
+        acts = max(f * (n * per_layer) for f, n in held)
+    else:
+        acts = max(f * (min(redone, n) * per_layer + max(0, n - redone) * kept) for f, n in held)
+    if again is not None:
+        acts += again
     return acts
 
 

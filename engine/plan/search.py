@@ -23,7 +23,14 @@ from typing import Any, NamedTuple
 
 from engine.plan.context import PlanContext
 from engine.plan.frameworks import a2a_overlap_applies, cp_splits_heads
-from engine.plan.memory import LayoutDraft, estimate_memory, memory_total
+from engine.plan.memory import (
+    LayoutDraft,
+    MemoryFixed,
+    breakdown_at,
+    estimate_memory,
+    memory_fixed,
+    total_at,
+)
 from engine.plan.names import (
     CpComm,
     Framework,
@@ -541,7 +548,16 @@ def _block_recompute(ctx: PlanContext, d: LayoutDraft) -> Candidate | None:
         return None
     if d.a2a_overlap and not a2a_overlap_applies(ctx.dims, d):
         d = replace(d, a2a_overlap=False)  # as weigh would, once for every count
-    best, best_total = heaviest - 1, _fits_at(ctx, d, heaviest - 1)
+    tr = ctx.spec.training
+    fixed = memory_fixed(
+        ctx.dims,
+        d,
+        seq_len=tr.seq_len,
+        optimizer=tr.optimizer,
+        flash=ctx.flash,
+        gpus_per_node=ctx.gpn,
+    )
+    best, best_total = heaviest - 1, _fits_at(ctx, fixed, heaviest - 1)
     if best_total is None:
         return None
     lo, hi = 1, heaviest - 1  # hi fits
@@ -549,44 +565,42 @@ def _block_recompute(ctx: PlanContext, d: LayoutDraft) -> Candidate | None:
         # Memory falls with N as the largest of the stages' straight lines (convex): the line
         # through N = hi and hi - 1 bounds it from below, so no N under where that line meets
         # the budget fits. On one stage the line is exact and that N is the answer.
-        step = _fits_at(ctx, d, hi - 1)
+        step = _fits_at(ctx, fixed, hi - 1)
         if step is None:
-            return _weigh_at(ctx, d, best)
+            return _weigh_at(ctx, d, fixed, best)
         slope = step - best_total
         if slope > 0:
             lo = max(lo, hi - (ctx.usable - best_total) // slope)
         hi, best = hi - 1, hi - 1
         if lo < hi:
-            if _fits_at(ctx, d, lo) is not None:
+            if _fits_at(ctx, fixed, lo) is not None:
                 hi, best = lo, lo
             else:
                 lo += 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fits_at(ctx, d, mid) is not None:
+        if _fits_at(ctx, fixed, mid) is not None:
             hi, best = mid, mid
         else:
             lo = mid + 1
-    return _weigh_at(ctx, d, best)
+    return _weigh_at(ctx, d, fixed, best)
 
 
-def _fits_at(ctx: PlanContext, d: LayoutDraft, layers: int) -> int | None:
-    """The memory total of ``d`` with ``layers`` recomputed layers a chunk when that fits (as
-    :func:`weigh` judges it), else None."""
-    total, cpu = memory_total(
-        ctx.dims,
-        d,
-        seq_len=ctx.spec.training.seq_len,
-        optimizer=ctx.spec.training.optimizer,
-        flash=ctx.flash,
-        gpus_per_node=ctx.gpn,
-        recompute_layers=layers,
-    )
+def _fits_at(ctx: PlanContext, fixed: MemoryFixed, layers: int) -> int | None:
+    """The memory total of the draft ``fixed`` was worked out for
+    (:func:`engine.plan.memory.memory_fixed`) with ``layers`` recomputed layers a chunk when
+    that fits (as :func:`weigh` judges it), else None."""
+    total, cpu = total_at(fixed, layers)
     return total if total <= ctx.usable and cpu * ctx.gpn <= ctx.cpu_usable else None
 
 
-def _weigh_at(ctx: PlanContext, d: LayoutDraft, layers: int) -> Candidate:
-    return weigh(ctx, replace(d, recompute_layers=layers))
+def _weigh_at(ctx: PlanContext, d: LayoutDraft, fixed: MemoryFixed, layers: int) -> Candidate:
+    """:func:`weigh` of ``d`` with ``layers`` recomputed layers a chunk, from its ``fixed``
+    share (its all-to-all overlap already settled: the count does not change whether it
+    applies)."""
+    mem = breakdown_at(fixed, layers)
+    fits = mem.total <= ctx.usable and (mem.cpu_bytes * ctx.gpn <= ctx.cpu_usable)
+    return Candidate(replace(d, recompute_layers=layers), mem, fits)
 
 
 def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candidate]:
