@@ -87,9 +87,14 @@ class PlanningApp(App[int]):
         # From the decision step on, the bundle is rendered in the background: the configs
         # step then opens on its files, not on a wait for the writers.
         if message.step in BUNDLE_STEPS:
-            self.session.bundle_wanted = True
-            if self.session.needs_render():
-                self._render_worker(self.session.plan, self.session.generation)
+            self.want_bundle()
+
+    def want_bundle(self) -> None:
+        """Render the bundle from now on, with each plan (in the plan's worker thread), and
+        now if the plan has none yet: the configs step was reached, or built ahead."""
+        self.session.bundle_wanted = True
+        if self.session.needs_render():
+            self._render_worker(self.session.plan, self.session.generation)
 
     def schedule_plan(self) -> None:
         """Plan the session's spec after the quiet time, unless the plan is already for it."""

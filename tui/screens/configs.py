@@ -273,6 +273,15 @@ class ConfigsStep(StepPane):
         elif self.session.bundle_error:
             self.render_error = self.session.bundle_error
 
+    def draw_ahead(self) -> None:
+        # Entering the step draws the list and the preview if they changed: drawn ahead, the
+        # preview (highlighted, diffed) is laid out ahead as well. The bundle is wanted from
+        # now on (as from the decision step on): the step is drawn again when it arrives.
+        want_bundle = getattr(self.app, "want_bundle", None)
+        if want_bundle is not None:
+            want_bundle()
+        self.refresh_files(if_changed=True)
+
     @property
     def out_dir(self) -> Path:
         text = self.rows()["out_dir"].value.strip()

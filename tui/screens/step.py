@@ -106,6 +106,10 @@ class StepPane(VerticalScroll):
     validates nothing, so the steps not visited yet record no verdict, as when a step was
     built on its first visit; entering it then loads and validates the spec as it is then."""
 
+    def draw_ahead(self) -> None:
+        """Built ahead and hidden, about to be laid out before its first visit: draw now what
+        entering the step would draw (so that the layout done ahead is the one shown)."""
+
     def entered(self) -> None:
         """The wizard switched to this step: the first time, a step built ahead loads the
         spec as it is now and validates it (what building it on this visit did)."""

@@ -1,15 +1,18 @@
 """Which pane each wizard step has, and the screen base that builds each step once and keeps it:
 on the step's first visit, or (in a terminal) ahead of it in idle time, so that a move only
-switches to a built step. :class:`~tui.screens.wizard.WizardScreen` is the one screen built on
+switches to a built step. A step built ahead is also laid out and drawn ahead, hidden (see
+:func:`lay_out_hidden`). :class:`~tui.screens.wizard.WizardScreen` is the one screen built on
 it; it enters the steps, this base only builds them."""
 
 from __future__ import annotations
 
 import gc
 
+from textual._compositor import Compositor
+from textual.geometry import Size
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widget import AwaitMount
+from textual.widget import AwaitMount, Widget
 from textual.widgets import ContentSwitcher
 
 from tui.lifecycle import torn_down
@@ -45,6 +48,45 @@ def step_class(step: Step) -> type[StepPane]:
     return STEP_PANES[Step(step)]
 
 
+LAYOUT_PASSES = 4
+"""Layouts of a hidden step at most, one per idle moment, until no widget changes size: a
+second pass once its scrollbars show (the fields are then a column narrower), more in case that
+changes what scrolls."""
+
+
+def lay_out_hidden(pane: StepPane, size: Size) -> bool:
+    """Lay out ``pane`` (hidden, ``display`` off) at ``size``, the size it gets when shown, on
+    a compositor of its own (nothing reaches the screen), and once no widget changes size any
+    more, draw each widget's content. Each widget keeps what it worked out (its arrangement,
+    size, scrollbars, content drawn at its size), so the move that shows the step reuses it: the first visit to a step built
+    ahead laid out and drew every widget of it (60-100 ms for Decision or Configs, most of the
+    visit). Returns whether it settled; if not, the widgets that changed size take that in
+    when the app is next idle (and forget their arrangement): lay it out again then."""
+    compositor = Compositor()
+    compositor.reflow(pane, size)
+    resized = False
+    for widget, geometry in compositor.layers:
+        # What the screen's own layout does for each widget it places (less the events: the
+        # move that shows the step sends them).
+        if widget._size_updated(
+            geometry.region.size, geometry.virtual_size, geometry.container_size
+        ):
+            resized = True
+    if resized:
+        return False
+    for widget, _geometry in compositor.layers:
+        # Each widget's content drawn at its size (what its first line drawn on screen would
+        # do); the screen then only adds the padding, borders and background.
+        if widget._dirty_regions and widget.size and type(widget).render_line is _RENDER_LINE:
+            widget._render_content()
+    return True
+
+
+_RENDER_LINE = Widget.render_line
+"""The line drawing of widgets drawn whole at their size (those with their own draw a line at a
+time, when it is shown)."""
+
+
 class StepsScreen(Screen[None]):
     """A screen with one pane per step in a :class:`ContentSwitcher` (``_switcher``, set by
     the subclass's compose), each built once."""
@@ -63,6 +105,10 @@ class StepsScreen(Screen[None]):
         """Each built step's mounting (awaited again by a move to a step still being built)."""
         self._switcher: ContentSwitcher | None = None
         self._ahead_timer: Timer | None = None
+        self._unlaid: dict[Step, int] = {}
+        """Hidden steps to lay out (see :func:`lay_out_hidden`), built ahead or drawn again
+        while hidden, with the passes left for each."""
+        self._frozen = False
         self.holding_keys = True
         """A step is being entered (the first one from the start): the app holds the keys
         that arrive meanwhile and hands them, in order, to the field that gets the focus."""
@@ -98,29 +144,53 @@ class StepsScreen(Screen[None]):
         return pane
 
     # --- building ahead -------------------------------------------------------------------------
+    def lay_out_ahead(self, *steps: Step) -> None:
+        """The hidden ``steps`` (those built) were drawn again (a plan or a bundle arrived): lay
+        them out again in idle time (in a terminal), so that the next visit only switches."""
+        for step in steps:
+            pane = self._panes.get(step)
+            if pane is not None and not pane.display:
+                self._unlaid[step] = LAYOUT_PASSES
+        if self._unlaid:
+            self._build_ahead_later()
+
     def _build_ahead_later(self) -> None:
         ahead = self.build_ahead if self.build_ahead is not None else not self.app.is_headless
-        if ahead and self._ahead_timer is None and len(self._panes) < len(STEP_PANES):
+        more = self._unlaid or len(self._panes) < len(STEP_PANES)
+        if ahead and self._ahead_timer is None and more:
             self._ahead_timer = self.set_timer(BUILD_AHEAD_AFTER_S, self._build_one_ahead)
 
     async def _build_one_ahead(self) -> None:
-        """Build the next step not built yet (after the current one first), hidden, then
-        schedule the one after it."""
+        """Lay out a hidden step built or drawn again (one pass), or build the next step not
+        built yet (after the current one first), hidden; then schedule what comes next."""
         self._ahead_timer = None
         switcher = self._switcher
         if switcher is None or torn_down(self) or torn_down(switcher) or self.holding_keys:
             return  # a move is under way: it schedules the next build itself
-        order = list(Step)
-        i = order.index(self.current)
-        todo = [s for s in order[i + 1 :] + order[:i] if s not in self._panes]
-        if not todo:
-            return
-        pane = step_class(todo[0])(self.session)
-        pane.ahead = True
-        pane.display = False
-        await self._mount_pane(todo[0], pane)
-        if len(todo) == 1:
-            # Every step is built, for good: the collector need not walk their thousands of
-            # widgets again (a full collection took 0.1-0.6 s, a random step switch's stall).
+        if self._unlaid:
+            step = next(iter(self._unlaid))
+            left = self._unlaid.pop(step)
+            pane = self._panes[step]
+            if pane.ready and not pane.display and not torn_down(pane) and switcher.size:
+                if left == LAYOUT_PASSES:
+                    pane.draw_ahead()
+                if not lay_out_hidden(pane, switcher.size) and left > 1:
+                    self._unlaid[step] = left - 1
+        else:
+            order = list(Step)
+            i = order.index(self.current)
+            todo = [s for s in order[i + 1 :] + order[:i] if s not in self._panes]
+            if not todo:
+                return
+            pane = step_class(todo[0])(self.session)
+            pane.ahead = True
+            pane.display = False
+            await self._mount_pane(todo[0], pane)
+            self._unlaid[todo[0]] = LAYOUT_PASSES
+        if not self._frozen and not self._unlaid and len(self._panes) == len(STEP_PANES):
+            # Every step is built and laid out, for good: the collector need not walk their
+            # thousands of widgets again (a full collection took 0.1-0.6 s, a random step
+            # switch's stall).
             gc.freeze()
+            self._frozen = True
         self._build_ahead_later()

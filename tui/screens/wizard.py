@@ -193,6 +193,7 @@ class WizardScreen(StepsScreen):
         self.show_bundle_state()
         if self._launch is not None and s.plan is not None:
             self._launch.show_plan()
+        self.lay_out_ahead(Step.DECISION, Step.LAUNCH)
 
     def show_bundle_state(self) -> None:
         configs = self._configs
@@ -202,6 +203,7 @@ class WizardScreen(StepsScreen):
             configs.show_files(self.session.bundle)
         else:
             configs.show_error(self.session.bundle_error or RENDERING)
+        self.lay_out_ahead(Step.CONFIGS)
 
     def show_result(self, step: Step, text: str, *, ok: bool, confirm: bool = False) -> None:
         """The outcome of writing (``step`` configs) or launching (``step`` launch): on that
