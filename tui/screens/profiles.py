@@ -94,6 +94,8 @@ class ProfilesScreen(ModalScreen[Profile | None]):
     """Load, save, save as, delete and rename profiles."""
 
     CSS_PATH = "profiles.tcss"
+    """Also read by the wizard's app at start-up (see ``DtrainApp.CSS_PATH``): pushing the
+    screen then reads nothing, and restyles none of the app's widgets."""
 
     BINDINGS = [
         Binding("escape", "cancel", "Close"),
