@@ -12,7 +12,7 @@ from textual._compositor import Compositor
 from textual.geometry import Size
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widget import AwaitMount, Widget
+from textual.widget import AwaitMount
 from textual.widgets import ContentSwitcher
 
 from tui.lifecycle import torn_down
@@ -48,20 +48,20 @@ def step_class(step: Step) -> type[StepPane]:
     return STEP_PANES[Step(step)]
 
 
-LAYOUT_PASSES = 4
+LAYOUT_PASSES = 6
 """Layouts of a hidden step at most, one per idle moment, until no widget changes size: a
-second pass once its scrollbars show (the fields are then a column narrower), more in case that
-changes what scrolls."""
+second pass once its scrollbars show (the fields are then a column narrower), more as that
+changes what wraps and scrolls inside it (Configs' preview settles in four or five)."""
 
 
 def lay_out_hidden(pane: StepPane, size: Size) -> bool:
     """Lay out ``pane`` (hidden, ``display`` off) at ``size``, the size it gets when shown, on
-    a compositor of its own (nothing reaches the screen), and once no widget changes size any
-    more, draw each widget's content. Each widget keeps what it worked out (its arrangement,
-    size, scrollbars, content drawn at its size), so the move that shows the step reuses it: the first visit to a step built
-    ahead laid out and drew every widget of it (60-100 ms for Decision or Configs, most of the
-    visit). Returns whether it settled; if not, the widgets that changed size take that in
-    when the app is next idle (and forget their arrangement): lay it out again then."""
+    a compositor of its own: nothing reaches the screen. Each widget keeps what it worked out
+    (its arrangement, size, virtual size, scrollbars), so the move that shows the step reuses
+    it: the first visit to a step built ahead laid out every widget of it (40-60 ms for
+    Decision or Configs, most of the visit). Returns whether it settled: no widget changed
+    size. If some did, they take that in when the app is next idle (and forget their
+    arrangement): lay it out again then."""
     compositor = Compositor()
     compositor.reflow(pane, size)
     resized = False
@@ -72,19 +72,7 @@ def lay_out_hidden(pane: StepPane, size: Size) -> bool:
             geometry.region.size, geometry.virtual_size, geometry.container_size
         ):
             resized = True
-    if resized:
-        return False
-    for widget, _geometry in compositor.layers:
-        # Each widget's content drawn at its size (what its first line drawn on screen would
-        # do); the screen then only adds the padding, borders and background.
-        if widget._dirty_regions and widget.size and type(widget).render_line is _RENDER_LINE:
-            widget._render_content()
-    return True
-
-
-_RENDER_LINE = Widget.render_line
-"""The line drawing of widgets drawn whole at their size (those with their own draw a line at a
-time, when it is shown)."""
+    return not resized
 
 
 class StepsScreen(Screen[None]):
