@@ -1210,17 +1210,22 @@ def estimate_time(
     *,
     seq_len: int,
     tokens_budget: float | None = None,
+    mb: MicroBatch | None = None,
 ) -> Estimate:
     """Step time and throughput of layout ``d``: ``m`` micro-batch times on the heaviest stage
     and ``(p-1)/v`` on the others (the pipeline's fill and drain), then what is left exposed of
     the data-parallel reduction, offload and the optimizer step. Rank order is TP innermost,
     then CP, then DP, then PP outermost (Megatron's order), so TP stays inside a node, PP spans
-    nodes."""
+    nodes. ``mb``: :func:`micro_batch_time` of ``d``, when the caller has it.
+
+    Every term is a sum of non-negative seconds, so the step is never shorter than its
+    micro-batches' share (:func:`step_floor`): the search ranks by that bound first."""
     world = d.world_size
     tokens = d.global_batch * seq_len
     share = _recomputed_share(dims, d)
     total_flops = flops_per_token(dims, seq_len, d.recompute, share=share) * tokens
-    mb = micro_batch_time(dims, d, hw, seq_len)
+    if mb is None:
+        mb = micro_batch_time(dims, d, hw, seq_len)
     m = d.grad_accum
     v = max(1, d.virtual_stages)
     slots = m + ((d.pp - 1) / v if d.pp > 1 else 0.0)
@@ -1252,6 +1257,18 @@ def estimate_time(
         gpu_hours=gpu_hours,
         cost_usd=cost,
     )
+
+
+def step_floor(d: LayoutDraft, mb: MicroBatch) -> float:
+    """A lower bound of :func:`estimate_time`'s step time for ``d`` whose micro-batch is ``mb``:
+    the micro-batches' compute (the pipeline's fill and drain included) and their exposed
+    traffic, without the optimizer step and the once-a-step communication (seconds, none
+    negative). Each term rounded as the step's own, so the bound holds in floating point too:
+    rounding never turns a larger sum into a smaller one."""
+    m = d.grad_accum
+    v = max(1, d.virtual_stages)
+    slots = m + ((d.pp - 1) / v if d.pp > 1 else 0.0)
+    return (mb.compute * m + mb.fill * (slots - m)) + mb.comm * slots
 
 
 def _step_comm(

@@ -40,7 +40,7 @@ from engine.plan.names import (
     Recompute,
     Strategy,
 )
-from engine.plan.perf import Estimate, estimate_time
+from engine.plan.perf import Estimate, MicroBatch, estimate_time, micro_batch_time, step_floor
 from engine.plan.result import Layout, MemoryBreakdown
 from engine.plan.specs import TrainingSpec
 from engine.plan.stages import accounted_splits, stage_layers, uneven_splits, virtual_options
@@ -70,6 +70,8 @@ class Candidate:
     mem: MemoryBreakdown
     fits: bool
     est: Estimate | None = None
+    mb: MicroBatch | None = None
+    """Its micro-batch's time, once :func:`floor` or :func:`evaluate` has worked it out."""
 
     @property
     def time(self) -> float:
@@ -608,11 +610,10 @@ def _reshaped(ctx: PlanContext, base: list[Candidate], batch: int) -> list[Candi
     fastest pipelined layouts in ``base`` that fit, at their micro-batch and recompute or
     more: a shape's gain (a smaller bubble, a lighter end stage) is worth weighing only where
     the pipeline is competitive, and trying it everywhere would multiply the search."""
-    piped = [evaluate(ctx, c) for c in base if c.fits and c.draft.pp > 1]
-    piped.sort(key=_rank_key)
+    piped = _fastest(ctx, [c for c in base if c.fits and c.draft.pp > 1], REFINED)
     out: list[Candidate] = []
     seen: set[tuple[object, ...]] = set()
-    for c in piped[:REFINED]:
+    for c in piped:
         d = c.draft
         g = Degrees(d.tp, d.pp, d.cp, d.dp, d.ep, d.etp)
         for shape in _pipeline_shapes(ctx, d.pp)[1:]:
@@ -670,8 +671,58 @@ def evaluate(ctx: PlanContext, c: Candidate) -> Candidate:
             ctx.hw,
             seq_len=ctx.spec.training.seq_len,
             tokens_budget=ctx.spec.training.tokens,
+            mb=c.mb,
         )
     return c
+
+
+def floor(ctx: PlanContext, c: Candidate) -> float:
+    """A lower bound of ``c``'s :attr:`Candidate.time_per_sequence` (its exact value once
+    estimated): the heaviest stage's micro-batches alone (:func:`engine.plan.perf.step_floor`),
+    half the work of the estimate. The rankings estimate in its order and stop where the bound
+    passes what they look for, so a layout that cannot be among the fastest is never timed."""
+    if c.est is not None:
+        return c.time_per_sequence
+    return floor_step(ctx, c) / c.draft.global_batch
+
+
+def floor_step(ctx: PlanContext, c: Candidate) -> float:
+    """A lower bound of ``c``'s step time (:attr:`Candidate.time`; its exact value once
+    estimated), as :func:`floor`."""
+    if c.est is not None:
+        return c.est.step_time_s
+    if c.mb is None:
+        c.mb = micro_batch_time(ctx.dims, c.draft, ctx.hw, ctx.spec.training.seq_len)
+    return step_floor(c.draft, c.mb)
+
+
+def _near_fastest(ctx: PlanContext, cands: list[Candidate], within: float) -> list[Candidate]:
+    """Those of ``cands`` (each fits) whose time per sequence is at most ``within`` times the
+    fastest's, in their order, each estimated: the others are left unestimated, their bound
+    (:func:`floor`) already past it. Every ranking of :func:`best` reads only these."""
+    floors = [floor(ctx, c) for c in cands]
+    fastest = math.inf
+    for i in sorted(range(len(cands)), key=floors.__getitem__):
+        if floors[i] > fastest * within:
+            break
+        fastest = min(fastest, evaluate(ctx, cands[i]).time_per_sequence)
+    limit = fastest * within
+    return [c for c in cands if c.est is not None and c.time_per_sequence <= limit]
+
+
+def _fastest(ctx: PlanContext, cands: list[Candidate], n: int) -> list[Candidate]:
+    """The ``n`` fastest of ``cands`` (each fits) per sequence, in order (ties: as listed),
+    estimating only what can be among them (:func:`floor`)."""
+    floors = [floor(ctx, c) for c in cands]
+    times: list[float] = []
+    for i in sorted(range(len(cands)), key=floors.__getitem__):
+        if len(times) >= n and floors[i] > times[n - 1]:
+            break
+        times.append(evaluate(ctx, cands[i]).time_per_sequence)
+        times.sort()
+    timed = [c for c in cands if c.est is not None]
+    timed.sort(key=_rank_key)
+    return timed[:n]
 
 
 TIE = 0.005
@@ -727,9 +778,12 @@ def best(ctx: PlanContext, cands: list[Candidate]) -> Candidate | None:
     within :data:`MARGIN_TIE` of it are not, the choice is made among those: 1 % of speed is
     not worth an out-of-memory crash (a block recompute at 75.4 GiB of 75.6 against a plain
     layout at 66.5 GiB, 0.9 % slower)."""
-    fitting = [evaluate(ctx, c) for c in cands if c.fits]
+    fitting = [c for c in cands if c.fits]
     if not fitting:
         return None
+    # Only layouts within MARGIN_TIE and then TIE of the fastest take part below (the slack: a
+    # hair wider than the rounding of those products, never narrower).
+    fitting = _near_fastest(ctx, fitting, (1 + MARGIN_TIE) * (1 + TIE) * (1 + 1e-9))
     times = [c.time_per_sequence for c in fitting]
     fastest = min(times)
     first = fitting[times.index(fastest)]  # the first of the fastest, as min() picks
