@@ -1,9 +1,9 @@
 """The candidate search: every valid layout of the world size (TP, PP, CP, DP, EP degrees,
 pipeline shape, strategy, ZeRO stage, offload, recompute, micro-batch) that respects the forced
 settings and trains the global batch exactly (``micro_batch x grad_accum x dp``), with its memory
-estimated; the step time is estimated only for those that fit, when they are ranked. All
-candidates of one search share one global batch, so ranking by step time is ranking by time per
-token. Called by :func:`engine.plan.planner.plan` and :mod:`engine.plan.batch` (at other batches);
+estimated; the step time is estimated only for those that fit, when they are ranked, and only
+where a lower bound (:func:`floor`) leaves them among the fastest. All candidates of one search
+share one global batch, so ranking by step time is ranking by time per token. Called by :func:`engine.plan.planner.plan` and :mod:`engine.plan.batch` (at other batches);
 the flowchart walk (:mod:`engine.plan.flowchart`) and the alternatives
 (:mod:`engine.plan.annotate`) pick from what it returns.
 
