@@ -118,7 +118,8 @@ class SshDriver:
                 raise HostKeyError(msg, field="ssh", keys=keys)
             raise LaunchError(msg, field="ssh")
         try:
-            self._check_ckpt_shared(targets)
+            where = ckpt_dir_of(self.ctx.run.bundle, self.ctx.node_env())
+            check_ckpt_shared(self.clients, targets, where, self.ctx.run_id)
         except LaunchError:
             self._abort_prepared()
             raise
@@ -132,48 +133,6 @@ class SshDriver:
                 raise LaunchError(
                     f"{t.label}: connection lost while starting: {e}", field="ssh"
                 ) from None
-
-    def _check_ckpt_shared(self, targets: list[Target]) -> None:
-        """With several nodes that checkpoint: node 0 writes a file in the checkpoint directory
-        and every other node must read it back, or nothing starts (each node would save its
-        shards to its own disk and no restart could resume). LaunchError names the node."""
-        where = ckpt_dir_of(self.ctx.run.bundle, self.ctx.node_env())
-        if where is None or len(targets) < 2:
-            return
-        fix = (
-            "put it on storage every node mounts (--env DTRAIN_CKPT_DIR=/shared/path, or write "
-            "the bundle with --ckpt-dir /shared/path; --ckpt-every 0 for no checkpoints) — "
-            "nothing was started"
-        )
-        if not (where.startswith("/") or where == "~" or where.startswith("~/")):
-            raise LaunchError(
-                f"checkpoint directory {where!r} is relative: each node would resolve it in its "
-                f"own copy of the bundle and no restart could resume; {fix}",
-                field="DTRAIN_CKPT_DIR",
-            )
-        write, check, clean = reach_commands(where, self.ctx.run_id, secrets.token_hex(8))
-        first = targets[0]
-        if _run_quiet(self.clients[first.node], write) != 0:
-            raise LaunchError(
-                f"{first.label}: cannot write in the checkpoint directory {where!r}; {fix}",
-                field="DTRAIN_CKPT_DIR",
-            )
-        try:
-            with ThreadPoolExecutor(max_workers=min(32, len(targets) - 1)) as pool:
-                seen = list(
-                    pool.map(lambda t: _run_quiet(self.clients[t.node], check), targets[1:])
-                )
-        finally:
-            with contextlib.suppress(Exception):
-                _run_quiet(self.clients[first.node], clean)
-        blind = [t.label for t, code in zip(targets[1:], seen, strict=True) if code != 0]
-        if blind:
-            raise LaunchError(
-                f"{', '.join(blind)} cannot see the checkpoint directory {where!r} that "
-                f"{first.label} writes to: the nodes do not share it, so no restart could "
-                f"resume; {fix}",
-                field="DTRAIN_CKPT_DIR",
-            )
 
     def _wait_ready(self, t: Target) -> None:
         chan = self.channels[t.node]
@@ -398,6 +357,49 @@ class SshBackend(LaunchBackend):
     def remote_command(self, node: int) -> str:
         """The exact command sent to ``node`` (:meth:`SshDriver.remote_command`)."""
         return self.driver.remote_command(node)
+
+
+def check_ckpt_shared(
+    clients: list[Any], targets: list[Target], where: str | None, run_id: str
+) -> None:
+    """With several nodes that checkpoint to ``where`` (:func:`ckpt_dir_of`; None: no
+    checkpoints): node 0 writes a file in the directory and every other node must read it
+    back, or nothing starts (each node would save its shards to its own disk and no restart
+    could resume). LaunchError names the node."""
+    if where is None or len(targets) < 2:
+        return
+    fix = (
+        "put it on storage every node mounts (--env DTRAIN_CKPT_DIR=/shared/path, or write "
+        "the bundle with --ckpt-dir /shared/path; --ckpt-every 0 for no checkpoints) — "
+        "nothing was started"
+    )
+    if not (where.startswith("/") or where == "~" or where.startswith("~/")):
+        raise LaunchError(
+            f"checkpoint directory {where!r} is relative: each node would resolve it in its "
+            f"own copy of the bundle and no restart could resume; {fix}",
+            field="DTRAIN_CKPT_DIR",
+        )
+    write, check, clean = reach_commands(where, run_id, secrets.token_hex(8))
+    first = targets[0]
+    if _run_quiet(clients[first.node], write) != 0:
+        raise LaunchError(
+            f"{first.label}: cannot write in the checkpoint directory {where!r}; {fix}",
+            field="DTRAIN_CKPT_DIR",
+        )
+    try:
+        with ThreadPoolExecutor(max_workers=min(32, len(targets) - 1)) as pool:
+            seen = list(pool.map(lambda t: _run_quiet(clients[t.node], check), targets[1:]))
+    finally:
+        with contextlib.suppress(Exception):
+            _run_quiet(clients[first.node], clean)
+    blind = [t.label for t, code in zip(targets[1:], seen, strict=True) if code != 0]
+    if blind:
+        raise LaunchError(
+            f"{', '.join(blind)} cannot see the checkpoint directory {where!r} that "
+            f"{first.label} writes to: the nodes do not share it, so no restart could "
+            f"resume; {fix}",
+            field="DTRAIN_CKPT_DIR",
+        )
 
 
 def master_addr_for(
