@@ -1,8 +1,9 @@
 """Which pane each wizard step has, and the screen base that builds each step once and keeps it:
 on the step's first visit, or (in a terminal) ahead of it in idle time, so that a move only
 switches to a built step. A step built ahead is also laid out ahead, hidden (see
-:func:`lay_out_hidden`), and again when a plan or a bundle redraws it. :class:`~tui.screens.wizard.WizardScreen` is the one screen built on
-it; it enters the steps, this base only builds them."""
+:func:`lay_out_hidden`), and again when a plan or a bundle redraws it.
+:class:`~tui.screens.wizard.WizardScreen` is the one screen built on it; it enters the steps,
+this base only builds them."""
 
 from __future__ import annotations
 
