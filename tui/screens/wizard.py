@@ -51,6 +51,8 @@ class WizardScreen(StepsScreen):
         """The step drawn with the focus bar."""
         self._nav: StepNav | None = None
         self._status_line: Static | None = None
+        self._after_plan: Step | None = None
+        """A forward move asked for while the plan was being worked out: made once it is in."""
         self._buttons: dict[str, Button] = {}
         """The frame's widgets, kept when composed: a query for one walks every built step
         (tens of milliseconds a move with all seven built)."""
@@ -150,6 +152,10 @@ class WizardScreen(StepsScreen):
         pending = {Step.DECISION} if s.planning else set()
         unfit = s.plan is not None and not s.plan.recommended.fits
         nav.set_state(s.current, invalid, pending, planned=s.plan is not None, unfit=unfit)
+        if self._after_plan is not None and not s.planning:  # the plan is in (or refused)
+            target, self._after_plan = self._after_plan, None
+            if s.plan is not None:
+                self.call_later(self.go, target)
         for pane in list(self._panes.values()):
             pane.session_changed()  # the plan or its refusal changed: steps that show it follow
 
@@ -262,10 +268,14 @@ class WizardScreen(StepsScreen):
 
     async def go(self, step: str) -> bool:
         """Move to ``step``; forward moves are refused while an earlier step is invalid."""
-        target = Step(step)
+        target, self._after_plan = Step(step), None
         if target == self.current:
             return True
         bad = self.session.blocker(target)
+        if bad == Step.DECISION == self.current and self.session.planning:
+            self._after_plan = target  # typed ahead of the plan: not refused, only delayed
+            self.set_status(f"planning… {target} opens when the plan is in")
+            return False
         if bad is not None:
             errors = self.session.errors(bad) or ["invalid"]
             self.set_status(f"✗ fix {bad} first: {errors[0]}", error=True)
