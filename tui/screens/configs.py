@@ -218,6 +218,15 @@ class RenderedOnce:
         return Measurement.get(console, options, self.renderable)
 
 
+def _run_of(session: WizardSession) -> str:
+    """The run's name in the commands Configs copies (``RUN`` before there is a plan)."""
+    if session.plan is None:
+        return "RUN"
+    from engine.write.naming import run_name
+
+    return run_name(session.plan)
+
+
 class ConfigsStep(StepPane):
     STEP = Step.CONFIGS
 
@@ -393,13 +402,7 @@ class ConfigsStep(StepPane):
 
     def action_copy_command(self) -> None:
         """Copy the command that starts the highlighted script (else the run) and show it."""
-        plan = self.session.plan
-        run = "RUN"
-        if plan is not None:
-            from engine.write.naming import run_name
-
-            run = run_name(plan)
-        command = launch_command(self.out_dir, self.highlighted_name(), run)
+        command = launch_command(self.out_dir, self.highlighted_name(), _run_of(self.session))
         self.app.copy_to_clipboard(command)
         self.app.notify(command, title="Copied to the clipboard", timeout=8)
         self.show_result(f"copied: {command}", ok=True)
