@@ -87,4 +87,3 @@ def test_a_dump_request_is_a_job_beside_the_training_job_on_every_node(
     calls = len(fake.calls)
     assert b.driver.ask_dumps(None) == 0  # the job is over: nothing asked
     assert len(fake.calls) == calls
-
