@@ -94,7 +94,7 @@ class MonitorScreen(MonitorKeys):
     run); off by default, so leaving the monitor never kills a run by surprise."""
 
     DEFAULT_CSS = """
-    MonitorScreen { layout: vertical; }
+    MonitorScreen { layout: vertical; layers: default filter; }
     MonitorScreen #mon-body { height: 1fr; }
     MonitorScreen.-fullscreen #mon-header { display: none; }
     MonitorScreen.-fullscreen #mon-strip { display: none; }

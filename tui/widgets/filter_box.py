@@ -18,7 +18,7 @@ class FilterBox(Input):
     """Hidden until :meth:`open`; posts :class:`FilterBox.Applied` when the user submits."""
 
     DEFAULT_CSS = """
-    FilterBox { dock: bottom; display: none; }
+    FilterBox { dock: bottom; layer: filter; display: none; }
     FilterBox.-open { display: block; }
     """
 
