@@ -22,6 +22,7 @@ from engine.write.manifest import read_manifest
 from tests.e2e.launch_util import rank_pid, wait_no_pids, write_bundle
 from tests.e2e.sshd import Sshd, sshd_path, start_many
 from tests.e2e.test_launch_ssh import _opts
+from tests.e2e.test_shrink import FAIL_AGAIN
 
 pytestmark = [
     pytest.mark.slow,
@@ -78,13 +79,6 @@ def test_node_killed_over_ssh_is_restarted_and_resumes(
     assert second.resumed_from_step is not None and second.resumed_from_step == newest[0]
     assert second.hosts == [f"127.0.0.1:{s.port}" for s in servers]
     assert wait_no_pids(first_id) == []
-
-
-FAIL_AGAIN = (
-    'if compgen -G "$DTRAIN_CKPT_DIR/step_*/COMPLETE" > /dev/null; then\n'
-    '  echo "test: node 1 fails again" >&2; exit 1\n'
-    "fi\n"
-)
 
 
 def test_allow_shrink_over_ssh_goes_on_on_the_other_node(

@@ -4,33 +4,17 @@ panes keep their size (opening it lays out and redraws no pane), and it takes th
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 from engine.monitor.tail import ListSource
+from tests.test_screenshots import _screenshots
 from tests.tui.wizard_support import until
 from tui.screens.monitor import MonitorApp
 from tui.widgets.filter_box import FilterBox
 from tui.widgets.rank_pane import RankPane
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _shots() -> ModuleType:
-    name = "dtrain_docs_screenshots"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / "screenshots.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 async def _open_filter() -> None:
-    shots = _shots()
+    shots = _screenshots()
     app = MonitorApp(ListSource(shots.failed_run()), world_size=4, clock=lambda: shots.CLOCK)
     async with app.run_test(size=(120, 40)) as pilot:
         await until(
