@@ -302,6 +302,27 @@ def _restarting(
     )
 
 
+_WRITTEN_INTO_BUNDLE = {
+    "launch__script": "--script",
+    "launch__script_args": "--script-arg",
+    "launch__hf_integration": "--hf-integration",
+    "launch__master_addr": "--master-addr",
+}
+"""Launch options a written bundle already holds in its files: given with a BUNDLE_DIR, they
+would be ignored, so they are refused."""
+
+
+def _refuse_written_options(args: argparse.Namespace) -> None:
+    for dest, flag in _WRITTEN_INTO_BUNDLE.items():
+        if getattr(args, dest, None) not in (None, False, []):
+            raise DtrainError(
+                f"written into the bundle's files, so a written BUNDLE_DIR would ignore it: "
+                f"pass it to `dtrain-tui write … {flag} … --out DIR` and launch DIR, or launch "
+                f"from --profile/--spec with {flag}",
+                field=flag,
+            )
+
+
 def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | None]:
     """(bundle directory, run directory or None for the default, the spec's launch section):
     the BUNDLE_DIR given, or a bundle planned from --spec/--profile/model options and written
@@ -314,6 +335,7 @@ def _bundle(args: argparse.Namespace) -> tuple[Path, Path | None, LaunchSpec | N
                 "(a bundle already holds its plan)",
                 field="launch",
             )
+        _refuse_written_options(args)
         if run_dir is not None:  # refused before a backend is made or anything copied
             from engine.rundir.files import check_outside_bundle
 

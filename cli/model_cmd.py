@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.spec_options import whole_number
-from engine.plan.catalog import GIB, get_network, list_gpus
+from engine.plan.catalog import GIB, get_network, list_gpus, short_aliases
 from engine.plan.models import (
     architecture_notes,
     format_count,
@@ -137,6 +137,7 @@ def _gpus(args: argparse.Namespace) -> int:
             "gpus": [
                 {
                     "key": g.key,
+                    "aliases": list(short_aliases(g.key)),
                     "name": g.name,
                     "memory_bytes": g.memory_bytes,
                     "bf16_tflops": g.bf16_tflops,
@@ -154,6 +155,7 @@ def _gpus(args: argparse.Namespace) -> int:
                     "tier": t.value,
                     "name": get_network(t).name,
                     "gbps_per_node": get_network(t).gbps_per_node,
+                    "pick": get_network(t).pick,
                 }
                 for t in NetworkTier
             ],
@@ -161,18 +163,27 @@ def _gpus(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
         return 0
     kw = max([10, *(len(g.key) for g in gpus)])  # h100-sxm-500w is wider than the others
+    also = {g.key: ", ".join(short_aliases(g.key)) or "-" for g in gpus}
+    aw = max(4, *(len(a) for a in also.values()))
     print(
-        f"{'key':<{kw}} {'memory':>9} {'bf16 TF':>8} {'fp16 TF':>8}  {'link':<7} {'GB/s':>5}  name"
+        f"{'key':<{kw}} {'also':<{aw}} {'memory':>9} {'bf16 TF':>8} {'fp16 TF':>8}  "
+        f"{'link':<7} {'GB/s':>5}  name"
     )
     for g in gpus:
         bf16 = f"{g.bf16_tflops:g}" if g.has_bf16 else "-"
         print(
-            f"{g.key:<{kw}} {g.memory_bytes / GIB:>6.0f}GiB {bf16:>8} {g.fp16_tflops:>8g}  "
-            f"{g.intra_link.value:<7} {g.intra_gbps:>5g}  {g.name}"
+            f"{g.key:<{kw}} {also[g.key]:<{aw}} {g.memory_bytes / GIB:>6.0f}GiB {bf16:>8} "
+            f"{g.fp16_tflops:>8g}  {g.intra_link.value:<7} {g.intra_gbps:>5g}  {g.name}"
         )
     print()
-    print(f"{'network':<8} {'Gbit/s/node':>11}  name")
-    for t in NetworkTier:
-        n = get_network(t)
-        print(f"{t.value:<8} {n.gbps_per_node:>11g}  {n.name}")
+    nets = [get_network(t) for t in NetworkTier]
+    nw = max(len(n.name) for n in nets)
+    print(f"{'network':<8} {'Gbit/s/node':>11}  {'name':<{nw}}  pick it for")
+    for n in nets:
+        print(f"{n.tier.value:<8} {n.gbps_per_node:>11g}  {n.name:<{nw}}  {n.pick}")
+    print(
+        "Not sure? `ibstat` on a node shows each HCA's rate (200: HDR, 400: NDR); "
+        "--bandwidth-gbps sets any other per-node figure."
+    )
+    print("--gpu takes the key, a name under 'also', or the part's name (\"H100 SXM5 80GB\").")
     return 0

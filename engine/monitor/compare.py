@@ -70,12 +70,13 @@ class PlanVsMeasured:
         """Some figure is off by more than :data:`MARGIN`: calibrating would help."""
         return any(f.off for f in self.figures)
 
-    def line(self) -> str:
-        """``plan vs measured (±15 %): step 1.80 s vs 1.20 s planned (+50 %), ...``."""
+    def line(self, offer: str = f"press {CALIBRATE_KEY} to calibrate") -> str:
+        """``plan vs measured (±15 %): step 1.80 s vs 1.20 s planned (+50 %), ...``, ending in
+        ``offer`` when calibrating would help (the TUI's key; in text, the command)."""
         body = ", ".join(f"{f.name} {f.text}" for f in self.figures)
         head = f"plan vs measured (±{100 * MARGIN:.0f} %): {body}"
         if self.disagrees:
-            return f"{head}: press {CALIBRATE_KEY} to calibrate"
+            return f"{head}: {offer}"
         return f"{head}: within the margin"
 
 

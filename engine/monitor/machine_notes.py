@@ -1,6 +1,7 @@
 """The GPU panel and the plan-against-measured line in text, for ``monitor --follow``: a
 ``[gpu] GPU 3 on node 1: throttled (HW slowdown)`` line the first time a machine is flagged,
-and at the run's end a ``[plan] plan vs measured ...`` line.
+and at the run's end a ``[plan] plan vs measured ...`` line that names the ``calibrate`` command
+to run when the two disagree.
 
 :mod:`cli.monitor_cmd` feeds it the events it prints; it keeps its own rank state
 (:class:`engine.monitor.state.MonitorState`) from them. Pure but for reading plan.json once.
@@ -8,6 +9,7 @@ and at the run's end a ``[plan] plan vs measured ...`` line.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from engine.rundir.events import Event
 class MachineNotes:
     def __init__(self, run_dir: Path | None) -> None:
         self.state = MonitorState()
+        self.run_dir = shlex.quote(str(run_dir)) if run_dir is not None else "RUN"
         self.plan = read_plan_figures(run_dir)
         self._told: set[tuple[int, str]] = set()
         """(rank, flag kind) told: a slow rank's step time changes, it is told once."""
@@ -41,7 +44,10 @@ class MachineNotes:
         """The plan-against-measured line, when there is something to compare."""
         self.state.evaluate(self._now)
         pvm = compare(self.plan, self.state.ranks)
-        return [f"[plan] {pvm.line()}"] if pvm is not None else []
+        if pvm is None:
+            return []
+        offer = f"run `dtrain-tui calibrate {self.run_dir}` to fit the estimates to this run"
+        return [f"[plan] {pvm.line(offer)}"]
 
 
 __all__ = ["MachineNotes"]

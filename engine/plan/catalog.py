@@ -623,6 +623,10 @@ def resolve_gpu_key(text: str) -> str:
             return key
     if squashed in _ALIASES:
         return _ALIASES[squashed]
+    for g in _GPUS:  # the catalog's own name: "NVIDIA H100 SXM5 80GB", "H100 SXM5 80GB"
+        name = _squash(g.name)
+        if squashed in (name, name.removeprefix("nvidia"), name.removeprefix("amdinstinct")):
+            return g.key
     for prefix in ("nvidia", "amd", "instinct", "tesla"):
         if squashed.startswith(prefix) and squashed[len(prefix) :]:
             return resolve_gpu_key(squashed[len(prefix) :])
@@ -670,6 +674,12 @@ def list_gpus() -> list[GpuType]:
     return list(_GPUS)
 
 
+def short_aliases(key: str) -> tuple[str, ...]:
+    """The short names ``--gpu`` also takes for ``key`` (``h100`` for ``h100-sxm``), for the
+    catalog listing; any spelling of the part's name is taken too (:func:`resolve_gpu_key`)."""
+    return tuple(a for a, k in _ALIASES.items() if k == key and len(a) <= 5)
+
+
 @dataclass(frozen=True, slots=True)
 class NetworkType:
     """One inter-node fabric tier, per node."""
@@ -686,6 +696,8 @@ class NetworkType:
     nccl_net: str
     """What NCCL prints as ``Using network …``: IB, AWS Libfabric, Socket."""
     source: str
+    pick: str = ""
+    """When to pick it, in a few words (``dtrain-tui gpus``)."""
 
     @property
     def bytes_per_s(self) -> float:
@@ -696,6 +708,7 @@ class NetworkType:
 _NETWORKS: dict[NetworkTier, NetworkType] = {
     NetworkTier.IB: NetworkType(
         tier=NetworkTier.IB,
+        pick="InfiniBand whose generation you do not know",
         name="InfiniBand (HDR assumed)",
         source="8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
         gbps_per_node=1600.0,  # the source
@@ -705,6 +718,7 @@ _NETWORKS: dict[NetworkTier, NetworkType] = {
     ),
     NetworkTier.IB_HDR: NetworkType(
         tier=NetworkTier.IB_HDR,
+        pick="A100 clusters: 8 x 200 Gb/s HDR per node",
         name="InfiniBand HDR",
         source="8 x HDR 200 Gb/s HCAs per node, as in DGX A100 (NVIDIA DGX A100 user guide)",
         gbps_per_node=1600.0,  # the source
@@ -716,6 +730,7 @@ _NETWORKS: dict[NetworkTier, NetworkType] = {
     ),
     NetworkTier.IB_NDR: NetworkType(
         tier=NetworkTier.IB_NDR,
+        pick="H100 / H200 / B200 clusters: 8 x 400 Gb/s NDR per node",
         name="InfiniBand NDR",
         source="8 x NDR 400 Gb/s ConnectX-7 per node, as in DGX H100 (NVIDIA DGX H100 datasheet)",
         gbps_per_node=3200.0,  # the source
@@ -727,6 +742,7 @@ _NETWORKS: dict[NetworkTier, NetworkType] = {
     ),
     NetworkTier.EFA: NetworkType(
         tier=NetworkTier.EFA,
+        pick="AWS p5 / p5e (3200 Gb/s); p4d: add --bandwidth-gbps 400",
         name="AWS EFA",
         source="p5.48xlarge: 3200 Gbps EFAv2 (AWS EC2 P5 page); p4d has 400 Gbps: pass --bandwidth-gbps 400",
         gbps_per_node=3200.0,  # the source
@@ -736,6 +752,7 @@ _NETWORKS: dict[NetworkTier, NetworkType] = {
     ),
     NetworkTier.ROCE: NetworkType(
         tier=NetworkTier.ROCE,
+        pick="RDMA over Ethernet (8 x 200 Gb/s); other rates: --bandwidth-gbps",
         name="RoCE v2",
         source="8 x 200 Gb/s RoCE NICs per node (common H100/A100 Ethernet fabrics); override with --bandwidth-gbps",
         gbps_per_node=1600.0,  # the source
@@ -747,6 +764,7 @@ _NETWORKS: dict[NetworkTier, NetworkType] = {
     ),
     NetworkTier.TCP: NetworkType(
         tier=NetworkTier.TCP,
+        pick="no RDMA fabric: plain Ethernet between the nodes",
         name="TCP (sockets)",
         source="Standard cloud Ethernet 25-100 Gbps (dtrain-tui's decision flowchart: 'Standard "
         "TCP networking ~25-100 Gbps')",

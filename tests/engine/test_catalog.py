@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from engine.plan.catalog import get_gpu, get_network, list_gpus, resolve_gpu_key
+from engine.plan.catalog import (
+    get_gpu,
+    get_network,
+    list_gpus,
+    resolve_gpu_key,
+    short_aliases,
+)
 from engine.plan.names import NetworkTier, Precision
 from engine.plan.specs import HardwareSpec
 
@@ -37,6 +43,9 @@ def test_catalog_has_the_required_keys() -> None:
         ("V100", "v100-32gb"),
         ("MI300X", "mi300x"),
         ("cpu", "cpu"),
+        ("H100 SXM5 80GB", "h100-sxm"),  # the catalog's name, as `dtrain-tui gpus` prints it
+        ("NVIDIA H200 SXM 141GB", "h200"),
+        ("MI325X 256GB", "mi325x"),
     ],
 )
 def test_aliases(typed: str, key: str) -> None:
@@ -90,7 +99,17 @@ def test_every_catalog_row_is_keyword_rows_with_a_source_per_figure() -> None:
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     cited_by_source = {"memory_bytes", "bf16_tflops", "fp16_tflops", "fp32_tflops"}
-    facts = {"key", "name", "vendor", "has_bf16", "intra_link", "source", "tier", "nccl_net"}
+    facts = {
+        "key",
+        "name",
+        "vendor",
+        "has_bf16",
+        "intra_link",
+        "source",
+        "tier",
+        "nccl_net",
+        "pick",
+    }
     shared = {
         "flash_attention_vs_gemm",
         "fused_attention_vs_gemm",
@@ -118,3 +137,16 @@ def test_every_catalog_row_is_keyword_rows_with_a_source_per_figure() -> None:
             assert "#" in line or above.startswith("#"), (
                 f"catalog.py:{kw.lineno}: {kw.arg} has no source; add one on its line"
             )
+
+
+def test_every_listed_short_name_resolves_to_its_key() -> None:
+    """The names `dtrain-tui gpus` shows under 'also' are taken by --gpu, each for its own key."""
+    shown = {g.key: short_aliases(g.key) for g in list_gpus()}
+    assert shown["h100-sxm"] == ("h100",) and shown["a100-80gb"] == ("a100",)
+    for key, names in shown.items():
+        assert all(resolve_gpu_key(n) == key for n in names), (key, names)
+
+
+def test_every_network_says_when_to_pick_it() -> None:
+    assert all(get_network(t).pick for t in NetworkTier)
+    assert "NDR" in get_network(NetworkTier.IB_NDR).pick

@@ -77,6 +77,34 @@ def test_a_run_dir_inside_the_bundle_is_refused_before_anything_is_copied(
     assert snapshot(bundle) == before
 
 
+@pytest.mark.parametrize(
+    "flag,args",
+    [
+        ("--script", ["--script", "/abs/train.py"]),
+        ("--script-arg", ["--script-arg=--epochs", "--script-arg=3"]),
+        ("--hf-integration", ["--hf-integration"]),
+        ("--master-addr", ["--master-addr", "10.0.0.9"]),
+    ],
+)
+@pytest.mark.parametrize("command", ["launch", "drill"])
+def test_options_written_into_a_bundle_are_refused_with_a_bundle_dir(
+    bundle: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    flag: str,
+    args: list[str],
+) -> None:
+    """``launch BUNDLE --script train.py`` ran the example trainer: the script is in the bundle's
+    node scripts, so the flag was silently ignored. It is refused, naming where it belongs."""
+    _no_backend(monkeypatch)
+    code, err = _cli([command, str(bundle), *args, "--run-dir", str(tmp_path / "r")])
+    assert code == 2, err
+    line = _one_error_line(err)
+    assert flag in line and "dtrain-tui write" in line and "--profile/--spec" in line, line
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_full_disk_while_copying_the_bundle_is_one_line_and_leaves_no_run_dir(
     bundle: Path,
 ) -> None:

@@ -145,4 +145,8 @@ def test_follow_prints_the_gpu_flags_and_the_plan_line(tmp_path: Path) -> None:
     assert "[gpu] GPU 1 on node 0: throttled (HW slowdown)\n" in text
     assert text.count("[gpu] ") == 1
     assert "[plan] plan vs measured (±15 %): step 1.80 s vs 1.20 s planned (+50 %)" in text
-    assert text.rstrip().endswith("press k to calibrate")
+    # In text the offer is the command to run, not the TUI's key.
+    assert text.rstrip().endswith(
+        f"run `dtrain-tui calibrate {run}` to fit the estimates to this run"
+    ), text
+    assert "press k" not in text

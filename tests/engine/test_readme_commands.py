@@ -76,3 +76,7 @@ def test_gpus_table_columns_line_up() -> None:
     end = table[0].index("memory") + len("memory")
     assert len(table) > 10
     assert all(row.index("GiB") + len("GiB") == end for row in table[1:]), r.stdout
+    h100 = next(row.split() for row in table if row.startswith("h100-sxm "))
+    assert h100[1] == "h100", h100  # the README's `--gpu h100` is in the list
+    nets = r.stdout.split("\n\n")[1].splitlines()
+    assert "pick it for" in nets[0] and "NDR" in next(x for x in nets if x.startswith("ib-ndr"))
