@@ -219,7 +219,8 @@ class BatchReader:
         facts = scan_batch(batch)
         self.state.ingest_lines(rank, node, batch, now, host, facts)
         pending.count += len(batch)
-        batch = shown_lines(batch)  # the agent's telemetry: in the state, on disk, not in panes
+        if len(facts.nccl) < len(batch):  # an all-NCCL batch (the firehose) holds no telemetry
+            batch = shown_lines(batch)  # the agent's telemetry: in the state, on disk, not in panes
         if not batch:
             return
         if rank is not None:

@@ -18,6 +18,8 @@ from textual.app import ComposeResult
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
+from tui.widgets.steady_footer import SteadyFooter
+
 PALETTE_COLUMNS = (12, 11)
 """What the palette key takes at the row's right end (``▏ ^p palette``), normal and compact."""
 SHORT: dict[str, str] = {
@@ -66,8 +68,9 @@ def fit_keys(keys: list[tuple[str, str, str]], width: int) -> Fit:
     return Fit(fit.labels, compact=True, hidden=frozenset(hidden))
 
 
-class MonitorFooter(Footer):
-    """The footer, drawn as :func:`fit_keys` says for its width."""
+class MonitorFooter(SteadyFooter):
+    """The footer, drawn as :func:`fit_keys` says for its width, rebuilt only when its keys or
+    its width's fit change (not on every focus move: each key press under a firehose did)."""
 
     fit = Fit({})
 

@@ -1,5 +1,5 @@
-"""The wizard's key footer: Textual's :class:`~textual.widgets.Footer`, rebuilt only when the
-keys it shows change.
+"""The wizard's and the monitor's key footer: Textual's :class:`~textual.widgets.Footer`,
+rebuilt only when the keys it shows change.
 
 Textual's footer rebuilds all its keys each time the screen's bindings are updated, which is on
 every focus change: a step switch moves the focus two or three times, and rebuilding the keys
