@@ -256,7 +256,12 @@ _LAUNCH_OPTS: list[tuple[str, str, str, dict[str, Any]]] = [
     ("--known-hosts", "launch", "known_hosts", {"metavar": "FILE"}),
     ("--remote-workdir", "launch", "remote_workdir", {"metavar": "DIR"}),
     ("--remote-setup", "launch", "remote_setup", {"metavar": "CMD"}),
-    ("--script", "launch", "script", {"help": "training script (default: the example trainer)"}),
+    (
+        "--script",
+        "launch",
+        "script",
+        {"help": "training script, written into the bundle (default: the example trainer)"},
+    ),
     ("--nccl-debug", "launch", "nccl_debug", {"metavar": "LEVEL"}),
     ("--nccl-debug-subsys", "launch", "nccl_debug_subsys", {"metavar": "SUBSYS"}),
     (
