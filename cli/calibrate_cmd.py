@@ -94,7 +94,7 @@ def _off(predicted: float, measured: float) -> str:
 
 def render(result: Any, out: TextIO, *, saved: Path | None, profile: str | None) -> None:
     """The human report: factors, then step time predicted before and after vs measured."""
-    from engine.plan.calibration import GIB, base_gemm_efficiency
+    from engine.plan.calibration import GIB, compute_change
     from engine.plan.catalog import get_gpu, get_network
 
     cal = result.calibration
@@ -106,12 +106,7 @@ def render(result: Any, out: TextIO, *, saved: Path | None, profile: str | None)
         f"Calibration {cal.name!r} from run {src.run}: {src.layout} on {src.world_size} x "
         f"{cal.gpu}, median of {src.steps} steps after {src.warmup_steps} warm-up\n"
     )
-    gpu = get_gpu(cal.gpu)
-    base = base_gemm_efficiency(gpu)
-    w(
-        f"  compute  ×{cal.compute:.3g}  (GEMM efficiency {base:.2f} -> "
-        f"{min(1.0, base * cal.compute):.3g})\n"
-    )
+    w(f"  compute  ×{cal.compute:.3g}  ({compute_change(get_gpu(cal.gpu), cal)})\n")
     if src.measured_busbw_gbps is not None:
         net = get_network(result.before.spec.network.tier)
         w(

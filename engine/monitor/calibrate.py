@@ -35,11 +35,10 @@ from engine.monitor.logparse import STEP_GATE, StepInfo, StepTracker, parse_step
 from engine.plan.annotate import describe
 from engine.plan.calibration import (
     GIB,
-    MAX_EFFICIENCY,
     Calibration,
     CalibrationError,
     CalibrationSource,
-    base_gemm_efficiency,
+    compute_range,
     network_factor,
     solve_compute,
     steady_step_time,
@@ -366,7 +365,7 @@ def _fit_compute(
         cal = base.model_copy(update={"compute": c, "memory_overhead_gib": None})
         return plan(forced.model_copy(update={"calibration": cal})).recommended.step_time_s
 
-    compute = solve_compute(predict, measured, run, hi=MAX_EFFICIENCY / base_gemm_efficiency(gpu))
+    compute = solve_compute(predict, measured, run, span=compute_range(gpu))
     cal = Calibration.model_validate({**base.model_dump(), "compute": round(compute, 4)})
     after = plan(forced.model_copy(update={"calibration": cal}))
     cal = cal.model_copy(

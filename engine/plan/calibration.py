@@ -6,7 +6,8 @@ multipliers and an offset:
 
 - ``compute`` multiplies the catalog's :attr:`GpuType.gemm_efficiency
   <engine.plan.catalog.GpuType.gemm_efficiency>`: the compute rate the run achieved against the
-  rate the time model assumed;
+  rate the time model assumed (on a CPU rank, whose figures are nominal, it multiplies the rank's
+  peak and memory bandwidth instead: :data:`NOMINAL_COMPUTE_RANGE`);
 - ``network`` multiplies :attr:`NetworkType.efficiency
   <engine.plan.catalog.NetworkType.efficiency>`: the inter-node bus bandwidth a preflight
   measured against the bandwidth the time model assumed;
@@ -29,10 +30,10 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.errors import DtrainError
-from engine.plan.catalog import GpuType, NetworkType
+from engine.plan.catalog import CPU_KEY, GpuType, NetworkType
 
 GIB: Final = 1024**3
 COMPUTE_RANGE: Final = (0.02, 2.0)
@@ -40,6 +41,10 @@ COMPUTE_RANGE: Final = (0.02, 2.0)
 not have (data loading, a sleep, a debugger), not by slower math; above 2 the modelled GEMMs
 would run past the hardware's peak on every GPU in the catalog (the applied efficiency is capped
 at 1 in any case)."""
+NOMINAL_COMPUTE_RANGE: Final = (0.01, 100.0)
+"""Bounds of the compute factor on a device whose figures are nominal (a CPU rank: its catalog
+rates stand for no particular processor): a laptop core and a many-core server lie two orders of
+magnitude apart, and there is no peak to cap them at."""
 NETWORK_RANGE: Final = (0.05, 2.0)
 """Bounds of the network factor (the applied efficiency is capped at 1: bus bandwidth cannot
 beat the line rate)."""
@@ -107,13 +112,21 @@ class Calibration(BaseModel):
     network_tier: str = ""
     """Network tier of the measured cluster (``ib-ndr``); the network factor applies only to
     plans on that tier. Empty: a single-node run, no network factor."""
-    compute: float = Field(default=1.0, ge=COMPUTE_RANGE[0], le=COMPUTE_RANGE[1])
-    """Multiplies the catalog's large-GEMM efficiency: achieved / modelled compute rate."""
+    compute: float = Field(default=1.0, ge=NOMINAL_COMPUTE_RANGE[0], le=NOMINAL_COMPUTE_RANGE[1])
+    """Multiplies the catalog's large-GEMM efficiency: achieved / modelled compute rate (within
+    :func:`compute_range` of its GPU)."""
     network: float = Field(default=1.0, ge=NETWORK_RANGE[0], le=NETWORK_RANGE[1])
     """Multiplies the network tier's efficiency: measured / modelled inter-node bandwidth."""
     memory_overhead_gib: float | None = Field(default=None, ge=-1024, le=1024)
     """Measured peak memory less predicted, GiB per GPU; taken off what a layout may use."""
     source: CalibrationSource
+
+    @model_validator(mode="after")
+    def _compute_in_range(self) -> Calibration:
+        lo, hi = NOMINAL_COMPUTE_RANGE if self.gpu == CPU_KEY else COMPUTE_RANGE
+        if not lo <= self.compute <= hi:
+            raise ValueError(f"compute ×{self.compute} on {self.gpu} is outside {lo}-{hi}")
+        return self
 
     def label(self) -> str:
         """``calibrated from run X (compute ×0.62, network ×1.0)``: what plans say."""
@@ -142,10 +155,40 @@ def base_gemm_efficiency(gpu: GpuType) -> float:
     return gpu.gemm_efficiency or min(0.95, gpu.achievable_mfu / 0.6)
 
 
+def compute_range(gpu: GpuType) -> tuple[float, float]:
+    """The compute factors a run on ``gpu`` can be fitted to: on a catalog GPU from
+    :data:`COMPUTE_RANGE` up to the factor at which its GEMMs run at peak; on a CPU rank (nominal
+    figures) :data:`NOMINAL_COMPUTE_RANGE`."""
+    if gpu.is_cpu:
+        return NOMINAL_COMPUTE_RANGE
+    lo, hi = COMPUTE_RANGE
+    return lo, max(lo, min(hi, MAX_EFFICIENCY / base_gemm_efficiency(gpu)))
+
+
 def apply_gpu(gpu: GpuType, cal: Calibration) -> GpuType:
-    """``gpu`` with its large-GEMM efficiency scaled by ``cal.compute`` (at most 1)."""
-    eff = min(MAX_EFFICIENCY, base_gemm_efficiency(gpu) * cal.compute)
+    """``gpu`` with its large-GEMM efficiency scaled by ``cal.compute`` (at most 1); a CPU rank,
+    whose peak is nominal, with its peak rates and memory bandwidth scaled instead."""
+    lo, hi = compute_range(gpu)
+    c = min(hi, max(lo, cal.compute))
+    if gpu.is_cpu:
+        return dataclasses.replace(
+            gpu,
+            fp32_tflops=gpu.fp32_tflops * c,
+            fp16_tflops=gpu.fp16_tflops * c,
+            bf16_tflops=gpu.bf16_tflops * c,
+            hbm_gbps=gpu.hbm_gbps * c,
+        )
+    eff = min(MAX_EFFICIENCY, base_gemm_efficiency(gpu) * c)
     return dataclasses.replace(gpu, gemm_efficiency=eff)
+
+
+def compute_change(gpu: GpuType, cal: Calibration) -> str:
+    """What ``cal``'s compute factor changes on ``gpu``, in words: ``GEMM efficiency 0.74 ->
+    0.80``, or on a CPU rank ``nominal peak 0.5 -> 1.6 TFLOPS per rank``."""
+    after = apply_gpu(gpu, cal)
+    if gpu.is_cpu:
+        return f"nominal peak {gpu.fp32_tflops:.3g} -> {after.fp32_tflops:.3g} TFLOPS per rank"
+    return f"GEMM efficiency {base_gemm_efficiency(gpu):.2f} -> {after.gemm_efficiency:.3g}"
 
 
 def apply_network(net: NetworkType, cal: Calibration) -> NetworkType:
@@ -228,13 +271,17 @@ def steady_step_time(per_step: Mapping[int, Sequence[float]], run: str) -> tuple
 
 
 def solve_compute(
-    predict: Callable[[float], float], measured_s: float, run: str, *, hi: float = COMPUTE_RANGE[1]
+    predict: Callable[[float], float],
+    measured_s: float,
+    run: str,
+    *,
+    span: tuple[float, float] = COMPUTE_RANGE,
 ) -> float:
     """The compute factor ``c`` with ``predict(c) == measured_s``: bisection in log space over
-    :data:`COMPUTE_RANGE` (capped at ``hi``), ``predict`` falling as ``c`` grows. Raises
-    :class:`CalibrationError` when the measurement lies outside what the range can explain."""
-    lo = COMPUTE_RANGE[0]
-    hi = max(lo, min(hi, COMPUTE_RANGE[1]))
+    ``span`` (:func:`compute_range` of the run's GPU), ``predict`` falling as ``c`` grows. Raises
+    :class:`CalibrationError` when the measurement lies outside what the span can explain."""
+    lo, hi = span
+    hi = max(lo, hi)
     slowest, fastest = predict(lo), predict(hi)
     if measured_s > slowest:
         raise CalibrationError(

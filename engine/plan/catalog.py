@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from engine.plan.names import IntraNodeLink, NetworkTier, Precision
 
@@ -25,6 +26,10 @@ class Vendor(StrEnum):
     NVIDIA = "nvidia"
     AMD = "amd"
     CPU = "cpu"
+
+
+CPU_KEY: Final = "cpu"
+"""Catalog key of the CPU rank (gloo), whose figures are nominal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,7 +556,7 @@ _GPUS: tuple[GpuType, ...] = (
         fp8_tflops=242.0,  # the vendor's published dense FP8 peak
     ),
     GpuType(
-        key="cpu",
+        key=CPU_KEY,
         name="CPU rank (gloo)",
         vendor=Vendor.CPU,
         source="A local CPU process over gloo; 8 GiB and 0.5 TFLOPS per rank are nominal, for smoke tests",
