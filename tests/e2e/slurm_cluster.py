@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -30,6 +31,10 @@ import pytest
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "sinfo")
 START_TIMEOUT_S = 60.0
+START_ATTEMPTS = 3
+"""A port found free can be taken before the daemon binds it (another checkout's cluster, any
+outgoing connection): the daemons are started again on new ports, at most this many times."""
+PORT_TAKEN = "Address already in use"
 
 
 def _exe(name: str) -> str | None:
@@ -52,17 +57,31 @@ def slurm_missing() -> str | None:
     return None
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` ports free now, drawn at random below the ephemeral range, so that no outgoing
+    connection is given one before the daemons bind it."""
+    rng = random.SystemRandom()
+    high = max(_ephemeral_low(), 12000)
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(10000, high)
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 class SlurmCluster:
@@ -189,23 +208,59 @@ class SlurmCluster:
         states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
         return states.get("n1") == "idle" and states.get("n2") == "idle"
 
+    def _port_taken(self) -> bool:
+        """Whether a daemon could not bind its port."""
+        return any(PORT_TAKEN in f.read_text(errors="replace") for f in self.dir.glob("*.log"))
+
+    def _settle(self) -> bool:
+        """Wait, with a deadline, until both nodes are idle (True) or a daemon could not bind
+        its port (False)."""
+        idle: list[bool] = []
+
+        def settled() -> bool:
+            if self._both_idle():
+                idle.append(True)
+                return True
+            return self._port_taken()
+
+        self._until(settled, "sinfo did not show n1 and n2 idle")
+        return bool(idle)
+
     def start(self) -> SlurmCluster:
-        self._write_conf()
-        self._start_munge()
-        self._daemon(_exe("slurmctld") or "slurmctld", "-D", "-i", "-f", str(self.conf))
-        for n in ("n1", "n2"):
-            self._daemon(_exe("slurmd") or "slurmd", "-D", "-N", n, "-f", str(self.conf))
         try:
-            self._until(self._both_idle, "sinfo did not show n1 and n2 idle")
+            self._start_munge()
+            for _ in range(START_ATTEMPTS):
+                self._write_conf()
+                self._daemon(_exe("slurmctld") or "slurmctld", "-D", "-i", "-f", str(self.conf))
+                for n in ("n1", "n2"):
+                    self._daemon(_exe("slurmd") or "slurmd", "-D", "-N", n, "-f", str(self.conf))
+                if self._settle():
+                    return self
+                self._stop_daemons()
+                for log in self.dir.glob("*.log"):
+                    log.rename(log.with_suffix(".log.port-taken"))
+            raise RuntimeError(f"a port was taken {START_ATTEMPTS} times; see {self.dir}")
         except BaseException:
             self.stop()
             raise
-        return self
 
     def stop(self) -> None:
         """Cancel every job, stop every daemon started here; waits until they are gone."""
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             self.run("scancel", "--full", "-u", "root", check=False)
+        self._stop_daemons()
+        if self._munged is not None:
+            self._munged.terminate()
+            try:
+                self._munged.wait(10)
+            except subprocess.TimeoutExpired:
+                self._munged.kill()
+                self._munged.wait(5)
+            self._munged = None
+        shutil.rmtree(self._munge_dir, ignore_errors=True)
+
+    def _stop_daemons(self) -> None:
+        """Stop slurmctld and the slurmds; waits until they are gone."""
         for p in reversed(self._procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -217,15 +272,6 @@ class SlurmCluster:
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
         self._procs.clear()
-        if self._munged is not None:
-            self._munged.terminate()
-            try:
-                self._munged.wait(10)
-            except subprocess.TimeoutExpired:
-                self._munged.kill()
-                self._munged.wait(5)
-            self._munged = None
-        shutil.rmtree(self._munge_dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
         """Pids of the daemons this cluster started that are still alive."""
