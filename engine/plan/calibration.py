@@ -113,8 +113,8 @@ class Calibration(BaseModel):
     """Network tier of the measured cluster (``ib-ndr``); the network factor applies only to
     plans on that tier. Empty: a single-node run, no network factor."""
     compute: float = Field(default=1.0, ge=NOMINAL_COMPUTE_RANGE[0], le=NOMINAL_COMPUTE_RANGE[1])
-    """Multiplies the catalog's large-GEMM efficiency: achieved / modelled compute rate (within
-    :func:`compute_range` of its GPU)."""
+    """Achieved / modelled compute rate: multiplies the catalog's large-GEMM efficiency, or on a
+    CPU rank its nominal peak and memory bandwidth (:func:`apply_gpu`)."""
     network: float = Field(default=1.0, ge=NETWORK_RANGE[0], le=NETWORK_RANGE[1])
     """Multiplies the network tier's efficiency: measured / modelled inter-node bandwidth."""
     memory_overhead_gib: float | None = Field(default=None, ge=-1024, le=1024)
@@ -168,8 +168,7 @@ def compute_range(gpu: GpuType) -> tuple[float, float]:
 def apply_gpu(gpu: GpuType, cal: Calibration) -> GpuType:
     """``gpu`` with its large-GEMM efficiency scaled by ``cal.compute`` (at most 1); a CPU rank,
     whose peak is nominal, with its peak rates and memory bandwidth scaled instead."""
-    lo, hi = compute_range(gpu)
-    c = min(hi, max(lo, cal.compute))
+    c = cal.compute
     if gpu.is_cpu:
         return dataclasses.replace(
             gpu,
