@@ -753,7 +753,7 @@ def _sweep_figures(ok: list[Row], out: dict[str, float], *, by_size: bool) -> No
 def memory_errors(rows: list[Row]) -> dict[str, list[float]]:
     """Signed relative errors of the predicted peak memory per GPU, by the framework the row's
     layout is planned as, over the rows that publish a peak (``measured.peak_memory_gib``:
-    torchtitan's, which counts what PyTorch's allocator held). A torchtitan TP/PP row, which
+    torchtitan's, which counts what PyTorch's allocator held, so not NCCL's buffers). A torchtitan TP/PP row, which
     the planner can only state as a Megatron one, is sized as the eager modules it runs
     (:func:`eager_peak_bytes`), as it is timed; reported apart."""
     out: dict[str, list[float]] = defaultdict(list)
@@ -761,9 +761,11 @@ def memory_errors(rows: list[Row]) -> dict[str, list[float]]:
         peak = r.raw["measured"].get("peak_memory_gib")
         if not peak or r.predicted is None or r.spec is None:
             continue
-        total = float(r.predicted.memory_per_gpu.total)
+        # torch.cuda.max_memory_reserved never sees NCCL's buffers (NCCL allocates its own).
+        mem = r.predicted.memory_per_gpu
+        total = float(mem.total - mem.nccl)
         if r.id.startswith("torchtitan") and r.predicted.framework == Framework.MEGATRON:
-            total = eager_peak_bytes(r.spec, r.predicted)
+            total = eager_peak_bytes(r.spec, r.predicted) - mem.nccl
         out[r.predicted.framework.value].append(total / GIB / peak - 1)
     return dict(sorted(out.items()))
 

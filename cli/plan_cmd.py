@@ -164,13 +164,21 @@ def _render_memory_table(p: Plan, w: Callable[[str], object]) -> None:
         ("  " + describe(a), a) for a in p.alternatives
     ]
     width = max(len(name) for name, _ in rows)
-    cols = ("params", "grads", "optim", "activ", "buffers", "total", "fits", "step")
+    cols = ("params", "grads", "optim", "activ", "buffers", "nccl", "total", "fits", "step")
     w(f"  {'layout':<{width}} " + " ".join(f"{c:>8}" for c in cols) + "\n")
     for name, lay in rows:
         mb = lay.memory_per_gpu
         vals = [
             _gib(v)
-            for v in (mb.params, mb.grads, mb.optimizer, mb.activations, mb.buffers, mb.total)
+            for v in (
+                mb.params,
+                mb.grads,
+                mb.optimizer,
+                mb.activations,
+                mb.buffers,
+                mb.nccl,
+                mb.total,
+            )
         ]
         vals.append("yes" if lay.fits else "no")
         vals.append(_duration(lay.step_time_s) if lay.fits else "-")

@@ -119,9 +119,10 @@ def short_reason(plan: Layout, alt: Layout, *, flow_pick: bool = False) -> str:
 
 def mem_line(m: MemoryBreakdown) -> str:
     """A memory breakdown in one phrase: the total, then each part."""
+    nccl = f", NCCL {gib(m.nccl)}" if m.nccl else ""
     return (
         f"{gib(m.total)} (params {gib(m.params)}, grads {gib(m.grads)}, optimizer "
-        f"{gib(m.optimizer)}, activations {gib(m.activations)}, buffers {gib(m.buffers)})"
+        f"{gib(m.optimizer)}, activations {gib(m.activations)}, buffers {gib(m.buffers)}{nccl})"
     )
 
 

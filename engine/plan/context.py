@@ -20,6 +20,7 @@ from engine.plan.catalog import (
 from engine.plan.dims import ModelDims
 from engine.plan.memory import default_headroom, gpu_usable_bytes, usable_bytes
 from engine.plan.names import Fp8Recipe, IntraNodeLink, Precision
+from engine.plan.nccl_memory import NcclFabric
 from engine.plan.perf import Hardware
 from engine.plan.result import PathStep
 from engine.plan.specs import Spec
@@ -46,6 +47,8 @@ class PlanContext:
     world: int
     gpn: int
     """GPUs per node."""
+    nccl: NcclFabric | None
+    """Where the layouts' NCCL buffers run (None on CPU ranks: gloo)."""
     nodes: int
     batch: int
     """The global batch the plan trains: the spec's, or the nearest one a layout can train
@@ -63,11 +66,12 @@ class PlanContext:
         if share is None:
             share = default_headroom(dims, spec.training.moe_capacity_factor)
         kept = 0 if gpu.is_cpu else int(capacity * share)
+        hw = hardware(spec, gpu, precision)
         return cls(
             spec=spec,
             dims=dims,
             gpu=gpu,
-            hw=hardware(spec, gpu, precision),
+            hw=hw,
             precision=precision,
             usable=capacity - kept,
             headroom_bytes=kept,
@@ -79,14 +83,21 @@ class PlanContext:
             flash=not gpu.is_cpu,
             world=spec.hardware.world_size,
             gpn=spec.hardware.gpus_per_node,
+            nccl=None if gpu.is_cpu else NcclFabric(hw.domain, _nvlink(spec, gpu)),
             nodes=spec.hardware.nodes,
             batch=spec.training.global_batch,
         )
 
 
+def _nvlink(spec: Spec, gpu: GpuType) -> bool:
+    """Whether the GPUs of a node talk over NVLink (the spec may say PCIe only)."""
+    link = spec.hardware.intra_node_link or gpu.intra_link
+    return link == IntraNodeLink.NVLINK
+
+
 def usable_memory(gpu: GpuType, calibration: Calibration | None) -> int:
     """GPU memory a layout may use on ``gpu`` (bytes): the device's memory less the named reserves
-    (CUDA context, NCCL buffers, fragmentation; all of it times the usable fraction for CPU
+    (CUDA context, fragmentation; all of it times the usable fraction for CPU
     ranks), less ``calibration``'s measured overhead where it was measured on this GPU. The
     planner judges every layout by it and the Plan carries it (``Plan.usable_bytes``), so the CLI
     and the wizard show the figure the planner used."""

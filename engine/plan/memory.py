@@ -45,6 +45,7 @@ from engine.plan.names import (
     Recompute,
     Strategy,
 )
+from engine.plan.nccl_memory import NcclFabric, nccl_buffer_bytes
 from engine.plan.result import LayoutDraft as LayoutDraft  # re-exported: what it estimates
 from engine.plan.result import MemoryBreakdown
 from engine.plan.stages import in_flight, stage_layers
@@ -59,9 +60,6 @@ CUDA_CONTEXT_BYTES = 768 * 1024**2
 """The CUDA context with its loaded kernels plus cuBLAS / cuDNN workspaces: 0.5-0.8 GiB per
 process on Ampere / Hopper with CUDA 12's lazy loading (``CUDA_MODULE_LOADING=LAZY``), as
 ``nvidia-smi`` shows beside ``torch.cuda.memory_reserved()``."""
-NCCL_BUFFER_BYTES = 512 * 1024**2
-"""NCCL's communication buffers: ``NCCL_BUFFSIZE`` (4 MiB) per channel and peer over the few
-communicators a 3D layout opens (TP, DP, PP, EP): a few hundred MiB."""
 FRAGMENTATION = 0.04
 """Share of the remainder PyTorch's caching allocator loses to fragmentation (blocks cached but
 not reusable at the next size); 2-3 % with ``expandable_segments``, more without."""
@@ -653,12 +651,14 @@ def estimate_memory(
     optimizer: Optimizer,
     flash: bool = True,
     gpus_per_node: int = 0,
+    nccl: NcclFabric | None = None,
 ) -> MemoryBreakdown:
     """Per-GPU memory of layout ``d`` for ``dims`` at ``seq_len``: the heaviest GPU (first
     pipeline stage). ``flash`` assumes FlashAttention / SDPA kernels (true on GPUs), so the
     ``as²`` score term is not stored even without recompute. ``gpus_per_node`` bounds the shard
-    group of FSDP HYBRID_SHARD."""
-    fixed = _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node)
+    group of FSDP HYBRID_SHARD; ``nccl`` where NCCL's buffers run (None: not counted,
+    :func:`engine.plan.nccl_memory.nccl_buffer_bytes`)."""
+    fixed = _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node, nccl)
     return breakdown_at(fixed, d.recompute_layers)
 
 
@@ -673,6 +673,7 @@ def breakdown_at(fixed: MemoryFixed, recompute_layers: int) -> MemoryBreakdown:
         optimizer=parts[2],
         activations=parts[3],
         buffers=parts[4],
+        nccl=parts[5],
         overlap=overlap,
         total=sum(parts) - overlap,
         cpu_bytes=cpu,
@@ -687,12 +688,13 @@ def memory_total(
     optimizer: Optimizer,
     flash: bool = True,
     gpus_per_node: int = 0,
+    nccl: NcclFabric | None = None,
     recompute_layers: int,
 ) -> tuple[int, int]:
     """(``total``, ``cpu_bytes``) of :func:`estimate_memory` for ``d`` with
     ``recompute_layers`` layers of each chunk recomputed, without building that draft or the
     breakdown."""
-    fixed = _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node)
+    fixed = _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node, nccl)
     return total_at(fixed, recompute_layers)
 
 
@@ -704,12 +706,13 @@ def memory_fixed(
     optimizer: Optimizer,
     flash: bool = True,
     gpus_per_node: int = 0,
+    nccl: NcclFabric | None = None,
 ) -> MemoryFixed:
     """What :func:`estimate_memory` works out for ``d`` before the recomputed layers a chunk
     (``d.recompute_layers`` is not read): the search's bisection over block recompute asks
     for several counts of one draft (:func:`total_at`) and weighs one
     (:func:`breakdown_at`), and only the activations depend on the count."""
-    return _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node)
+    return _memory_fixed(dims, d, seq_len, optimizer, flash, gpus_per_node, nccl)
 
 
 def total_at(fixed: MemoryFixed, recompute_layers: int) -> tuple[int, int]:
@@ -720,9 +723,10 @@ def total_at(fixed: MemoryFixed, recompute_layers: int) -> tuple[int, int]:
 
 _ActivationTerms = tuple[tuple[tuple[float, int], ...], float, float, int, float | None]
 """The activations' figures before the recomputed layers a chunk (:func:`_activation_terms`)."""
-MemoryFixed = tuple[int, int, int, int, int, _ActivationTerms, float | None, float, bool]
+MemoryFixed = tuple[int, int, int, int, int, int, _ActivationTerms, float | None, float, bool]
 """The share of a draft's memory that does not depend on the recomputed layers a chunk
-(:func:`memory_fixed`): params, grads, optimizer, buffers and CPU bytes, the activation terms,
+(:func:`memory_fixed`): params, grads, optimizer, buffers, NCCL's buffers and CPU bytes, the
+activation terms,
 autocast's weight copies (None where they do not count), the logits, and whether the gradients
 and the activations share the peak. A plain tuple: the search builds thousands."""
 
@@ -734,6 +738,7 @@ def _memory_fixed(
     optimizer: Optimizer,
     flash: bool,
     gpus_per_node: int,
+    nccl: NcclFabric | None,
 ) -> MemoryFixed:
     st_dense, st_exp = _layout_states(dims, d, optimizer, gpus_per_node)
     s_local = max(1, seq_len // d.cp)
@@ -765,6 +770,7 @@ def _memory_fixed(
         int(st_dense.grads + st_exp.grads),
         int(st_dense.optimizer + st_exp.optimizer),
         int(buffers),
+        nccl_buffer_bytes(d, nccl),
         int(st_dense.cpu + st_exp.cpu),
         terms,
         autocast,
@@ -774,13 +780,14 @@ def _memory_fixed(
 
 
 def _parts_at(fixed: MemoryFixed, recompute_layers: int) -> tuple[list[int], int, int]:
-    """:func:`estimate_memory`'s (params, grads, optimizer, activations, buffers), overlap and
-    CPU bytes, from the draft's :data:`MemoryFixed` at ``recompute_layers``."""
-    params, grads, optimizer, buffers, cpu, terms, autocast, logits, overlaps = fixed
+    """:func:`estimate_memory`'s (params, grads, optimizer, activations, buffers, NCCL's
+    buffers), overlap and CPU bytes, from the draft's :data:`MemoryFixed` at
+    ``recompute_layers``."""
+    params, grads, optimizer, buffers, nccl, cpu, terms, autocast, logits, overlaps = fixed
     acts = _activations_at(terms, recompute_layers)
     if autocast is not None:
         acts += autocast
-    parts = [params, grads, optimizer, int(acts), buffers]
+    parts = [params, grads, optimizer, int(acts), buffers, nccl]
     overlap = min(grads, int(acts + logits)) if overlaps else 0
     return parts, overlap, cpu
 
@@ -1030,16 +1037,15 @@ def usable_bytes(memory_bytes: int) -> int:
 
 def gpu_reserves(memory_bytes: int) -> dict[str, int]:
     """The named reserves taken off an accelerator's memory before a plan may use it: the CUDA
-    context, NCCL's buffers and the allocator's fragmentation."""
-    fixed = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
+    context and the allocator's fragmentation (NCCL's buffers depend on the layout: each
+    breakdown counts its own, :attr:`MemoryBreakdown.nccl`)."""
     return {
         "cuda_context": CUDA_CONTEXT_BYTES,
-        "nccl_buffers": NCCL_BUFFER_BYTES,
-        "fragmentation": int(max(0, memory_bytes - fixed) * FRAGMENTATION),
+        "fragmentation": int(max(0, memory_bytes - CUDA_CONTEXT_BYTES) * FRAGMENTATION),
     }
 
 
 def gpu_usable_bytes(memory_bytes: int) -> int:
     """What a plan may use of an accelerator's memory: all of it less :func:`gpu_reserves`
-    (75.6 GiB of an 80 GiB part)."""
+    (76.1 GiB of an 80 GiB part)."""
     return memory_bytes - sum(gpu_reserves(memory_bytes).values())

@@ -67,7 +67,10 @@ class MemoryBreakdown(_Frozen):
     activations: int
     """Activations saved for backward at the peak (first pipeline stage for PP)."""
     buffers: int
-    """Temporary buffers: communication buckets, ZeRO-3 gathered params, logits, fragmentation."""
+    """Temporary buffers: communication buckets, ZeRO-3 gathered params, logits."""
+    nccl: int = 0
+    """NCCL's own buffers for the communicators the layout opens
+    (:func:`engine.plan.nccl_memory.nccl_buffer_bytes`); 0 on CPU ranks (gloo)."""
     overlap: int = 0
     """Bytes counted above that are never alive together: gradients a plain PyTorch step
     allocates in backward as it frees the activations (DDP, FSDP)."""

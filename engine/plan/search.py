@@ -558,6 +558,7 @@ def _block_recompute(ctx: PlanContext, d: LayoutDraft) -> Candidate | None:
         optimizer=tr.optimizer,
         flash=ctx.flash,
         gpus_per_node=ctx.gpn,
+        nccl=ctx.nccl,
     )
     best, best_total = heaviest - 1, _fits_at(ctx, fixed, heaviest - 1)
     if best_total is None:
@@ -645,6 +646,7 @@ def weigh(ctx: PlanContext, d: LayoutDraft) -> Candidate:
         optimizer=ctx.spec.training.optimizer,
         flash=ctx.flash,
         gpus_per_node=ctx.gpn,
+        nccl=ctx.nccl,
     )
     fits = mem.total <= ctx.usable and (mem.cpu_bytes * ctx.gpn <= ctx.cpu_usable)
     return Candidate(d, mem, fits)

@@ -85,7 +85,7 @@ def test_spearman_and_ranks() -> None:
 def test_named_reserves_leave_most_of_an_80_gb_part() -> None:
     mem = get_gpu("a100-80gb").memory_bytes
     reserves = gpu_reserves(mem)
-    assert set(reserves) == {"cuda_context", "nccl_buffers", "fragmentation"}
+    assert set(reserves) == {"cuda_context", "fragmentation"}  # NCCL's: per layout
     usable = gpu_usable_bytes(mem)
     assert usable == mem - sum(reserves.values())
     assert 74 * GIB < usable < 77 * GIB

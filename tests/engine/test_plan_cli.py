@@ -43,7 +43,8 @@ def test_plan_json_is_one_object_with_the_schema() -> None:
     rec = data["recommended"]
     assert rec["strategy"] in ("zero1", "zero2", "fsdp-grad-op")
     assert rec["memory_per_gpu"]["total"] == sum(
-        rec["memory_per_gpu"][k] for k in ("params", "grads", "optimizer", "activations", "buffers")
+        rec["memory_per_gpu"][k]
+        for k in ("params", "grads", "optimizer", "activations", "buffers", "nccl")
     )
     assert data["path"] and all(set(s) == {"question", "answer", "reason"} for s in data["path"])
     assert all(a["rejected_because"] for a in data["alternatives"])

@@ -25,7 +25,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_plan_table_states_the_usable_memory_the_decision_path_used() -> None:
     """The memory table's ``(usable: X GiB of Y)`` footer is the figure the planner judged fit by
-    (75.6 GiB of an 80 GiB part less the 3 % headroom a dense plan keeps), not a fixed 90 %."""
+    (76.1 GiB of an 80 GiB part less the 3 % headroom a dense plan keeps), not a fixed 90 %."""
     r = _cli(
         "plan",
         "--model",
@@ -43,7 +43,7 @@ def test_plan_table_states_the_usable_memory_the_decision_path_used() -> None:
     path = re.search(r"of ([\d.]+) GiB usable", r.stdout)
     table = re.search(r"\(usable: ([\d.]+) GiB of 80\.0[;)]", r.stdout)
     assert path and table, r.stdout
-    assert table.group(1) == path.group(1) == "73.3"
+    assert table.group(1) == path.group(1) == "73.8"
 
 
 def test_launch_words_a_rank_exit_as_monitor_follow_does() -> None:

@@ -135,8 +135,8 @@ async def _layouts(tmp_path: Path) -> None:
         assert any(c.border_subtitle == "◆ flowchart's pick" for c in cards)
         card = text_of(app, "#plan-card MemoryBars")
         assert " GB" not in card and "GiB" in card
-        # 75.6 GiB after the named reserves, less the plan's 3 % headroom.
-        assert "│ usable 73.3 GiB of 80.0 GiB" in card
+        # 76.1 GiB after the named reserves, less the plan's 3 % headroom.
+        assert "│ usable 73.8 GiB of 80.0 GiB" in card
         total = next(line for line in card.splitlines() if line.startswith("total"))
         assert "│" in total  # the usable limit on the total bar
         assert "margin " in card
@@ -200,7 +200,7 @@ def test_the_bars_judge_by_the_planners_usable_memory(tmp_path: Path) -> None:
 
 async def _calibrated_usable(tmp_path: Path) -> None:
     """A calibration's measured memory overhead shrinks what the planner lets a layout use
-    (75.6 GiB of an H100's 80 less 8 GiB, less the plan's 3 % headroom of what is left): the bars
+    (76.1 GiB of an H100's 80 less 8 GiB, less the plan's 3 % headroom of what is left): the bars
     mark and measure against that same figure."""
     from engine.plan.calibration import Calibration, CalibrationSource
 
@@ -212,5 +212,5 @@ async def _calibrated_usable(tmp_path: Path) -> None:
         await _open_decision(app, pilot)
         assert app.plan is not None and app.plan.calibration == cal
         card = text_of(app, "#plan-card MemoryBars")
-        assert "│ usable 65.6 GiB of 80.0 GiB" in card
-        assert "of 65.6 GiB usable" in text_of(app, "#headline")
+        assert "│ usable 66.0 GiB of 80.0 GiB" in card
+        assert "of 66.0 GiB usable" in text_of(app, "#headline")

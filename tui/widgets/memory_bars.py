@@ -1,7 +1,7 @@
 """Per-GPU memory of one candidate layout as bars against the GPU's memory: params, grads,
-optimizer, activations and buffers, then the total with the usable limit marked (``│``: the
-plan's ``usable_bytes``, what the planner judged every layout by: the GPU's memory less the CUDA
-context, NCCL's buffers, fragmentation and a calibration's measured overhead) and the margin left
+optimizer, activations, buffers and NCCL's buffers, then the total with the usable limit marked
+(``│``: the plan's ``usable_bytes``, what the planner judged every layout by: the GPU's memory
+less the CUDA context, fragmentation and a calibration's measured overhead) and the margin left
 under it. Sizes are GiB (2^30 bytes), as nvidia-smi and torch count them, MiB below 1 GiB."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from engine.plan.annotate import NameForm, describe
 from engine.plan.result import Layout
 from tui.format import size
 
-_PARTS = ("params", "grads", "optimizer", "activations", "buffers")
+_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "nccl")
 _LABEL_W = 12
 _VALUE_W = 9
 
@@ -27,7 +27,7 @@ def gib(n_bytes: float) -> str:
 
 
 class MemoryBars(Widget):
-    """One card: title, five bars and a total bar, scaled to max(GPU memory, total); ``usable``
+    """One card: title, six bars and a total bar, scaled to max(GPU memory, total); ``usable``
     (bytes) is marked on the total bar and the margin is measured against it; ``mark`` is added
     to the title (``flowchart's pick``); ``reason`` (default: the layout's ``rejected_because``)
     says why an alternative is not the plan, marked ✗ only when it does not fit."""
@@ -46,6 +46,7 @@ class MemoryBars(Widget):
     MemoryBars > .memory-bars--optimizer { color: $accent; }
     MemoryBars > .memory-bars--activations { color: $warning; }
     MemoryBars > .memory-bars--buffers { color: $foreground; }
+    MemoryBars > .memory-bars--nccl { color: $secondary-lighten-2; }
     MemoryBars > .memory-bars--fits { color: $success; }
     MemoryBars > .memory-bars--nofit { color: $error; }
     """
