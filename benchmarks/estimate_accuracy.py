@@ -439,6 +439,9 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # (``loss_fn`` defaults to ``fused_crossentropy``: llmfoundry/models/mpt/
             # modeling_mpt.py, ComposerMPTCausalLM).
             fused_cross_entropy=row["id"].startswith("llmfoundry") or None,
+            # torchtitan's Python modules run eagerly unless the row compiled them
+            # (``training.compile``, from the source's table, command line or preset).
+            torch_compile=tr.get("compile"),
         ),
         layout=_layout(row, _strategy(row)),
     )
@@ -514,7 +517,7 @@ def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
         **{
             **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft)},
             "etp": lay.expert_tp,
-            **training_settings(spec.training),
+            **training_settings(spec),
         }
     )
 

@@ -395,6 +395,15 @@ def _add_switches(g: Any) -> None:
         "Liger's): about 4 bytes a logit instead of 14; Megatron's always is",
     )
     g.add_argument(
+        "--torch-compile",
+        dest="training__torch_compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="your PyTorch-native trainer runs its model under torch.compile (fused norms, "
+        "activations, rotary); --no-torch-compile: its Python modules run eagerly. Default: "
+        "eager for your own --script, the example trainer as it runs",
+    )
+    g.add_argument(
         "--ckpt-shared",
         dest="training__ckpt_shared",
         action="store_true",

@@ -250,6 +250,7 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     out += _mtp_notes(ctx, d)
     out += _overlap_notes(ctx, d)
     out += _dispatcher_hint(ctx, c)
+    out += _compile_hint(ctx, c)
     out += _vocab_notes(ctx, c)
     return out
 
@@ -472,6 +473,23 @@ def _dispatcher_hint(ctx: PlanContext, c: Candidate) -> list[str]:
         "NCCL sends every routed copy of a token: DeepEP sends it once per node "
         f"({with_deepep.step_time_s:.3g} s a step instead of {c.est.step_time_s:.3g} s; "
         "--moe-dispatcher deepep, with DeepEP installed)"
+    ]
+
+
+def _compile_hint(ctx: PlanContext, c: Candidate) -> list[str]:
+    """Where a PyTorch-native layout is timed as your model's Python modules run eagerly, what
+    ``torch.compile`` (its fused element-wise kernels) would make of the same step."""
+    d = c.draft
+    if not d.eager_modules or d.framework == Framework.MEGATRON or c.est is None:
+        return []
+    seq = ctx.spec.training.seq_len
+    fused = estimate_time(ctx.dims, replace(d, eager_modules=False), ctx.hw, seq_len=seq)
+    if fused.step_time_s > (1 - WORTH_SAYING) * c.est.step_time_s:
+        return []
+    return [
+        "timed as your model's Python modules run eagerly (a Hugging Face model as it loads): "
+        f"under torch.compile the step would take {fused.step_time_s:.3g} s instead of "
+        f"{c.est.step_time_s:.3g} s (--torch-compile if your script compiles it)"
     ]
 
 

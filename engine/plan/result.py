@@ -136,6 +136,10 @@ class LayoutDraft:
     deepep: Annotated[bool, NOT_IN_JSON] = False
     """MoE tokens dispatched by DeepEP (:class:`engine.plan.names.MoeDispatcher`), not NCCL
     all-to-all: each token crosses the network once per remote node."""
+    eager_modules: Annotated[bool, NOT_IN_JSON] = False
+    """A PyTorch-native layout's trainer runs its model's Python modules eagerly (a Hugging
+    Face model, torchtitan without compile): see
+    :data:`engine.plan.perf.EAGER_MODULE_PASSES`. Megatron layouts ignore it."""
     fused_ce: Annotated[bool, NOT_IN_JSON] = False
     """The trainer's loss is a fused cross-entropy (see
     :attr:`engine.plan.specs.TrainingSpec.fused_cross_entropy`); Megatron's always is."""

@@ -42,7 +42,7 @@ from engine.plan.names import (
 )
 from engine.plan.perf import Estimate, MicroBatch, estimate_time, micro_batch_time, step_floor
 from engine.plan.result import Layout, MemoryBreakdown
-from engine.plan.specs import TrainingSpec
+from engine.plan.specs import Spec
 from engine.plan.stages import accounted_splits, stage_layers, uneven_splits, virtual_options
 from engine.plan.strategies import (
     FRAMEWORK_OF,
@@ -400,7 +400,7 @@ def _micro_steps(
     per_replica = batch // g.dp
     out: list[Candidate] = []
     rcs = recomputes or _recomputes(ctx)
-    fixed = training_settings(ctx.spec.training)
+    fixed = training_settings(ctx.spec)
     # What did not fit at a smaller micro-batch does not fit at a larger one while the step
     # still accumulates several (:func:`engine.plan.memory.estimate_memory`: the activations
     # in flight and the logits grow with it; only at one micro-batch a step do the gradient
@@ -445,11 +445,25 @@ def _micro_steps(
     return out
 
 
-def training_settings(tr: TrainingSpec) -> dict[str, Any]:
+def eager_modules(spec: Spec) -> bool:
+    """Whether a PyTorch-native layout's trainer runs its model's Python modules eagerly
+    (:attr:`engine.plan.specs.TrainingSpec.torch_compile`): yes for the user's own script
+    unless it compiles, no for the shipped example trainer (torch's native norm and activation
+    kernels, no rotary embedding: it moves what a compiled model does)."""
+    compiled = spec.training.torch_compile
+    if compiled is None:
+        return spec.launch.script is not None
+    return not compiled
+
+
+def training_settings(spec: Spec) -> dict[str, Any]:
     """The :class:`LayoutDraft` fields the spec's training settings fix for every layout (the
     gradient dtype, the fused loss, the MoE dispatcher, capacity and imbalance, the CP
-    traffic): the search's drafts and the accuracy harness's re-timed ones take them here."""
+    traffic, whether the trainer runs Python modules eagerly): the search's drafts and the
+    accuracy harness's re-timed ones take them here."""
+    tr = spec.training
     return {
+        "eager_modules": eager_modules(spec),
         "grads_bf16": bool(tr.grads_bf16),
         "fused_ce": bool(tr.fused_cross_entropy),
         "deepep": tr.moe_dispatcher == MoeDispatcher.DEEPEP,
@@ -498,7 +512,7 @@ def _draft(
         virtual_stages=v,
         first_stage_layers=first,
         last_stage_layers=last,
-        **(fixed if fixed is not None else training_settings(tr)),
+        **(fixed if fixed is not None else training_settings(ctx.spec)),
         # Megatron's all-to-all overlap where the user asked for it; off otherwise, as in
         # Megatron, whose own recipes mostly leave it off (the plan says when it would be
         # faster). weigh keeps it only where the layout can run it.

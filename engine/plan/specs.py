@@ -303,8 +303,8 @@ class TrainingSpec(_Strict):
     logits). None: :data:`engine.plan.perf.MOE_IMBALANCE` under dropless routing. A capacity
     factor caps it either way. A planning input only: nothing is written for it."""
     headroom: float | None = Field(default=None, ge=0, le=0.5)
-    """Share of the GPU's usable memory (after the CUDA context, NCCL's buffers and
-    fragmentation) a plan keeps free, for what no model counts (allocator spikes, a longer
+    """Share of the GPU's usable memory (after the CUDA context and fragmentation) a plan
+    keeps free, for what no model counts (allocator spikes, a longer
     batch, a library's workspace): a layout fits only within the rest, and among layouts about
     as fast the plan prefers the one with more to spare. None:
     :data:`engine.plan.memory.DENSE_HEADROOM`, or :data:`engine.plan.memory.MOE_HEADROOM` for
@@ -315,6 +315,13 @@ class TrainingSpec(_Strict):
     bytes a logit at the loss instead of PyTorch's 14. Megatron layouts always fuse theirs
     (``--cross-entropy-loss-fusion``). None or False: PyTorch's own. A planning input only:
     nothing is written for it, and the example trainer uses PyTorch's."""
+    torch_compile: bool | None = None
+    """A PyTorch-native layout's trainer runs its model under ``torch.compile`` (torchtitan's
+    ``--training.compile``, the Hugging Face Trainer's ``torch_compile``), which fuses the
+    norms', activations' and rotary embeddings' element-wise kernels. False: the model's
+    Python modules run eagerly (a Hugging Face model as it loads). None: eager for your own
+    script (``launch.script``); the shipped example trainer as it runs. Megatron fuses its
+    own either way. A planning input only: nothing is written for it."""
     lr: float | None = Field(default=None, gt=0, le=10)
     """Learning rate at ``reference_batch``; used for the linear LR-scaling advice."""
     reference_batch: int | None = Field(default=None, ge=1)

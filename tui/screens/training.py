@@ -196,6 +196,7 @@ class TrainingStep(StepPane):
             "moe_capacity_factor",
             "moe_imbalance",
             "fused_cross_entropy",
+            "torch_compile",
         ):
             data.setdefault(name, getattr(old, name))
         model, problems = self.build(TrainingSpec, data, errs)
