@@ -21,6 +21,7 @@ world group's barrier, both small or off in the logs in ``../shared/fixtures/log
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Final, NamedTuple
 
 from engine.plan.result import LayoutDraft
@@ -63,17 +64,26 @@ def nccl_buffer_bytes(d: LayoutDraft, fabric: NcclFabric | None) -> int:
     PP; an expert group's ranks are ``expert_tp`` apart."""
     if fabric is None:
         return 0
-    etp = d.expert_tp
-    total = _collective(fabric, d.tp, 1)
-    total += _collective(fabric, d.dp * d.cp, d.tp)
-    if d.cp > 1:
-        total += _p2p(fabric, d.cp, d.tp, min(2, d.cp - 1))
-    if d.pp > 1:
-        total += _p2p(fabric, d.pp, d.tp * d.cp * d.dp, min(2, d.pp - 1))
-    if d.ep > 1:
-        total += _collective(fabric, d.expert_dp, etp * d.ep)
-        if not d.deepep:
-            total += _p2p(fabric, d.ep, etp, d.ep - 1)
+    return _buffer_bytes(fabric, d.tp, d.cp, d.dp, d.pp, d.ep, d.expert_tp, d.deepep)
+
+
+@lru_cache(maxsize=4096)
+def _buffer_bytes(
+    fabric: NcclFabric, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, deepep: bool
+) -> int:
+    """:func:`nccl_buffer_bytes` of the degrees (cached: a search sizes thousands of drafts
+    over a few dozen meshes)."""
+    total = _collective(fabric, tp, 1)
+    total += _collective(fabric, dp * cp, tp)
+    if cp > 1:
+        total += _p2p(fabric, cp, tp, min(2, cp - 1))
+    if pp > 1:
+        total += _p2p(fabric, pp, tp * cp * dp, min(2, pp - 1))
+    if ep > 1:
+        expert_dp = max(1, tp * dp * cp // (etp * ep))
+        total += _collective(fabric, expert_dp, etp * ep)
+        if not deepep:
+            total += _p2p(fabric, ep, etp, ep - 1)
     return total
 
 
