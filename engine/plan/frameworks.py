@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from engine.plan.dims import ModelDims
-from engine.plan.memory import LayoutDraft
 from engine.plan.names import CpComm, Fp8Recipe, Framework, Precision, Recompute
+from engine.plan.result import LayoutDraft
 
 
 class _Rates(Protocol):

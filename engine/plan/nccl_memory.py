@@ -13,8 +13,8 @@ channels: 32 between NVLink peers, 2 where any peer of the communicator is acros
 their sources are in ``tests/data/nccl_memory.json``.
 
 Counted: the tensor-parallel, data-parallel (with context parallel: Megatron's data- and
-context-parallel group) and expert-data-parallel collectives, the context-parallel ring, the
-pipeline's neighbours and the expert-parallel all-to-all (NCCL's, not DeepEP's, which brings
+context-parallel group) and expert-data-parallel collectives, the context-parallel traffic (a
+ring's two neighbours, Ulysses' all-to-all, or PyTorch's all-gather), the pipeline's neighbours and the expert-parallel all-to-all (NCCL's, not DeepEP's, which brings
 its own NVSHMEM buffers). Not counted: NVLink SHARP's buffers (``NCCL_NVLS_ENABLE``) and the
 world group's barrier, both small or off in the logs in ``../shared/fixtures/logs/``.
 """
@@ -24,6 +24,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Final, NamedTuple
 
+from engine.plan.frameworks import cp_comm_of
+from engine.plan.names import CpComm
 from engine.plan.result import LayoutDraft
 
 CONNECTION_BYTES: Final = 4 * 1024**2 + 512 * 1024 + 4_915_200
@@ -64,19 +66,34 @@ def nccl_buffer_bytes(d: LayoutDraft, fabric: NcclFabric | None) -> int:
     PP; an expert group's ranks are ``expert_tp`` apart."""
     if fabric is None:
         return 0
-    return _buffer_bytes(fabric, d.tp, d.cp, d.dp, d.pp, d.ep, d.expert_tp, d.deepep)
+    cp_comm = cp_comm_of(d) if d.cp > 1 else CpComm.P2P
+    return _buffer_bytes(fabric, d.tp, d.cp, d.dp, d.pp, d.ep, d.expert_tp, d.deepep, cp_comm)
 
 
 @lru_cache(maxsize=4096)
 def _buffer_bytes(
-    fabric: NcclFabric, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, deepep: bool
+    fabric: NcclFabric,
+    tp: int,
+    cp: int,
+    dp: int,
+    pp: int,
+    ep: int,
+    etp: int,
+    deepep: bool,
+    cp_comm: CpComm,
 ) -> int:
     """:func:`nccl_buffer_bytes` of the degrees (cached: a search sizes thousands of drafts
     over a few dozen meshes)."""
     total = _collective(fabric, tp, 1)
     total += _collective(fabric, dp * cp, tp)
     if cp > 1:
-        total += _p2p(fabric, cp, tp, min(2, cp - 1))
+        # The ring passes keys and values to its two neighbours; Ulysses' all-to-all talks to
+        # every rank of the group; an all-gather is one more collective.
+        if cp_comm == CpComm.ALLGATHER:
+            total += _collective(fabric, cp, tp)
+        else:
+            peers = cp - 1 if cp_comm == CpComm.A2A else min(2, cp - 1)
+            total += _p2p(fabric, cp, tp, peers)
     if pp > 1:
         total += _p2p(fabric, pp, tp * cp * dp, min(2, pp - 1))
     if ep > 1:

@@ -12,7 +12,7 @@ import pytest
 
 from engine.plan.catalog import get_gpu
 from engine.plan.memory import CUDA_CONTEXT_BYTES, LayoutDraft, gpu_usable_bytes
-from engine.plan.names import Framework, MoeDispatcher, NetworkTier, Strategy
+from engine.plan.names import CpComm, Framework, MoeDispatcher, NetworkTier, Strategy
 from engine.plan.nccl_memory import CONNECTION_BYTES, NcclFabric, nccl_buffer_bytes
 from engine.plan.planner import plan
 from engine.plan.specs import HardwareSpec, LayoutSpec, ModelSpec, NetworkSpec, Spec, TrainingSpec
@@ -22,7 +22,7 @@ DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "nccl_memory.j
 H100_NODE = NcclFabric(domain=8, nvlink=True)
 
 
-def _draft(**kw: int | bool) -> LayoutDraft:
+def _draft(**kw: object) -> LayoutDraft:
     return LayoutDraft(Strategy.THREE_D, Framework.MEGATRON, **kw)  # type: ignore[arg-type]
 
 
@@ -59,6 +59,20 @@ def test_buffers_grow_with_the_communicators_and_their_peers() -> None:
     pcie = nccl_buffer_bytes(_draft(dp=8), NcclFabric(domain=8, nvlink=False))
     assert pcie < ddp
     assert nccl_buffer_bytes(_draft(dp=8), None) == 0
+
+
+def test_context_parallel_traffic_opens_what_it_talks_to() -> None:
+    """CP8 on one node: Megatron's ring talks to two neighbours, Ulysses' all-to-all to all
+    seven, PyTorch-native CP all-gathers (one collective)."""
+    base = nccl_buffer_bytes(_draft(), H100_NODE)
+    ring = nccl_buffer_bytes(_draft(cp=8), H100_NODE) - base
+    a2a = nccl_buffer_bytes(_draft(cp=8, cp_comm=CpComm.A2A), H100_NODE) - base
+    fsdp = LayoutDraft(Strategy.FSDP_FULL, Framework.FSDP, cp=8)
+    gather = nccl_buffer_bytes(fsdp, H100_NODE) - nccl_buffer_bytes(
+        LayoutDraft(Strategy.FSDP_FULL, Framework.FSDP), H100_NODE
+    )
+    assert a2a == pytest.approx(7 / 2 * ring, rel=0.15)
+    assert gather < ring / 2
 
 
 def test_an_intra_node_expert_layout_counts_its_all_to_all() -> None:
