@@ -14,9 +14,10 @@ their sources are in ``tests/data/nccl_memory.json``.
 
 Counted: the tensor-parallel, data-parallel (with context parallel: Megatron's data- and
 context-parallel group) and expert-data-parallel collectives, the context-parallel traffic (a
-ring's two neighbours, Ulysses' all-to-all, or PyTorch's all-gather), the pipeline's neighbours and the expert-parallel all-to-all (NCCL's, not DeepEP's, which brings
-its own NVSHMEM buffers). Not counted: NVLink SHARP's buffers (``NCCL_NVLS_ENABLE``) and the
-world group's barrier, both small or off in the logs in ``../shared/fixtures/logs/``.
+ring's two neighbours, Ulysses' all-to-all, or PyTorch's all-gather), the pipeline's
+neighbours and the expert-parallel all-to-all (NCCL's, not DeepEP's, which brings its own
+NVSHMEM buffers). Not counted: NVLink SHARP's buffers (``NCCL_NVLS_ENABLE``) and the world
+group's barrier, both small or off in the logs in ``../shared/fixtures/logs/``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def nccl_buffer_bytes(d: LayoutDraft, fabric: NcclFabric | None) -> int:
     if fabric is None:
         return 0
     cp_comm = cp_comm_of(d) if d.cp > 1 else CpComm.P2P
-    return _buffer_bytes(fabric, d.tp, d.cp, d.dp, d.pp, d.ep, d.expert_tp, d.deepep, cp_comm)
+    return _buffer_bytes(
+        fabric, d.tp, d.cp, d.dp, d.pp, d.ep, d.expert_tp, d.expert_dp, d.deepep, cp_comm
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -79,6 +82,7 @@ def _buffer_bytes(
     pp: int,
     ep: int,
     etp: int,
+    expert_dp: int,
     deepep: bool,
     cp_comm: CpComm,
 ) -> int:
@@ -97,7 +101,6 @@ def _buffer_bytes(
     if pp > 1:
         total += _p2p(fabric, pp, tp * cp * dp, min(2, pp - 1))
     if ep > 1:
-        expert_dp = max(1, tp * dp * cp // (etp * ep))
         total += _collective(fabric, expert_dp, etp * ep)
         if not deepep:
             total += _p2p(fabric, ep, etp, ep - 1)
