@@ -424,6 +424,12 @@ def build_spec(row: dict[str, Any]) -> tuple[Spec | None, str]:
             # A row states how its context parallelism moved keys and values where its source
             # says (``cp_comm``); otherwise Megatron's default ring.
             cp_comm=tr.get("cp_comm"),
+            # Adam's moments in bf16, the activations and the optimizer states offloaded to
+            # the host, where the row's source configuration says so (``moments_bf16``,
+            # ``offload_modules``, ``offload_optimizer_states``).
+            moments_bf16=tr.get("moments_bf16"),
+            offload_modules=tr.get("offload_modules"),
+            offload_optimizer_states=tr.get("offload_optimizer_states"),
             moe_dispatcher=_dispatcher(row),
             # Megatron's all-to-all overlap is off, its default (Megatron-LM's
             # --overlap-moe-expert-parallel-comm, Megatron-Bridge's WorkloadBaseConfig

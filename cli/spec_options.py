@@ -94,6 +94,18 @@ _MODEL_EXTRAS = frozenset({"mtp_layers"})
 replacing it."""
 
 
+class _NameList(argparse.Action):
+    """Names given space- or comma-separated (``a b``, ``a,b``), each once, kept in order."""
+
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        names = list(getattr(namespace, self.dest, None) or [])
+        for word in values:
+            names += [n for n in (p.strip() for p in str(word).split(",")) if n and n not in names]
+        setattr(namespace, self.dest, names)
+
+
 def _choices(enum: type) -> list[str]:
     return [e.value for e in enum]  # type: ignore[attr-defined]
 
@@ -328,6 +340,7 @@ def add_spec_options(parser: argparse.ArgumentParser, *, launch: bool = False) -
     for opt, sec, fld, kw in _OTHER_OPTS:
         g.add_argument(opt, dest=f"{sec}__{fld}", default=None, **_metavar(kw))
     _add_switches(g)
+    _add_saver_switches(g)
     if launch:
         _add_launch_options(parser)
 
@@ -410,6 +423,39 @@ def _add_switches(g: Any) -> None:
         default=None,
         help="--ckpt-dir (or the bundle's checkpoints/) is on storage every node reaches, "
         "even as a relative path",
+    )
+
+
+def _add_saver_switches(g: Any) -> None:
+    """Megatron's memory savers: bf16 moments and what it offloads to host memory."""
+    g.add_argument(
+        "--moments-bf16",
+        dest="training__moments_bf16",
+        action="store_true",
+        default=None,
+        help="Megatron layouts with AdamW keep Adam's moments in bf16 (the precision-aware "
+        "optimizer: --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16): 4 bytes a parameter of "
+        "optimizer state instead of 8; default: fp32 moments",
+    )
+    g.add_argument(
+        "--offload-optimizer-states",
+        dest="training__offload_optimizer_states",
+        action="store_true",
+        default=None,
+        help="Megatron layouts with AdamW move the optimizer's master weights and moments to "
+        "host memory between steps (--offload-optimizer-states; the step stays on the GPU): "
+        "the GPU holds them only while the activations are gone; default: they stay",
+    )
+    g.add_argument(
+        "--offload-modules",
+        dest="training__offload_modules",
+        nargs="+",
+        action=_NameList,
+        metavar="MODULE",
+        default=None,
+        help="Megatron layouts offload these modules' saved inputs to host memory "
+        "(--fine-grained-activation-offloading): attn_norm, qkv_linear, core_attn, attn_proj, "
+        "mlp_norm, expert_fc1, moe_act (space- or comma-separated); default: none",
     )
 
 

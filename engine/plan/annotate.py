@@ -15,7 +15,7 @@ from enum import StrEnum
 from engine.plan.context import BLOCK_SCALED_FP8_RATE, PlanContext
 from engine.plan.dims import ModelDims
 from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap
-from engine.plan.memory import LayoutDraft, mtp_modules
+from engine.plan.memory import LayoutDraft, moments_bf16_apply, mtp_modules, states_offload_apply
 from engine.plan.names import (
     Fp8Recipe,
     Framework,
@@ -120,9 +120,13 @@ def short_reason(plan: Layout, alt: Layout, *, flow_pick: bool = False) -> str:
 def mem_line(m: MemoryBreakdown) -> str:
     """A memory breakdown in one phrase: the total, then each part."""
     nccl = f", NCCL {gib(m.nccl)}" if m.nccl else ""
+    host = (
+        f"; {gib(m.host_activations)} of activations in host memory" if m.host_activations else ""
+    )
     return (
         f"{gib(m.total)} (params {gib(m.params)}, grads {gib(m.grads)}, optimizer "
-        f"{gib(m.optimizer)}, activations {gib(m.activations)}, buffers {gib(m.buffers)}{nccl})"
+        f"{gib(m.optimizer)}, activations {gib(m.activations)}, buffers {gib(m.buffers)}{nccl}"
+        f"{host})"
     )
 
 
@@ -251,8 +255,39 @@ def notes(ctx: PlanContext, c: Candidate) -> list[str]:
     out += _overlap_notes(ctx, d)
     out += _dispatcher_hint(ctx, c)
     out += _compile_hint(ctx, c)
+    out += _offload_notes(ctx, c)
     out += _vocab_notes(ctx, c)
     return out
+
+
+def _offload_notes(ctx: PlanContext, c: Candidate) -> list[str]:
+    """What fine-grained activation offloading moves to host memory, and what of its copies
+    the step waits on."""
+    d = c.draft
+    host = c.mem.host_activations
+    out = []
+    if states_offload_apply(d):
+        out.append(
+            f"optimizer states offloaded between steps (--offload-optimizer-states): "
+            f"{gib(c.mem.optimizer)} a GPU in host memory, back on the GPU for the step while "
+            "the activations are gone; two host-link copies a step"
+        )
+    if not host or c.est is None:
+        return out
+    names = " ".join(m.value for m in d.offload_modules)
+    seq = ctx.spec.training.seq_len
+    kept = estimate_time(ctx.dims, replace(d, offload_modules=()), ctx.hw, seq_len=seq)
+    waits = c.est.step_time_s - kept.step_time_s
+    cost = (
+        f"the step waits {waits:.3g} s on the host link ({waits / c.est.step_time_s:.1%})"
+        if waits > 0.001 * c.est.step_time_s
+        else "its copies hide behind the compute"
+    )
+    return [
+        *out,
+        f"activations offloaded (--offload-modules {names}): {gib(host)} a GPU in pinned host "
+        f"memory, {gib(host * ctx.gpn)} a node; {cost}",
+    ]
 
 
 def _recompute_notes(d: LayoutDraft) -> list[str]:
@@ -631,7 +666,7 @@ def _outside_pool(ctx: PlanContext, c: Candidate) -> str:
 def mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     """The seeds' common mistakes in the recommended layout ``lay``, as warnings a person can
     act on."""
-    return [*_batch_mistakes(ctx, lay), *_layout_mistakes(ctx, lay)]
+    return [*_batch_mistakes(ctx, lay), *_layout_mistakes(ctx, lay), *_saver_mistakes(ctx, lay)]
 
 
 def _batch_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
@@ -753,6 +788,45 @@ def _layout_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
     out += _moe_setting_mistakes(ctx, lay)
     if not lay.fits and spec.layout.is_forced:
         out.append(_forced_misfit(ctx, lay))
+    return out
+
+
+def _saver_mistakes(ctx: PlanContext, lay: Layout) -> list[str]:
+    """Megatron's memory savers (bf16 moments, fine-grained activation offloading) asked for
+    where the recommended layout cannot use them, each named with why and the fix."""
+    t = ctx.spec.training
+    out: list[str] = []
+    if t.moments_bf16 and not moments_bf16_apply(lay):
+        out.append(
+            "training.moments_bf16: Megatron's precision-aware optimizer keeps AdamW's moments "
+            "in bf16 under its distributed optimizer, in 16-bit training; this plan "
+            f"({lay.framework.value}, ZeRO stage {lay.zero_stage}, {t.optimizer.value}, "
+            f"{lay.precision.value}) keeps them as its framework does (force --framework "
+            "megatron --zero-stage 1, or drop --moments-bf16)"
+        )
+    if t.offload_optimizer_states and not states_offload_apply(lay):
+        out.append(
+            "training.offload_optimizer_states: Megatron moves AdamW's states to host memory "
+            "between steps under its distributed optimizer, in 16-bit training; this plan "
+            f"({lay.framework.value}, ZeRO stage {lay.zero_stage}, {t.optimizer.value}, "
+            f"{lay.precision.value}) keeps them on the GPU (force --framework megatron "
+            "--zero-stage 1, or drop --offload-optimizer-states)"
+        )
+    if not t.offload_modules:
+        return out
+    why = ""
+    if lay.framework != Framework.MEGATRON:
+        why = f"this plan runs {lay.framework.value}"
+    elif lay.recompute == Recompute.FULL:
+        why = "this plan recomputes every layer in full, which keeps only each layer's input"
+    elif not lay.memory_per_gpu.host_activations:
+        why = f"{ctx.spec.model.preset or 'the model'} has none of these modules' inputs to move"
+    if why:
+        out.append(
+            "training.offload_modules: Megatron's fine-grained activation offloading moves "
+            f"saved inputs to host memory, and {why}; nothing is offloaded (force --framework "
+            "megatron without --recompute full, or drop --offload-modules)"
+        )
     return out
 
 

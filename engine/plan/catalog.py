@@ -395,7 +395,9 @@ _GPUS: tuple[GpuType, ...] = (
         has_bf16=True,
         intra_link=IntraNodeLink.NVLINK,
         intra_gbps=900.0,  # one direction: half the source's both-ways figure
-        pcie_gbps=64.0,  # PCIe Gen5 x16, one direction
+        # The host link is NVLink-C2C to the Grace CPU: 900 GB/s both ways per superchip (one
+        # Grace, two GPUs), so 450 one way shared by two: 225 per GPU.
+        pcie_gbps=225.0,
         achievable_mfu=0.40,  # estimate from public MFU reports
         price_per_hour=6.50,  # approximate on-demand list price
         # Checked against the GB200 NVL72 datasheet (72 GPUs: 720 PFLOPS FP8 and 360 PFLOPS bf16
@@ -455,7 +457,9 @@ _GPUS: tuple[GpuType, ...] = (
         has_bf16=True,
         intra_link=IntraNodeLink.NVLINK,
         intra_gbps=900.0,  # one direction: half the source's both-ways figure
-        pcie_gbps=128.0,  # PCIe Gen6 x16, one direction
+        # The host link is NVLink-C2C to the Grace CPU: 900 GB/s both ways per superchip (one
+        # Grace, two GPUs), so 450 one way shared by two: 225 per GPU.
+        pcie_gbps=225.0,
         achievable_mfu=0.40,  # estimate from public MFU reports
         price_per_hour=0.0,  # no list price (pass --price)
         # Blackwell Ultra's attention, as B300: twice B200's 0.5 of a large GEMM.

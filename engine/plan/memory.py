@@ -39,6 +39,7 @@ from engine.plan.dims import ModelDims
 from engine.plan.names import (
     Framework,
     Offload,
+    OffloadModule,
     Optimizer,
     PPSchedule,
     Precision,
@@ -149,6 +150,7 @@ def model_states(
     largest_layer: float = 0.0,
     grad_accum: int = 1,
     grads_bf16: bool = False,
+    moments_bf16: bool = False,
 ) -> States:
     """Params, grads and optimizer bytes for ``psi`` parameters held by one GPU (after TP/PP/EP
     splits) and sharded ``nd`` ways by ZeRO / FSDP, in the framework's own convention (checked
@@ -163,7 +165,20 @@ def model_states(
         return _zero3_states(psi, nd, precision, optimizer, offload, largest_layer)
     if framework == Framework.FSDP:
         return _fsdp_states(psi, nd, strategy, precision, optimizer, offload)
-    return _megatron_states(psi, nd, zero_stage, precision, optimizer, grads_bf16)
+    return _megatron_states(psi, nd, zero_stage, precision, optimizer, grads_bf16, moments_bf16)
+
+
+def moments_bf16_apply(d: LayoutDraft) -> bool:
+    """Whether the draft's bf16 moments (:attr:`LayoutDraft.moments_bf16`, set for AdamW only)
+    take effect: only Megatron's precision-aware optimizer keeps them, and it runs under the
+    distributed optimizer (or Megatron-FSDP) only (Megatron-LM's
+    ``OptimizerConfig.__post_init__`` asserts it), over 16-bit training's fp32 master weights."""
+    return (
+        d.moments_bf16
+        and d.framework == Framework.MEGATRON
+        and d.zero_stage >= 1
+        and is_mixed(d.precision)
+    )
 
 
 def _param_bytes(precision: Precision) -> int:
@@ -275,6 +290,7 @@ def _megatron_states(
     precision: Precision,
     optimizer: Optimizer,
     grads_bf16: bool = False,
+    moments_bf16: bool = False,
 ) -> States:
     """Megatron (3D): 16-bit params, fp32 main grads, fp32 master + states (18 B/param for
     Adam); the distributed optimizer (``zero_stage=1``) shards master and states over DP;
@@ -283,8 +299,10 @@ def _megatron_states(
     AutoModel run it, whose sharded fp32 parameters are the optimizer's master copy (no separate
     16-bit copy, ``MixedPrecisionPolicy`` casts each gathered unit): ``(4 + 4 + K - 4)Ψ/N``,
     experts sharded over their own EP x FSDP mesh (``nd`` is the caller's), plus the gathered
-    units (:func:`estimate_memory`). ``grads_bf16``: bf16 main grads (2 B/param, not 4)."""
-    k = zero_k(precision, optimizer)
+    units (:func:`estimate_memory`). ``grads_bf16``: bf16 main grads (2 B/param, not 4);
+    ``moments_bf16``: Adam's moments in bf16 (4 B/param, not 8: the Megatron Core MoE report's
+    ``6 + 8/d`` for DeepSeek-V3, arXiv:2603.07685 §4.1.6; :func:`moments_bf16_apply`)."""
+    k = zero_k(precision, optimizer) - (4 if moments_bf16 else 0)
     g = 2 if grads_bf16 and is_bf16(precision) else 4
     if zero_stage >= 3:
         master = 4 if is_mixed(precision) else 0
@@ -523,6 +541,87 @@ def _split_values(
     return split
 
 
+def states_offload_apply(d: LayoutDraft) -> bool:
+    """Whether the draft's optimizer states go to host memory between steps
+    (:attr:`LayoutDraft.states_offload`): Megatron's ``--offload-optimizer-states`` keeps the
+    step on the GPU and runs AdamW under the distributed optimizer (not Megatron-FSDP)."""
+    return (
+        d.states_offload
+        and d.framework == Framework.MEGATRON
+        and 1 <= d.zero_stage <= 2
+        and is_mixed(d.precision)
+    )
+
+
+def offloaded_values(
+    dims: ModelDims,
+    modules: tuple[OffloadModule, ...],
+    t: int,
+    recompute: Recompute,
+    *,
+    fp8: bool,
+    load: float = 1.0,
+    expert_tp: int = 0,
+) -> tuple[float, float]:
+    """(replicated, split by ``t``) 16-bit values per ``sbh`` of one layer's saved activations
+    that Megatron-Core's fine-grained offloading moves to host memory: each module's input as
+    :func:`layer_activation_bytes` counts it. The two norms' inputs (the residual stream); the
+    QKV projection's input (the normed hidden state, FP8 under FP8 linears, recomputed for
+    MLA's latent norm under light recompute); the attention kernel's queries, keys and values
+    (MLA's per-head ones are recomputed under light recompute); the output projection's input;
+    every routed copy of a token (the experts' first GEMM's input,
+    :func:`_dispatched_values`); the experts' first GEMM's output (the activation's input,
+    whose output light recompute drops already: the whole ``fc1 -> act`` chain leaves).
+    Nothing under full recompute, which keeps only each layer's input."""
+    if not modules or recompute == Recompute.FULL:
+        return 0.0, 0.0
+    h = dims.hidden
+    light = recompute == Recompute.LIGHT
+    replicated = split = 0.0
+    if OffloadModule.ATTN_NORM in modules:
+        replicated += 2
+    if OffloadModule.MLP_NORM in modules:
+        replicated += 2
+    if OffloadModule.QKV_LINEAR in modules and not (light and dims.is_mla and not fp8):
+        replicated += 1 if fp8 else 2
+    if OffloadModule.CORE_ATTN in modules and not (light and dims.is_mla):
+        r = dims.kv_heads * dims.head_dim / h
+        q = dims.heads * dims.head_dim / h
+        split += 2 * q + 2 * r + 2 * dims.kv_heads * dims.value_head_dim / h
+    if OffloadModule.ATTN_PROJ in modules:
+        split += (1 if fp8 else 2) * dims.heads * dims.value_head_dim / h
+    if OffloadModule.EXPERT_FC1 in modules:
+        split += _dispatched_values(dims, recompute, fp8=fp8, load=load) * (expert_tp or t)
+    if OffloadModule.MOE_ACT in modules and dims.is_moe and recompute != Recompute.MLP:
+        up = 4 if dims.gated_mlp else 2  # fc1's output: gate and up (2f values) or f
+        split += up * dims.ffn / h * dims.experts_per_token * load
+    return replicated, split
+
+
+def offloaded_layer_bytes(dims: ModelDims, d: LayoutDraft, s_local: int, load: float) -> float:
+    """Bytes of one layer's saved activations, for one micro-batch of ``s_local`` tokens per CP
+    rank, that the Megatron draft ``d`` offloads (:func:`offloaded_values`; 0 where it offloads
+    nothing); ``load``: the busiest expert rank's routed tokens over the mean."""
+    if not d.offload_modules or d.framework != Framework.MEGATRON:
+        return 0.0
+    fp8 = (d.fp8_linears or d.precision == Precision.FP8) and is_mixed(d.precision)
+    replicated, split = offloaded_values(
+        dims, d.offload_modules, d.tp, d.recompute, fp8=fp8, load=load, expert_tp=d.expert_tp
+    )
+    sbh = s_local * d.micro_batch * dims.hidden * (1 if is_mixed(d.precision) else 2)
+    return sbh * (replicated / (d.tp if d.sequence_parallel else 1) + split / d.tp)
+
+
+def offloaded_layers(in_flight_mb: float, layers: int, chunks: int) -> float:
+    """Layers' worth of the offloaded modules' inputs that live in host memory when a stage
+    holds ``in_flight_mb`` micro-batches of its ``layers`` layers in ``chunks`` model chunks:
+    all but the last layer of each (micro-batch, chunk) in flight, which is not offloaded (its
+    backward comes next), and the one layer reloaded ahead of the backward (Megatron Core MoE
+    report, arXiv:2603.07685 §4.1.5: the layer-staggered reload keeps one activation per
+    module on the GPU)."""
+    return max(0.0, in_flight_mb * layers - in_flight_mb * chunks - 1)
+
+
 def pipeline_in_flight(pp: int, grad_accum: int, schedule: PPSchedule, v: int) -> float:
     """Micro-batches whose activations the first stage holds at its peak, as a multiple of one
     micro-batch's activations for ``L/p`` layers: ``min(p, m)`` under 1F1B; interleaving
@@ -677,6 +776,7 @@ def breakdown_at(fixed: MemoryFixed, recompute_layers: int) -> MemoryBreakdown:
         overlap=overlap,
         total=sum(parts) - overlap,
         cpu_bytes=cpu,
+        host_activations=fixed[10],
     )
 
 
@@ -721,14 +821,18 @@ def total_at(fixed: MemoryFixed, recompute_layers: int) -> tuple[int, int]:
     return sum(parts) - overlap, cpu
 
 
-_ActivationTerms = tuple[tuple[tuple[float, int], ...], float, float, int, float | None]
+_ActivationTerms = tuple[tuple[tuple[float, int], ...], float, float, int, float | None, float, int]
 """The activations' figures before the recomputed layers a chunk (:func:`_activation_terms`)."""
-MemoryFixed = tuple[int, int, int, int, int, int, _ActivationTerms, float | None, float, bool]
+MemoryFixed = tuple[
+    int, int, int, int, int, int, _ActivationTerms, float | None, float, bool, int, bool
+]
 """The share of a draft's memory that does not depend on the recomputed layers a chunk
 (:func:`memory_fixed`): params, grads, optimizer, buffers, NCCL's buffers and CPU bytes, the
 activation terms,
 autocast's weight copies (None where they do not count), the logits, and whether the gradients
-and the activations share the peak. A plain tuple: the search builds thousands."""
+and the activations share the peak, the activations offloaded to host memory (counted in
+the CPU bytes too), and whether the optimizer states and the activations share it (the states
+offloaded between steps). A plain tuple: the search builds thousands."""
 
 
 def _memory_fixed(
@@ -765,17 +869,22 @@ def _memory_fixed(
     # activations: the peak holds the larger of the two, not both. With gradient
     # accumulation the first micro-batch's gradients stay for the next one's activations.
     overlaps = d.framework in (Framework.DDP, Framework.FSDP) and d.grad_accum == 1
+    host = int(host_activations(terms))
+    states_off = states_offload_apply(d)
+    opt = int(st_dense.optimizer + st_exp.optimizer)
     return (
         int(st_dense.params + st_exp.params),
         int(st_dense.grads + st_exp.grads),
-        int(st_dense.optimizer + st_exp.optimizer),
+        opt,
         int(buffers),
         nccl_buffer_bytes(d, nccl),
-        int(st_dense.cpu + st_exp.cpu),
+        int(st_dense.cpu + st_exp.cpu) + host + (opt if states_off else 0),
         terms,
         autocast,
         logits,
         overlaps,
+        host,
+        states_off,
     )
 
 
@@ -783,12 +892,16 @@ def _parts_at(fixed: MemoryFixed, recompute_layers: int) -> tuple[list[int], int
     """:func:`estimate_memory`'s (params, grads, optimizer, activations, buffers, NCCL's
     buffers), overlap and CPU bytes, from the draft's :data:`MemoryFixed` at
     ``recompute_layers``."""
-    params, grads, optimizer, buffers, nccl, cpu, terms, autocast, logits, overlaps = fixed
+    params, grads, optimizer, buffers, nccl, cpu, terms, autocast, logits, overlaps = fixed[:10]
     acts = _activations_at(terms, recompute_layers)
     if autocast is not None:
         acts += autocast
     parts = [params, grads, optimizer, int(acts), buffers, nccl]
     overlap = min(grads, int(acts + logits)) if overlaps else 0
+    if fixed[11]:
+        # The states come back for the step, when the activations are gone: the peak holds
+        # the larger of the two.
+        overlap = min(optimizer, int(acts + logits))
     return parts, overlap, cpu
 
 
@@ -853,6 +966,7 @@ def _layout_states(
         d.grad_accum,
         d.precision,
         d.grads_bf16,
+        moments_bf16_apply(d),
         d.first_stage_layers,
         d.last_stage_layers,
         optimizer,
@@ -887,6 +1001,7 @@ def _states_of(
         optimizer=optimizer,
         offload=d.offload,
         grads_bf16=d.grads_bf16,
+        moments_bf16=moments_bf16_apply(d),
     )
     st_dense = states(dense, nd, largest_layer=largest_layer_params(dims, d.tp))
     st_exp = states(expert, expert_shard, largest_layer=0.0) if expert else States(0.0, 0.0, 0.0)
@@ -968,8 +1083,10 @@ def _activation_terms(
     """The activations the first pipeline stage holds at its peak, for ``s_local`` tokens per CP
     rank, before the recomputed layers a chunk come in (:func:`_activations_at`): each stage
     that can hold the peak as (its micro-batches in flight, its layers), a layer's bytes under ``d``'s recompute,
-    a layer's that keeps everything, the virtual stages under full recompute (0 otherwise), and
-    what recomputing one layer in backward materialises again (None: nothing)."""
+    a layer's that keeps everything, the virtual stages under full recompute (0 otherwise),
+    what recomputing one layer in backward materialises again (None: nothing), a layer's bytes
+    that fine-grained offloading moves to host memory (:func:`offloaded_values`) and the model
+    chunks a stage (:func:`offloaded_layers`)."""
     mixed = is_mixed(d.precision)
     shape = _LayerShape(
         s_local,
@@ -991,6 +1108,7 @@ def _activation_terms(
     fp8 = d.fp8_linears or d.precision == Precision.FP8
     per_layer = layer(recompute=d.recompute, fp8_linears=fp8)
     kept = layer(fp8_linears=fp8)  # a layer that keeps everything (no recompute)
+    off = offloaded_layer_bytes(dims, d, s_local, shape.load)
     # The stage holding the most: the first under an even split; a lighter first stage can
     # leave the peak to the second, which holds one micro-batch fewer of more layers.
     # The multi-token prediction modules' layers are the last stage's.
@@ -1010,19 +1128,27 @@ def _activation_terms(
     elif d.recompute == Recompute.FULL:
         # Recomputing one layer in backward materialises that layer's full activations again.
         again = layer(recompute=Recompute.SELECTIVE if flash else Recompute.NONE)
-    return held, per_layer, kept, v if d.recompute == Recompute.FULL else 0, again
+    v_full = v if d.recompute == Recompute.FULL else 0
+    return held, per_layer, kept, v_full, again, off, v
+
+
+def host_activations(terms: _ActivationTerms) -> float:
+    """Bytes of :func:`_activation_terms`' activations that fine-grained offloading keeps in
+    pinned host memory at the GPU's peak (:func:`offloaded_layers`)."""
+    held, _, _, _, _, off, chunks = terms
+    return max(off * offloaded_layers(f, n, chunks) for f, n in held) if off else 0.0
 
 
 def _activations_at(terms: _ActivationTerms, recompute_layers: int) -> float:
     """The activations of :func:`_activation_terms`' draft with ``recompute_layers`` layers of
     each chunk recomputed under full recompute (what :attr:`LayoutDraft.recompute_layers` says).
     Gated-MLP (Llama-family) models train without dropout, so no dropout masks."""
-    held, per_layer, kept, v_full, again = terms
+    held, per_layer, kept, v_full, again, off, chunks = terms
     # Block recompute (a full recompute of only the first N layers of each model chunk): those
     # keep their input only, the others everything. 0: every layer recomputes.
     redone = v_full * recompute_layers
     if not redone:
-        acts = max(f * (n * per_layer) for f, n in held)
+        acts = max(f * (n * per_layer) - off * offloaded_layers(f, n, chunks) for f, n in held)
     else:
         acts = max(f * (min(redone, n) * per_layer + max(0, n - redone) * kept) for f, n in held)
     if again is not None:

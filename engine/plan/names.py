@@ -137,6 +137,28 @@ class Offload(StrEnum):
     OPTIMIZER_PARAMS = "optimizer+params"
 
 
+class OffloadModule(StrEnum):
+    """A module whose saved input Megatron-Core's fine-grained activation offloading moves to
+    host memory in the forward and back before its backward (``--fine-grained-activation-offloading
+    --offload-modules ...``; Megatron-Core's user guide, "Fine-grained Activation Offloading",
+    and the Megatron Core MoE report, arXiv:2603.07685 §4.1.5)."""
+
+    ATTN_NORM = "attn_norm"
+    """The attention's input norm: the residual stream entering the layer."""
+    QKV_LINEAR = "qkv_linear"
+    """The query-key-value projection: the normed hidden state."""
+    CORE_ATTN = "core_attn"
+    """The attention kernel: its queries, keys and values."""
+    ATTN_PROJ = "attn_proj"
+    """The output projection: the attention's output."""
+    MLP_NORM = "mlp_norm"
+    """The pre-MLP norm: the residual stream after attention."""
+    EXPERT_FC1 = "expert_fc1"
+    """The experts' first GEMM: every routed copy of a token (MoE)."""
+    MOE_ACT = "moe_act"
+    """The experts' activation function: the first GEMM's output (MoE)."""
+
+
 class NetworkTier(StrEnum):
     """Inter-node fabric. ``ib`` means InfiniBand of unspecified generation (taken as HDR)."""
 

@@ -45,7 +45,16 @@ from engine.plan.frameworks import (
     shared_expert_overlap,
     tp_comm_overlap,
 )
-from engine.plan.memory import DROPLESS_IMBALANCE, LayoutDraft, mtp_modules, stage_params
+from engine.plan.memory import (
+    DROPLESS_IMBALANCE,
+    LayoutDraft,
+    expert_load,
+    moments_bf16_apply,
+    mtp_modules,
+    offloaded_layer_bytes,
+    stage_params,
+    states_offload_apply,
+)
 from engine.plan.names import (
     CpComm,
     Framework,
@@ -226,7 +235,7 @@ CPU_ADAM_PARAMS_PER_S_PER_NODE: Final = 2.0e9
 """DeepSpeed CPU-Adam throughput of one server's cores (its GPUs share them)."""
 OPTIMIZER_BYTES_PER_PARAM: Final = 36.0
 """HBM traffic of a fused Adam step per local parameter: read and write fp32 master, moments,
-read the gradient and write the 16-bit copy."""
+read the gradient and write the 16-bit copy (8 fewer with bf16 moments)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1113,17 +1122,31 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
         dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers, dims.dense_layers, mtp
     )
     summed: list[float] = []
+    offloaded = offloaded_layer_bytes(dims, d, max(1, seq_len // d.cp), expert_load(d))
     for n, n_dense, last in kinds:  # each kind of stage once (most of an even split is one)
         stage = [n_dense * a + (n - n_dense) * b for a, b in zip(dense, moe, strict=True)]
         summed.append(stage[0] + (head if last else 0.0))
         backward = max(backward, stage[1])
-        comm = max(comm, stage[2])
+        exposed = stage[2]
+        if offloaded:
+            exposed += offload_exposed(hw, offloaded * n, stage[0] - stage[1], stage[1])
+        comm = max(comm, exposed)
     stages = [summed[k] for k in of_stage]
     compute = max(stages)
     fill = (sum(stages) - compute) / (len(stages) - 1) if len(stages) > 1 else compute
     if d.pp > 1:
         comm += _p2p(dims, d, hw, seq_len) * (1 - Overlap.pp)
     return MicroBatch(compute, comm, backward, fill)
+
+
+def offload_exposed(hw: Hardware, moved: float, forward: float, backward: float) -> float:
+    """Seconds of one micro-batch's activation offloading a stage cannot hide: ``moved`` bytes
+    go to the host on their own stream as the ``forward`` runs and come back as the
+    ``backward`` does (Megatron-Core's fine-grained offloading, the Megatron Core MoE report's
+    §4.1.5: the copy engines run beside the compute), each direction at the host link's
+    pinned-copy rate; what a pass cannot cover waits."""
+    seconds = moved / (hw.pcie_bytes_per_s * OFFLOAD_EFFICIENCY)
+    return max(0.0, seconds - forward) + max(0.0, seconds - backward)
 
 
 def _p2p(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int) -> float:
@@ -1284,8 +1307,9 @@ def _step_comm(
     dims: ModelDims, d: LayoutDraft, hw: Hardware, mb: MicroBatch
 ) -> tuple[float, float]:
     """(exposed communication, optimizer step) seconds per step outside the micro-batch loop:
-    the data-parallel traffic of the dense and expert parameters and offload's copies and CPU
-    step; the optimizer step's HBM traffic over the parameters this GPU updates."""
+    the data-parallel traffic of the dense and expert parameters, offload's copies and CPU
+    step, the optimizer states' copies to the host and back where Megatron offloads them
+    between steps; the optimizer step's HBM traffic over the parameters this GPU updates."""
     dense, expert = stage_params(dims, d)
     units = max(stage_layers(dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers))
     sharded_3d = d.strategy == Strategy.THREE_D and d.zero_stage >= 3
@@ -1301,7 +1325,13 @@ def _step_comm(
         local = dense / max(1, d.dp * d.cp) + expert / d.expert_dp
     if d.offload != Offload.NONE:
         return exposed + _offload(d, hw, dense + expert, local), 0.0
-    return exposed, local * OPTIMIZER_BYTES_PER_PARAM / hw.hbm_bytes_per_s
+    moments = 4 if moments_bf16_apply(d) else 8
+    if states_offload_apply(d):
+        # Master weights and both moments down to the host after the step and back before
+        # the next: two copies the step waits on.
+        exposed += 2 * local * (4 + moments) / (hw.pcie_bytes_per_s * OFFLOAD_EFFICIENCY)
+    step_bytes = OPTIMIZER_BYTES_PER_PARAM - 2 * (8 - moments)
+    return exposed, local * step_bytes / hw.hbm_bytes_per_s
 
 
 def grad_reduce_bytes(d: LayoutDraft) -> int:

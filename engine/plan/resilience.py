@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from engine.plan.dims import ModelDims
-from engine.plan.memory import model_states
+from engine.plan.memory import model_states, moments_bf16_apply
 from engine.plan.names import CkptStorage, Framework, Offload, Strategy
 from engine.plan.result import Layout, Resilience
 from engine.plan.specs import Spec
@@ -128,10 +128,15 @@ def checkpoint_bytes(dims: ModelDims, spec: Spec, lay: Layout) -> tuple[int, int
         precision=lay.precision,
         optimizer=spec.training.optimizer,
         offload=Offload.NONE,
+        moments_bf16=moments_bf16_apply(lay),
     )
     total = int(whole.params + whole.optimizer)
     mem = lay.memory_per_gpu
-    per_gpu = min(total, mem.params + mem.optimizer + mem.cpu_bytes)
+    # What lives on the host is saved too: ZeRO-Offload's states (counted there, not in the
+    # optimizer's share) or Megatron's states between steps (counted in both); never the
+    # offloaded activations.
+    on_host = mem.cpu_bytes - mem.host_activations
+    per_gpu = min(total, mem.params + max(mem.optimizer, on_host))
     return per_gpu, total
 
 

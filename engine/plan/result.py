@@ -29,6 +29,7 @@ from engine.plan.names import (
     CpComm,
     Framework,
     Offload,
+    OffloadModule,
     Optimizer,
     PPSchedule,
     Precision,
@@ -77,7 +78,11 @@ class MemoryBreakdown(_Frozen):
     total: int
     """The peak: the sum of the above less ``overlap``."""
     cpu_bytes: int = 0
-    """Bytes moved to CPU memory per GPU by offload (optimizer and/or params)."""
+    """Bytes moved to CPU memory per GPU by offload (optimizer and/or params), and the
+    activations offloaded (:attr:`host_activations`)."""
+    host_activations: int = 0
+    """Of :attr:`cpu_bytes`, the activations Megatron's fine-grained offloading keeps in pinned
+    host memory at the GPU's peak (:attr:`engine.plan.specs.TrainingSpec.offload_modules`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +152,19 @@ class LayoutDraft:
     """Megatron keeps and reduces its main gradients in bf16 (``--grad-reduce-in-bf16``, as
     Megatron-Bridge's performance recipes do) instead of fp32: 2 bytes a parameter held and
     sent, not 4. Only read for Megatron bf16 layouts."""
+    moments_bf16: Annotated[bool, NOT_IN_JSON] = False
+    """Adam's moments in bf16 (Megatron's precision-aware optimizer, see
+    :attr:`engine.plan.specs.TrainingSpec.moments_bf16`): 4 bytes a parameter, not 8. Only
+    read for Megatron AdamW layouts with the distributed optimizer
+    (:func:`engine.plan.memory.moments_bf16_apply`)."""
+    states_offload: Annotated[bool, NOT_IN_JSON] = False
+    """Megatron moves its optimizer states to host memory between steps
+    (:attr:`engine.plan.specs.TrainingSpec.offload_optimizer_states`, set for AdamW only);
+    only read where :func:`engine.plan.memory.states_offload_apply` says."""
+    offload_modules: Annotated[tuple[OffloadModule, ...], NOT_IN_JSON] = ()
+    """Modules whose saved inputs Megatron offloads to host memory
+    (:attr:`engine.plan.specs.TrainingSpec.offload_modules`); only read for Megatron layouts
+    without full recompute (:func:`engine.plan.memory.offloaded_values`)."""
     cp_comm: Annotated[CpComm, NOT_IN_JSON] = CpComm.P2P
     """How a Megatron layout's context parallelism moves keys and values
     (:class:`engine.plan.names.CpComm`); PyTorch-native layouts always all-gather them

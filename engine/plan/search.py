@@ -36,6 +36,7 @@ from engine.plan.names import (
     Framework,
     MoeDispatcher,
     Offload,
+    Optimizer,
     PPSchedule,
     Recompute,
     Strategy,
@@ -458,13 +459,16 @@ def eager_modules(spec: Spec) -> bool:
 
 def training_settings(spec: Spec) -> dict[str, Any]:
     """The :class:`LayoutDraft` fields the spec's training settings fix for every layout (the
-    gradient dtype, the fused loss, the MoE dispatcher, capacity and imbalance, the CP
+    gradient and moment dtypes, the offloaded activations, the fused loss, the MoE dispatcher, capacity and imbalance, the CP
     traffic, whether the trainer runs Python modules eagerly): the search's drafts and the
     accuracy harness's re-timed ones take them here."""
     tr = spec.training
     return {
         "eager_modules": eager_modules(spec),
         "grads_bf16": bool(tr.grads_bf16),
+        "moments_bf16": bool(tr.moments_bf16) and tr.optimizer == Optimizer.ADAMW,
+        "offload_modules": tuple(tr.offload_modules or ()),
+        "states_offload": bool(tr.offload_optimizer_states) and tr.optimizer == Optimizer.ADAMW,
         "fused_ce": bool(tr.fused_cross_entropy),
         "deepep": tr.moe_dispatcher == MoeDispatcher.DEEPEP,
         "cp_comm": tr.cp_comm or CpComm.P2P,

@@ -35,6 +35,7 @@ from engine.plan.names import (
     MoeDispatcher,
     NetworkTier,
     Offload,
+    OffloadModule,
     Optimizer,
     Precision,
     Recompute,
@@ -282,6 +283,24 @@ class TrainingSpec(_Strict):
     """Megatron (3D) layouts keep and reduce their gradients in bf16 (``--grad-reduce-in-bf16``,
     as Megatron-Bridge's performance recipes do): half the gradient memory and traffic, at some
     risk to accuracy over long runs; None or False: fp32 main grads (Megatron's default)."""
+    moments_bf16: bool | None = None
+    """Megatron layouts with AdamW and the distributed optimizer keep Adam's two moments in
+    bf16 (``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``,
+    Transformer Engine's FusedAdam computing the update in fp32; as Megatron-Core's MoE FP8
+    benchmarks run): 4 bytes a parameter of optimizer state, not 8. None or False: fp32
+    moments (Megatron's default)."""
+    offload_optimizer_states: bool | None = None
+    """Megatron layouts with AdamW and the distributed optimizer move the optimizer's states
+    (fp32 master weights and both moments) to host memory after each step and back before the
+    next (``--offload-optimizer-states``; the step itself stays on the GPU): the GPU holds
+    them only while the activations are gone, at two host-link copies a step. None or False:
+    they stay on the GPU."""
+    offload_modules: list[OffloadModule] | None = Field(default=None, max_length=7)
+    """Megatron layouts move these modules' saved inputs to host memory in the forward and
+    reload them for the backward (``--fine-grained-activation-offloading --offload-modules``,
+    :class:`OffloadModule`), behind the compute where the host link keeps up: what the GPU
+    holds of them is one layer per model chunk in flight, the rest lives in pinned host
+    memory. Not with full recompute. None or empty: nothing offloaded."""
     cp_comm: CpComm | None = None
     """How a Megatron layout's context parallelism moves keys and values (:class:`CpComm`);
     None: p2p, Megatron's default. PyTorch-native layouts (FSDP, Accelerate) all-gather."""
@@ -356,6 +375,14 @@ class TrainingSpec(_Strict):
     @classmethod
     def _tokens(cls, v: object) -> object:
         return None if v is None else parse_count(v)
+
+    @field_validator("offload_modules")
+    @classmethod
+    def _offload_modules(cls, v: list[OffloadModule] | None) -> list[OffloadModule] | None:
+        """Each module once, in Megatron's own order (``--offload-modules`` lists a set)."""
+        if not v:
+            return None
+        return [m for m in OffloadModule if m in v]
 
 
 class LayoutSpec(_Strict):

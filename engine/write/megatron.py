@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from engine.plan.dims import ModelDims
 from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap, tp_comm_overlap
+from engine.plan.memory import moments_bf16_apply, states_offload_apply
 from engine.plan.names import MoeDispatcher, Optimizer, PPSchedule, Precision, Recompute
 from engine.plan.result import Layout, Plan
 from engine.plan.specs import TrainingSpec
@@ -161,6 +162,7 @@ def megatron_args_list(plan: Plan) -> list[str]:
         f"--micro-batch-size {lay.micro_batch}",
         f"--global-batch-size {lay.global_batch}",
         *_recompute_args(lay, m),
+        *_offload_args(lay),
         *_precision_args(lay, tr),
         *_sharding_args(lay),
         *optimizer_args(tr.optimizer, lay),
@@ -276,6 +278,18 @@ def _recompute_args(lay: Layout, m: ModelDims) -> list[str]:
     return []
 
 
+def _offload_args(lay: Layout) -> list[str]:
+    """Fine-grained activation offloading of the modules the plan moves to host memory
+    (:attr:`Layout.offload_modules`; not under full recompute, whose layers keep only their
+    input), and the optimizer states between steps where the plan moves them
+    (:func:`engine.plan.memory.states_offload_apply`)."""
+    out = ["--offload-optimizer-states"] if states_offload_apply(lay) else []
+    if not lay.offload_modules or lay.recompute == Recompute.FULL:
+        return out
+    modules = " ".join(m.value for m in lay.offload_modules)
+    return [*out, "--fine-grained-activation-offloading", f"--offload-modules {modules}"]
+
+
 def _precision_args(lay: Layout, tr: TrainingSpec) -> list[str]:
     """bf16 (and its gradient reduction), FP8's recipe, or fp16."""
     out = []
@@ -371,11 +385,18 @@ def optimizer_args(optimizer: Optimizer, lay: Layout) -> list[str]:
     """The optimizer as planned (Megatron's default is Adam with fp32 moments): SGD with
     momentum, or, for 8-bit Adam, Megatron's precision-aware optimizer with both moments in FP8
     (Transformer Engine's FusedAdam; Megatron has no bitsandbytes): the two bytes a parameter
-    the plan counts, beside the fp32 master copy. It lives in the distributed optimizer (or
+    the plan counts, beside the fp32 master copy; AdamW with ``training.moments_bf16``, the same
+    optimizer with both moments in bf16 (:func:`engine.plan.memory.moments_bf16_apply`). It lives in the distributed optimizer (or
     Megatron-FSDP); :meth:`Layout.check_megatron` refuses a layout without it over several
     data-parallel ranks rather than have it written as plain Adam."""
     if optimizer == Optimizer.SGD:
         return ["--optimizer sgd", "--sgd-momentum 0.9"]
+    if optimizer == Optimizer.ADAMW and moments_bf16_apply(lay):
+        return [
+            "--use-precision-aware-optimizer",
+            "--exp-avg-dtype bf16",
+            "--exp-avg-sq-dtype bf16",
+        ]
     if optimizer != Optimizer.ADAM8BIT:
         return []
     fp8_moments = [

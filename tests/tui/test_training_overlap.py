@@ -1,7 +1,7 @@
 """Megatron's expert all-to-all overlap in the wizard: the Training step sets it (off by default,
 as in Megatron), and editing the step keeps the training settings it does not show (a profile's
 MoE dispatcher, capacity factor, nearest-batch switch, context-parallel communication, an
-explicit "no overlap")."""
+explicit "no overlap", Megatron's memory savers)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from textual.widgets import Input, Select
 
-from engine.plan.names import CpComm, MoeDispatcher
+from engine.plan.names import CpComm, MoeDispatcher, OffloadModule
 from engine.plan.specs import HardwareSpec, ModelSpec, Spec, TrainingSpec
 from tests.tui.wizard_support import to_training, until
 from tui.app import DtrainApp
@@ -56,6 +56,8 @@ async def _kept(tmp_path: Path) -> None:
         moe_imbalance=1.0,
         moe_a2a_overlap=False,
         fused_cross_entropy=True,
+        moments_bf16=True,
+        offload_modules=[OffloadModule.EXPERT_FC1, OffloadModule.MOE_ACT],
     )
     app = _app(tmp_path, given)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -71,3 +73,5 @@ async def _kept(tmp_path: Path) -> None:
         assert t.moe_imbalance == 1.0
         assert t.fused_cross_entropy is True
         assert t.moe_a2a_overlap is False
+        assert t.moments_bf16 is True
+        assert t.offload_modules == [OffloadModule.EXPERT_FC1, OffloadModule.MOE_ACT]

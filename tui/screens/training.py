@@ -197,6 +197,9 @@ class TrainingStep(StepPane):
             "moe_imbalance",
             "fused_cross_entropy",
             "torch_compile",
+            "moments_bf16",
+            "offload_modules",
+            "offload_optimizer_states",
         ):
             data.setdefault(name, getattr(old, name))
         model, problems = self.build(TrainingSpec, data, errs)
