@@ -9,19 +9,28 @@ is chosen.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 from enum import StrEnum
+from itertools import combinations
 
 from engine.plan.context import BLOCK_SCALED_FP8_RATE, PlanContext
 from engine.plan.dims import ModelDims
 from engine.plan.frameworks import megatron_fp8_flags, shared_expert_overlap
-from engine.plan.memory import LayoutDraft, moments_bf16_apply, mtp_modules, states_offload_apply
+from engine.plan.memory import (
+    LayoutDraft,
+    estimate_memory,
+    moments_bf16_apply,
+    mtp_modules,
+    states_offload_apply,
+)
 from engine.plan.names import (
     Fp8Recipe,
     Framework,
     MoeDispatcher,
     NetworkTier,
     Offload,
+    OffloadModule,
+    Optimizer,
     Precision,
     Recompute,
     Strategy,
@@ -866,4 +875,48 @@ def _forced_misfit(ctx: PlanContext, lay: Layout) -> str:
             f", and {gib(m.cpu_bytes * ctx.gpn)} per node offloaded "
             f"to host RAM of {gib(ctx.cpu_usable)} usable"
         )
-    return text + f"; {fix_hint(lay, ctx.dims)}"
+    saver = _saver_hint(ctx, lay)
+    return text + f"; {saver or fix_hint(lay, ctx.dims)}"
+
+
+def _saver_hint(ctx: PlanContext, lay: Layout) -> str:
+    """What Megatron's memory savers not asked for would make of the forced Megatron layout
+    ``lay`` that does not fit, cheapest first (bf16 moments, then the optimizer states
+    between steps on the host, then an MoE layer's expert inputs offloaded): the smallest set
+    with which it fits, inside the headroom if need be (as the plan itself falls back to),
+    said with its figures; "" where none makes it fit."""
+    t = ctx.spec.training
+    if lay.framework != Framework.MEGATRON or lay.recompute == Recompute.FULL:
+        return ""
+    d = LayoutDraft(**{f.name: getattr(lay, f.name) for f in fields(LayoutDraft)})
+    adam = t.optimizer == Optimizer.ADAMW
+    savers: list[tuple[str, dict[str, object]]] = []
+    if adam and not d.moments_bf16:
+        savers.append(("--moments-bf16", {"moments_bf16": True}))
+    if adam and not d.states_offload:
+        savers.append(("--offload-optimizer-states", {"states_offload": True}))
+    if ctx.dims.is_moe and not d.offload_modules:
+        moe = (OffloadModule.EXPERT_FC1, OffloadModule.MOE_ACT)
+        savers.append(("--offload-modules expert_fc1 moe_act", {"offload_modules": moe}))
+    # The fewest savers first, and of as many the cheapest (the order above).
+    for n in range(1, len(savers) + 1):
+        for chosen in combinations(savers, n):
+            tried = d
+            for _, change in chosen:
+                tried = replace(tried, **change)  # type: ignore[arg-type]
+            m = estimate_memory(
+                ctx.dims,
+                tried,
+                seq_len=t.seq_len,
+                optimizer=t.optimizer,
+                flash=ctx.flash,
+                gpus_per_node=ctx.gpn,
+                nccl=ctx.nccl,
+            )
+            limit = ctx.usable + ctx.headroom_bytes
+            if m.total <= limit and m.cpu_bytes * ctx.gpn <= ctx.cpu_usable:
+                flags = " ".join(flag for flag, _ in chosen)
+                host = f" and {gib(m.cpu_bytes)} of host memory" if m.cpu_bytes else ""
+                eats = " (inside the headroom)" if m.total > ctx.usable else ""
+                return f"with {flags} it would need {gib(m.total)} per GPU{host}{eats}"
+    return ""

@@ -96,9 +96,14 @@ def test_the_gpu_keeps_one_layer_a_chunk_in_flight_and_the_reload() -> None:
 def test_the_published_gb200_layout_fits_only_with_its_offloading() -> None:
     """Without the offloading the run's own layout needs more than the GPU (182 GiB of 165.6
     the planner said); with it, it fits, and what left the GPU is in pinned host memory."""
-    without = plan(_qwen3_gb200()).recommended
+    refused = plan(_qwen3_gb200())
+    without = refused.recommended
     with_off = plan(_qwen3_gb200(offload_modules=MOE_MODULES)).recommended
     assert not without.fits
+    # The misfit says which saver makes it fit, and no more of them than it takes.
+    said = [w for w in refused.warnings if w.startswith("the forced layout does not fit")]
+    assert len(said) == 1 and "with --offload-modules expert_fc1 moe_act it would need" in said[0]
+    assert "--moments-bf16" not in said[0] and "--offload-optimizer-states" not in said[0]
     assert with_off.fits
     m0, m1 = without.memory_per_gpu, with_off.memory_per_gpu
     moved = m0.activations - m1.activations
