@@ -629,6 +629,16 @@ class Sweep:
         pick = max(range(len(pred)), key=lambda i: pred[i])
         return rho, meas[pick] >= (1 - BEST_WITHIN) * max(meas)
 
+    def best_predicted_near(self) -> bool:
+        """The issue's criterion: the layout that measured fastest is predicted within 5 % of
+        the fastest prediction (its predicted step at most 1.05 times the shortest). The converse
+        of :meth:`figures`' (the predicted fastest measures within 5 % of the best), which a
+        near tie in the prediction can fail."""
+        meas = [r.measured_tps for r in self.rows]
+        pred = [r.measured_tps / (1 + r.error) for r in self.rows]
+        best = max(range(len(meas)), key=lambda i: meas[i])
+        return max(pred) <= (1 + BEST_WITHIN) * pred[best]
+
 
 def sweeps(rows: list[Row], *, by_size: bool = True) -> list[Sweep]:
     """Layout sweeps: rows of one source, model, GPU type, sequence length, precision and GPU
@@ -734,8 +744,10 @@ def report(rows: list[Row], verbose: bool) -> dict[str, float]:
 
 def _sweep_figures(ok: list[Row], out: dict[str, float], *, by_size: bool) -> None:
     """Print each sweep's Spearman and whether its predicted-fastest layout measures within
-    5 % of its best; set ``{cal,held}_spearman`` / ``_best_ok`` (layout sweeps, one GPU
-    count) or ``{cal,held}_scale_spearman`` / ``_best_ok`` (across GPU counts too)."""
+    5 % of its best, and whether the best measured is predicted within 5 % of the fastest
+    prediction; set ``{cal,held}_spearman`` / ``_best_ok`` / ``_best_near`` (layout sweeps,
+    one GPU count) or ``{cal,held}_scale_spearman`` / ``_best_ok`` / ``_best_near`` (across
+    GPU counts too)."""
     if by_size:
         print("\nLayout sweeps, one GPU count (Spearman of tokens/s per GPU; predicted fastest")
         print("within 5 % of measured best):")
@@ -743,20 +755,23 @@ def _sweep_figures(ok: list[Row], out: dict[str, float], *, by_size: bool) -> No
         print("\nAcross GPU counts too (adds scale series: one layout at several cluster sizes):")
     suffix = "" if by_size else "_scale"
     for tag in ("cal", "held"):
-        rhos, hits = [], []
+        rhos, hits, near = [], [], []
         for sw in sweeps([r for r in ok if r.held_out == (tag == "held")], by_size=by_size):
             rho, hit = sw.figures()
+            near.append(sw.best_predicted_near())
             gpus = "/".join(
                 str(g) for g in sorted({r.raw["hardware"]["total_gpus"] for r in sw.rows})
             )
             print(
-                f"  {tag:4s} {sw.key:75s} n={len(sw.rows)} gpus={gpus} rho={rho:+.2f} best_ok={hit}"
+                f"  {tag:4s} {sw.key:75s} n={len(sw.rows)} gpus={gpus} rho={rho:+.2f} "
+                f"best_ok={hit} best_near={near[-1]}"
             )
             if not math.isnan(rho):
                 rhos.append(rho)
             hits.append(hit)
         out[f"{tag}{suffix}_spearman"] = statistics.fmean(rhos) if rhos else math.nan
         out[f"{tag}{suffix}_best_ok"] = sum(hits) / len(hits) if hits else math.nan
+        out[f"{tag}{suffix}_best_near"] = sum(near) / len(near) if near else math.nan
 
 
 def memory_errors(rows: list[Row]) -> dict[str, list[float]]:

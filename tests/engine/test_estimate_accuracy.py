@@ -11,7 +11,7 @@ import importlib.util
 import math
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -80,6 +80,28 @@ def test_spearman_and_ranks() -> None:
     assert h.ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
     assert h.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert h.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+
+
+def test_the_measured_best_is_predicted_near_the_fastest_in_every_sweep(
+    harness: ModuleType,
+) -> None:
+    # The planner issue's criterion: inside each published sweep (held out too, across GPU
+    # counts too), the layout that measured fastest is predicted within 5 % of the fastest
+    # prediction. The converse (the predicted fastest measures within 5 % of the best) misses
+    # one held-out sweep, a 2 % predicted near-tie (docs/accuracy.md).
+    rows = harness.load_rows()
+    for r in rows:
+        harness.evaluate(r)
+    for by_size in (True, False):
+        sweeps = harness.sweeps(rows, by_size=by_size)
+        assert len(sweeps) >= 30
+        assert [sw.key for sw in sweeps if not sw.best_predicted_near()] == []
+    # It can fail: two layouts predicted 10 % apart the other way round from how they measured.
+    fast, slow = (
+        SimpleNamespace(measured_tps=110.0, error=0.10),
+        SimpleNamespace(measured_tps=100.0, error=-0.10),
+    )
+    assert not harness.Sweep("x", [fast, slow]).best_predicted_near()
 
 
 def test_named_reserves_leave_most_of_an_80_gb_part() -> None:
