@@ -45,7 +45,7 @@ import re
 import statistics
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -519,13 +519,7 @@ def _same_mesh(a: Layout, b: Layout) -> bool:
 def _draft(lay: Layout, spec: Spec) -> LayoutDraft:
     """The planned layout as the time model takes it, with what the planner adds from the
     spec's training settings (the expert TP, the MoE dispatcher and capacity)."""
-    return LayoutDraft(
-        **{
-            **{f.name: getattr(lay, f.name) for f in fields(LayoutDraft)},
-            "etp": lay.expert_tp,
-            **training_settings(spec),
-        }
-    )
+    return replace(lay.draft(), etp=lay.expert_tp, **training_settings(spec))
 
 
 _DUALPIPE_CHUNKS = 2

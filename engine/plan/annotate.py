@@ -9,7 +9,7 @@ is chosen.
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import replace
 from enum import StrEnum
 from itertools import combinations
 
@@ -888,7 +888,7 @@ def _saver_hint(ctx: PlanContext, lay: Layout) -> str:
     t = ctx.spec.training
     if lay.framework != Framework.MEGATRON or lay.recompute == Recompute.FULL:
         return ""
-    d = LayoutDraft(**{f.name: getattr(lay, f.name) for f in fields(LayoutDraft)})
+    d = lay.draft()
     adam = t.optimizer == Optimizer.ADAMW
     savers: list[tuple[str, dict[str, object]]] = []
     if adam and not d.moments_bf16:

@@ -1122,7 +1122,9 @@ def micro_batch_time(dims: ModelDims, d: LayoutDraft, hw: Hardware, seq_len: int
         dims.layers, d.pp, d.first_stage_layers, d.last_stage_layers, dims.dense_layers, mtp
     )
     summed: list[float] = []
-    offloaded = offloaded_layer_bytes(dims, d, max(1, seq_len // d.cp), expert_load(d))
+    offloaded = 0.0
+    if d.offload_modules:
+        offloaded = offloaded_layer_bytes(dims, d, max(1, seq_len // d.cp), expert_load(d))
     for n, n_dense, last in kinds:  # each kind of stage once (most of an even split is one)
         stage = [n_dense * a + (n - n_dense) * b for a, b in zip(dense, moe, strict=True)]
         summed.append(stage[0] + (head if last else 0.0))

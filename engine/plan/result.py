@@ -235,6 +235,11 @@ class Layout(LayoutDraft):
         values.update(estimates)
         return _LAYOUT.validate_python(values)
 
+    def draft(self) -> LayoutDraft:
+        """The draft this layout was estimated as (its :class:`LayoutDraft` fields alone), for
+        estimating it again with a setting changed."""
+        return LayoutDraft(**{name: getattr(self, name) for name in _DRAFT_FIELDS})
+
     @model_serializer(mode="wrap")
     def _json(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The ``plan --json`` object: the fields with the derived degrees of
